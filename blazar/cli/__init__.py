@@ -1,0 +1,1 @@
+"""Blazar's command line: one module per command group, wired in `main`."""

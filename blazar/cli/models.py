@@ -1,0 +1,166 @@
+"""Model commands: import, list, show, rm, fit."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import click
+
+from blazar.cli.context import Context, pass_context
+from blazar.cli.format import echo_json, human_bytes, human_count, table
+from blazar.fit import CACHE_TYPES, estimate
+from blazar.hardware import memory_devices
+from blazar.store import ModelRecord
+from specs.names import parse_name
+
+
+def model_json(record: ModelRecord) -> dict[str, Any]:
+    data = asdict(record)
+    data["model"] = record.ref.short
+    return data
+
+
+@click.command("import")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--name", "name", required=True, help="Name to serve it as: name[:tag].")
+@click.option("--copy", is_flag=True, help="Copy the file into the store instead of linking it.")
+@click.option("--force", is_flag=True, help="Replace a model that already has this name.")
+@pass_context
+def import_(ctx: Context, path: Path, name: str, copy: bool, force: bool) -> None:
+    """Register a local GGUF file as model NAME.
+
+    By default the file is hardlinked into Blazar's store when it is on the same
+    filesystem, and referenced in place otherwise; --copy copies it. The source
+    file is never modified, moved or deleted.
+    """
+    ref = parse_name(name)
+    record = ctx.registry.import_file(path, ref, copy=copy, force=force)
+    click.echo(
+        f"imported {record.ref.short}: {record.architecture} {human_count(record.parameters)} "
+        f"{record.quantization}, {human_bytes(record.size)} ({record.held})"
+    )
+
+
+@click.command("list")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per model (JSON Lines).")
+@pass_context
+def list_(ctx: Context, as_json: bool) -> None:
+    """List the models Blazar holds."""
+    records = ctx.store.list_models()
+    if as_json:
+        for record in records:
+            echo_json(model_json(record))
+        return
+    if not records:
+        click.echo("No models yet: `blazar import PATH --name NAME` adds one.")
+        return
+    click.echo(
+        table(
+            ["NAME", "ARCH", "PARAMS", "QUANT", "SIZE", "HELD", "SHA256", "ADDED"],
+            [
+                [
+                    r.ref.short,
+                    r.architecture,
+                    human_count(r.parameters),
+                    r.quantization,
+                    human_bytes(r.size),
+                    r.held,
+                    r.sha256[:12],
+                    r.added_at,
+                ]
+                for r in records
+            ],
+        )
+    )
+
+
+_SHOW_FACTS = [
+    ("architecture", "architecture"),
+    ("parameters", "parameters"),
+    ("quantization", "quantization"),
+    ("context_length", "context length"),
+    ("embedding_length", "embedding length"),
+    ("block_count", "layers"),
+    ("head_count", "heads"),
+    ("head_count_kv", "kv heads"),
+    ("vocab_size", "vocab size"),
+    ("tokenizer_model", "tokenizer"),
+]
+
+
+@click.command("show")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print the record and facts as JSON.")
+@pass_context
+def show(ctx: Context, name: str, as_json: bool) -> None:
+    """Show one model's facts."""
+    record = ctx.store.get_model(parse_name(name))
+    if as_json:
+        echo_json(model_json(record))
+        return
+    facts = record.facts
+    lines = [("model", record.ref.short)]
+    for key, label in _SHOW_FACTS:
+        value = facts.get(key)
+        if key == "parameters" and value is not None:
+            value = f"{human_count(value)} ({value:,})"
+        lines.append((label, "-" if value is None else str(value)))
+    lines += [
+        ("chat template", "yes" if facts.get("has_chat_template") else "no"),
+        ("size", f"{human_bytes(record.size)} ({record.size:,} bytes)"),
+        ("sha256", record.sha256),
+        ("path", f"{record.path} ({record.held})"),
+        ("source", record.source),
+        ("added", record.added_at),
+    ]
+    width = max(len(label) for label, _ in lines)
+    for label, value in lines:
+        click.echo(f"  {label.ljust(width)}   {value}")
+
+
+@click.command("rm")
+@click.argument("name")
+@pass_context
+def rm(ctx: Context, name: str) -> None:
+    """Remove a model: its record and Blazar's own link or copy, never your original file."""
+    record = ctx.registry.remove(parse_name(name))
+    kept = " (your file was left in place)" if record.held == "reference" else ""
+    click.echo(f"removed {record.ref.short}{kept}")
+
+
+@click.command("fit")
+@click.argument("name")
+@click.option("--ctx", "ctx_size", type=int, default=None, help="Context length (default 4096).")
+@click.option(
+    "--cache-type",
+    type=click.Choice(CACHE_TYPES),
+    default="f16",
+    show_default=True,
+    help="KV cache element type.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the estimate and its terms.")
+@pass_context
+def fit(ctx: Context, name: str, ctx_size: int | None, cache_type: str, as_json: bool) -> None:
+    """Estimate the memory a model needs and whether this machine has it."""
+    record = ctx.store.get_model(parse_name(name))
+    report = estimate(
+        record.ref.short, record.facts, memory_devices(), ctx=ctx_size, cache_type=cache_type
+    )
+    if as_json:
+        echo_json(asdict(report))
+        return
+    verdict = "fits" if report.fits else "does NOT fit"
+    click.echo(f"{report.model} at ctx {report.ctx} ({cache_type} KV cache) {verdict}")
+    click.echo(f"  weights    {human_bytes(report.weights)}")
+    click.echo(f"  kv cache   {human_bytes(report.kv)} ({human_bytes(report.kv_per_token)}/token)")
+    click.echo(f"  compute    {human_bytes(report.compute)} (estimate)")
+    click.echo(f"  needed     {human_bytes(report.needed)}")
+    click.echo(f"  available  {human_bytes(report.available)} on {report.budget_device}")
+    click.echo(f"  largest ctx that fits: {report.max_ctx}")
+    for note in report.notes:
+        click.echo(f"  note: {note}")
+
+
+COMMANDS = [import_, list_, show, rm, fit]

@@ -1,0 +1,87 @@
+"""Append-only schema migrations for Blazar's SQLite store.
+
+Each migration is a function registered in order; applied ones are recorded in
+`_migrations` by name, so a migration never runs twice and new ones are
+appended, never edited. Later features (engines, instances, conditions) add
+their tables by appending here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import sqlite_utils
+
+Migration = Callable[[sqlite_utils.Database], None]
+MIGRATIONS: list[Migration] = []
+
+
+def migration(fn: Migration) -> Migration:
+    MIGRATIONS.append(fn)
+    return fn
+
+
+def migrate(db: sqlite_utils.Database) -> list[str]:
+    """Apply every migration not yet applied, each in its own transaction.
+
+    Returns the names applied now.
+    """
+    db["_migrations"].create(  # type: ignore[union-attr]
+        {"name": str, "applied_at": str}, pk="name", if_not_exists=True
+    )
+    done = {row["name"] for row in db["_migrations"].rows}
+    applied = []
+    for fn in MIGRATIONS:
+        if fn.__name__ in done:
+            continue
+        with db.atomic():
+            fn(db)
+            db.execute(
+                "INSERT INTO _migrations (name, applied_at) VALUES (?, datetime('now'))",
+                [fn.__name__],
+            )
+        applied.append(fn.__name__)
+    return applied
+
+
+@migration
+def m001_models(db: sqlite_utils.Database) -> None:
+    """Models Blazar holds: one row per name:tag, pointing at a verified file."""
+    db["models"].create(  # type: ignore[union-attr]
+        {
+            "name": str,
+            "tag": str,
+            "path": str,  # absolute path of the bytes Blazar serves
+            "held": str,  # hardlink | copy | reference
+            "size": int,
+            "sha256": str,
+            "source": str,  # where it came from, e.g. file:///abs/path.gguf
+            "architecture": str,
+            "parameters": int,
+            "quantization": str,
+            "context_length": int,
+            "facts": str,  # JSON: every GGUF fact Blazar read at import
+            "added_at": str,  # ISO 8601, UTC
+        },
+        pk=("name", "tag"),
+        not_null={"name", "tag", "path", "held", "size", "sha256", "added_at"},
+    )
+    db["models"].create_index(["sha256"])  # type: ignore[union-attr]
+
+
+@migration
+def m002_events(db: sqlite_utils.Database) -> None:
+    """An append-only journal of what Blazar did and why."""
+    db["events"].create(  # type: ignore[union-attr]
+        {
+            "id": int,
+            "time": str,
+            "kind": str,  # resource kind: model, engine, ...
+            "subject": str,  # resource name
+            "action": str,  # imported, removed, ...
+            "message": str,
+        },
+        pk="id",
+        not_null={"time", "kind", "subject", "action"},
+    )
+    db["events"].create_index(["kind", "subject"])  # type: ignore[union-attr]

@@ -1,0 +1,151 @@
+"""The model registry: import, list, show and remove local GGUF models.
+
+Called by the CLI (and later by the models reconciler's real port). A model's
+bytes live in a content-addressed blob (`blobs/sha256-<hex>`) when Blazar
+holds them (hardlink or copy), or stay in the user's file (reference) when a
+hardlink is impossible. Bytes become visible under their final name only
+after their size and sha256 are verified; the store row is written after
+that, so a crash can leave at most an unreferenced blob, never a row that
+points at bad bytes.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from blazar.errors import AlreadyExists, InvalidInput, VerificationFailed
+from blazar.gguf_info import GGUFFacts, inspect_gguf
+from blazar.hashing import sha256_file
+from blazar.paths import Paths
+from blazar.store import ModelRecord, Store
+from specs.names import ModelName
+
+# os.link fails with these when a hardlink is impossible (another filesystem,
+# a filesystem without links, a protected file): reference the file instead.
+_NO_LINK = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES}
+
+
+@dataclass(frozen=True)
+class Placed:
+    path: Path
+    held: str
+
+
+class Registry:
+    """Model records in the store plus the blobs they own."""
+
+    def __init__(self, store: Store, paths: Paths) -> None:
+        self.store = store
+        self.paths = paths
+
+    def import_file(
+        self, src: Path, ref: ModelName, *, copy: bool = False, force: bool = False
+    ) -> ModelRecord:
+        """Register a local GGUF under `ref`. Never modifies, moves or deletes `src`."""
+        src = Path(os.path.abspath(src.expanduser()))
+        if not src.exists():
+            raise InvalidInput(f"no such file: {src}")
+        if not src.is_file():
+            raise InvalidInput(f"{src} is not a file; give the path of a .gguf file")
+        existing = self.store.find_model(ref)
+        if existing and not force:
+            raise AlreadyExists(
+                f"model '{ref.short}' already exists (from {existing.source}); "
+                "pass --force to replace it, or choose another --name"
+            )
+        facts = inspect_gguf(src)
+        if facts.file_kind == "adapter":
+            raise InvalidInput(
+                f"{src} is a LoRA adapter, not a model; declare it under [loras] in the manifest"
+            )
+        sha256, size = sha256_file(src)
+        placed = self._place(src, sha256, size, copy=copy)
+        record = _record(ref, placed, size, sha256, src.as_uri(), facts)
+        self.store.put_model(record, event="replaced" if existing else "imported")
+        if existing and existing.path != record.path:
+            self._release(existing)
+        return record
+
+    def remove(self, ref: ModelName) -> ModelRecord:
+        """Forget a model and delete Blazar's own link or copy (never a referenced file)."""
+        record = self.store.get_model(ref)
+        self.store.delete_model(ref)
+        self._release(record)
+        return record
+
+    def _release(self, record: ModelRecord) -> None:
+        """Delete a blob Blazar owns once no record points at it."""
+        if record.held == "reference" or self.store.paths_in_use(record.path):
+            return
+        path = Path(record.path)
+        if path.parent == self.paths.blobs:  # only ever delete inside the blob store
+            path.unlink(missing_ok=True)
+
+    def _place(self, src: Path, sha256: str, size: int, *, copy: bool) -> Placed:
+        blob = self.paths.blobs / f"sha256-{sha256}"
+        self.paths.blobs.mkdir(parents=True, exist_ok=True)
+        if blob.exists():
+            # Same bytes already held (under another name, or left by a crash
+            # between rename and store write): reuse after verifying them.
+            _verify(blob, sha256, size)
+            return Placed(blob, "copy" if copy or not _same_inode(blob, src) else "hardlink")
+        tmp = self.paths.blobs / f".tmp-{uuid.uuid4().hex}"
+        try:
+            held = "copy"
+            if not copy:
+                try:
+                    os.link(src, tmp)
+                    held = "hardlink"
+                except OSError as exc:
+                    if exc.errno not in _NO_LINK:
+                        raise
+                    return Placed(src, "reference")
+            else:
+                shutil.copyfile(src, tmp)
+            _verify(tmp, sha256, size)
+            os.replace(tmp, blob)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return Placed(blob, held)
+
+
+def _same_inode(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _verify(path: Path, sha256: str, size: int) -> None:
+    actual_size = path.stat().st_size
+    if actual_size != size:
+        raise VerificationFailed(
+            f"{path}: expected {size} bytes, found {actual_size}; nothing was kept"
+        )
+    actual, _ = sha256_file(path)
+    if actual != sha256:
+        raise VerificationFailed(f"{path}: sha256 is {actual}, expected {sha256}; nothing was kept")
+
+
+def _record(
+    ref: ModelName, placed: Placed, size: int, sha256: str, source: str, facts: GGUFFacts
+) -> ModelRecord:
+    return ModelRecord(
+        name=ref.name,
+        tag=ref.tag,
+        path=str(placed.path),
+        held=placed.held,
+        size=size,
+        sha256=sha256,
+        source=source,
+        architecture=facts.architecture,
+        parameters=facts.parameters,
+        quantization=facts.quantization,
+        context_length=facts.context_length,
+        facts=facts.to_dict(),
+    )

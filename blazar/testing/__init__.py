@@ -1,0 +1,1 @@
+"""Helpers for Blazar's tests: tiny models the real engine can serve."""

@@ -1,0 +1,294 @@
+"""Tiny llama-architecture GGUF models and LoRA adapters, written for tests.
+
+Blazar's tests serve real models with the real engine (llama.cpp), offline, so
+they make their own: `write_tiny_model` writes a deterministic model of a few
+hundred KB (n_embd 64, 2 layers, 4 heads, a SentencePiece-style vocabulary of
+control tokens, 256 byte tokens, single characters and English word pieces, a
+ChatML chat template) that loads in milliseconds; `write_tiny_lora` writes a
+LoRA adapter for it that makes one word dominate the output, so that "this
+request used that adapter" can be asserted. Test code and fixtures call them.
+
+Random weights alone produce byte soup. The trick that makes the output
+readable: residual dimension 0 (`BIAS_DIM`) is held constant. Every token
+embedding is 1.0 there, and every contribution into it (the rows of
+`attn_output` and `ffn_down`) is zero, so after the final RMS norm it is a
+positive number close to 1 whatever the context. Column 0 of `output.weight` is
+therefore a per-token logit bias: 0 for the whole words in `TINY_WORDS`, a large
+negative value for byte, character, prefix and control tokens (end of sequence
+included, so a generation always runs to its token limit), and a middling
+negative value for `LORA_WORDS`. The other 63 dimensions stay random and choose
+among the words by context; each word's output row also points away from its
+own embedding, so the model does not repeat one word forever. The layers never
+read dimension 0 (their norm weights are zero there), and the random dimensions
+are as large as the constant one, so pooled embeddings still differ by text.
+
+The adapter uses the same dimension: `output.weight.lora_a` reads only
+`BIAS_DIM` and `output.weight.lora_b` writes only the chosen word's logit, so at
+scale 1 that word outscores every other token by a wide margin; at scale 0 the
+model is the base model, where `LORA_WORDS` never win.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import gguf
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "BIAS_DIM",
+    "CHATML_TEMPLATE",
+    "LORA_WORD",
+    "LORA_WORDS",
+    "TINY_WORDS",
+    "is_tiny_text",
+    "tiny_model_bytes",
+    "tiny_vocab",
+    "write_tiny_lora",
+    "write_tiny_model",
+]
+
+ARCH = "llama"
+N_EMBD = 64
+N_LAYER = 2
+N_FF = 128
+BIAS_DIM = 0
+SPACE = "\u2581"  # SentencePiece's word-boundary mark
+
+# Words the adapters boost; the base model penalises them so it never says them.
+LORA_WORDS: tuple[str, ...] = ("fox", "owl", "yak")
+LORA_WORD = LORA_WORDS[0]
+_COMMON_WORDS = """
+the of and to in is it for on with as at by from that this was are be or an not but all
+can has had one two new old red blue green small big good long time day year way man child
+world life hand part place case week point fact group work water light house stone river
+tree bird cat dog horse field road city sea sun moon star rain wind snow fire song book door
+room table bread milk tea apple garden letter story music paper window morning evening night
+walk run see look find give make take come go know think say tell ask call keep play read
+write sing open close quiet bright warm cold soft slow quick happy calm early late near far
+very
+"""
+TINY_WORDS: tuple[str, ...] = (*_COMMON_WORDS.split(), *LORA_WORDS)
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+_CONTROL = ("<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>")
+_NON_WORD_BIAS = -60.0  # bytes, characters, prefixes, control tokens: never chosen
+_LORA_WORD_BIAS = -15.0  # below every ordinary word, far above the non-words
+_REPEAT_PENALTY = 0.1  # how far a word's output row points away from its embedding
+
+F16Array = npt.NDArray[np.float16]
+F32Array = npt.NDArray[np.float32]
+
+
+def tiny_vocab() -> tuple[list[str], list[float], list[int]]:
+    """Return the tiny vocabulary as (pieces, scores, token types), in id order.
+
+    Control tokens first (`<unk>` 0, `<s>` 1, `</s>` 2, then the ChatML markers),
+    then byte tokens `<0x00>`..`<0xFF>`, printable ASCII characters, and `▁`-prefixed
+    word pieces: every word in `TINY_WORDS` and each of its prefixes, so that the
+    SentencePiece merge loop can build whole words out of a prompt's characters.
+    """
+    pieces = list(_CONTROL)
+    types = [gguf.TokenType.UNKNOWN, *[gguf.TokenType.CONTROL] * (len(_CONTROL) - 1)]
+    pieces += [f"<0x{b:02X}>" for b in range(256)]
+    types += [gguf.TokenType.BYTE] * 256
+    chars = [SPACE, *(chr(c) for c in range(0x21, 0x7F))]
+    seen = set(pieces)
+    for piece in chars + [SPACE + w[:k] for w in TINY_WORDS for k in range(1, len(w) + 1)]:
+        if piece not in seen:
+            seen.add(piece)
+            pieces.append(piece)
+            types.append(gguf.TokenType.NORMAL)
+    # Longer pieces merge first; control and byte tokens never take part in merges.
+    scores = [
+        0.0 if t != gguf.TokenType.NORMAL else float(len(p))
+        for p, t in zip(pieces, types, strict=True)
+    ]
+    return pieces, scores, [int(t) for t in types]
+
+
+def _logit_bias(pieces: Sequence[str]) -> F32Array:
+    bias = np.full(len(pieces), _NON_WORD_BIAS, dtype=np.float32)
+    words = {SPACE + w for w in TINY_WORDS}
+    lora = {SPACE + w for w in LORA_WORDS}
+    for i, piece in enumerate(pieces):
+        if piece in lora:
+            bias[i] = _LORA_WORD_BIAS
+        elif piece in words:
+            bias[i] = 0.0
+    return bias
+
+
+def write_tiny_model(
+    path: str | os.PathLike[str],
+    *,
+    seed: int = 0,
+    chat_template: bool | str | None = True,
+    n_ctx_train: int = 2048,
+    n_head: int = 4,
+    n_head_kv: int = 4,
+    name: str = "blazar-tiny",
+) -> Path:
+    """Write a tiny llama-architecture GGUF model to `path` and return the path.
+
+    The same arguments always give a byte-identical file; `seed` changes the
+    weights (so the file's hash) but not the vocabulary. `chat_template` is True
+    for ChatML (`CHATML_TEMPLATE`), a string for a template of your own, or
+    None/False for none. `n_head` 2 gives a head size of 32, which quantized KV
+    cache types need; `n_head_kv` below `n_head` gives grouped-query attention.
+    """
+    if N_EMBD % n_head or n_head % n_head_kv:
+        raise ValueError(f"n_head {n_head} and n_head_kv {n_head_kv} must divide {N_EMBD}")
+    pieces, scores, types = tiny_vocab()
+    n_vocab, head_dim = len(pieces), N_EMBD // n_head
+    rng = np.random.default_rng(seed)
+
+    def normal(*shape: int, std: float) -> F32Array:
+        return rng.normal(0.0, std, size=shape).astype(np.float32)
+
+    embd = normal(n_vocab, N_EMBD, std=1.0)
+    embd[:, BIAS_DIM] = 1.0
+    out = normal(n_vocab, N_EMBD, std=0.3)
+    out -= _REPEAT_PENALTY * embd
+    out[:, BIAS_DIM] = _logit_bias(pieces)
+    norm = np.ones(N_EMBD, dtype=np.float32)
+    layer_norm = norm.copy()
+    layer_norm[BIAS_DIM] = 0.0  # the layers never read the constant dimension
+
+    writer = gguf.GGUFWriter(path, ARCH)
+    writer.add_name(name)
+    writer.add_file_type(int(gguf.LlamaFileType.MOSTLY_F16))
+    writer.add_context_length(n_ctx_train)
+    writer.add_embedding_length(N_EMBD)
+    writer.add_block_count(N_LAYER)
+    writer.add_feed_forward_length(N_FF)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_head_kv)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(n_vocab)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(pieces)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_unk_token_id(0)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(False)
+    if chat_template:
+        writer.add_chat_template(CHATML_TEMPLATE if chat_template is True else chat_template)
+
+    def f16(a: F32Array) -> F16Array:
+        return a.astype(np.float16)
+
+    writer.add_tensor("token_embd.weight", f16(embd))
+    for i in range(N_LAYER):
+        kv = n_head_kv * head_dim
+        attn_out = normal(N_EMBD, N_EMBD, std=N_EMBD**-0.5)
+        ffn_down = normal(N_EMBD, N_FF, std=N_FF**-0.5)
+        attn_out[BIAS_DIM] = 0.0  # nothing writes into the constant dimension
+        ffn_down[BIAS_DIM] = 0.0
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", layer_norm)
+        writer.add_tensor(f"blk.{i}.attn_q.weight", f16(normal(N_EMBD, N_EMBD, std=0.3)))
+        writer.add_tensor(f"blk.{i}.attn_k.weight", f16(normal(kv, N_EMBD, std=0.3)))
+        writer.add_tensor(f"blk.{i}.attn_v.weight", f16(normal(kv, N_EMBD, std=N_EMBD**-0.5)))
+        writer.add_tensor(f"blk.{i}.attn_output.weight", f16(attn_out))
+        writer.add_tensor(f"blk.{i}.ffn_norm.weight", layer_norm)
+        writer.add_tensor(f"blk.{i}.ffn_gate.weight", f16(normal(N_FF, N_EMBD, std=0.3)))
+        writer.add_tensor(f"blk.{i}.ffn_up.weight", f16(normal(N_FF, N_EMBD, std=N_EMBD**-0.5)))
+        writer.add_tensor(f"blk.{i}.ffn_down.weight", f16(ffn_down))
+    writer.add_tensor("output_norm.weight", norm)
+    writer.add_tensor("output.weight", f16(out))
+    return _finish(writer, path)
+
+
+def write_tiny_lora(
+    path: str | os.PathLike[str],
+    base_model: str | os.PathLike[str],
+    *,
+    word: str = LORA_WORD,
+    alpha: float = 8.0,
+    rank: int = 4,
+    boost: float = 100.0,
+) -> Path:
+    """Write a LoRA adapter for the tiny model at `base_model` and return `path`.
+
+    At scale s the adapter adds `boost * s` (times the constant dimension, about
+    1) to the logit of `word`: at scale 1 the output is that word over and over
+    ("fox fox fox"). Only `LORA_WORDS` are kept out of the base model's output,
+    so pick one of them when the test needs "absent without the adapter".
+    """
+    if word not in TINY_WORDS:
+        raise ValueError(f"{word!r} is not one of TINY_WORDS")
+    reader = gguf.GGUFReader(base_model)
+    output = next(t for t in reader.tensors if t.name == "output.weight")
+    n_embd, n_vocab = (int(n) for n in output.shape)  # GGUF order: columns, then rows
+    pieces: list[str] = reader.fields["tokenizer.ggml.tokens"].contents()
+    lora_a = np.zeros((rank, n_embd), dtype=np.float32)
+    lora_a[:, BIAS_DIM] = 1.0
+    lora_b = np.zeros((n_vocab, rank), dtype=np.float32)
+    # llama.cpp scales B @ A by alpha / rank; B @ A sums `rank` equal terms.
+    lora_b[pieces.index(SPACE + word), :] = boost / alpha
+
+    writer = gguf.GGUFWriter(path, ARCH)
+    writer.add_type(gguf.GGUFType.ADAPTER)
+    writer.add_name(f"blazar-tiny-lora-{word}")
+    writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
+    writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, alpha)
+    writer.add_tensor("output.weight.lora_a", lora_a)
+    writer.add_tensor("output.weight.lora_b", lora_b)
+    return _finish(writer, path)
+
+
+def _finish(writer: gguf.GGUFWriter, path: str | os.PathLike[str]) -> Path:
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return Path(path)
+
+
+def tiny_model_bytes(
+    *,
+    seed: int = 0,
+    chat_template: bool | str | None = True,
+    n_ctx_train: int = 2048,
+    n_head: int = 4,
+    n_head_kv: int = 4,
+    name: str = "blazar-tiny",
+) -> bytes:
+    """Return the bytes `write_tiny_model` writes for the same arguments (for hashes)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_tiny_model(
+            Path(tmp) / "tiny.gguf",
+            seed=seed,
+            chat_template=chat_template,
+            n_ctx_train=n_ctx_train,
+            n_head=n_head,
+            n_head_kv=n_head_kv,
+            name=name,
+        )
+        return path.read_bytes()
+
+
+def is_tiny_text(text: str, *, allow: Sequence[str] = LORA_WORDS) -> bool:
+    """Tell whether `text` is one or more tiny-model words separated by spaces.
+
+    Words in `allow` (by default `LORA_WORDS`) count too; pass `allow=()` to
+    reject text that an adapter word slipped into.
+    """
+    known = set(TINY_WORDS) - set(LORA_WORDS) | set(allow)
+    words = text.split(" ")
+    return bool(text.strip()) and all(w in known for w in words if w)

@@ -1,0 +1,64 @@
+"""`make run`'s job on the real default model, Gemma 3 270M, and disk use on import."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import Blazar
+
+
+def disk_bytes(*roots: Path) -> int:
+    """Bytes allocated under roots, counting each inode once (as `du` does)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for root in roots:
+        for dirpath, _, files in os.walk(root):
+            for name in files:
+                st = os.lstat(os.path.join(dirpath, name))
+                if (st.st_dev, st.st_ino) not in seen:
+                    seen.add((st.st_dev, st.st_ino))
+                    total += st.st_blocks * 512
+    return total
+
+
+def test_quickstart_imports_and_shows_gemma(blazar_home: Path) -> None:
+    def run() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "blazar.quickstart"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=os.environ.copy(),
+        )
+
+    first = run()
+    assert first.returncode == 0, first.stderr
+    out = first.stdout
+    assert "gemma3-270m" in out
+    assert "architecture       gemma3" in out
+    assert "268.1M (268,098,176)" in out
+    assert "quantization       Q4_K_M" in out
+    assert "(hardlink)" in out
+    second = run()  # idempotent: found in place, nothing assembled again
+    assert second.returncode == 0 and "assembling" not in second.stderr
+    assert second.stdout == first.stdout
+
+
+def test_importing_250mb_without_copy_adds_no_second_copy(
+    blazar: Blazar, blazar_home: Path, gemma_gguf: Path
+) -> None:
+    size = gemma_gguf.stat().st_size
+    assert size > 250_000_000
+    before = disk_bytes(blazar_home, gemma_gguf.parent)
+    blazar("import", str(gemma_gguf), "--name", "gemma3-270m")
+    after = disk_bytes(blazar_home, gemma_gguf.parent)
+    assert after - before < 5_000_000  # the store's database, not another 250 MB
+    record = json.loads(blazar("show", "gemma3-270m", "--json").output)
+    assert os.path.samefile(record["path"], gemma_gguf)
+    assert record["sha256"] == "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+    blazar("rm", "gemma3-270m")
+    assert gemma_gguf.stat().st_size == size and gemma_gguf.stat().st_nlink == 1
