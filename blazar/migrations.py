@@ -85,3 +85,55 @@ def m002_events(db: sqlite_utils.Database) -> None:
         not_null={"time", "kind", "subject", "action"},
     )
     db["events"].create_index(["kind", "subject"])  # type: ignore[union-attr]
+
+
+@migration
+def m003_engines(db: sqlite_utils.Database) -> None:
+    """Installed engines, which one is active per lane, every switch, and bench figures."""
+    db["engines"].create(  # type: ignore[union-attr]
+        {
+            "kind": str,  # lane: llamacpp
+            "tag": str,  # b11549-cpu
+            "method": str,  # wheel | release | source
+            "version": str,
+            "path": str,  # the engine's directory
+            "command": str,  # JSON argv that starts its server
+            "details": str,  # JSON: asset, sha256, cmake args, ...
+            "active": int,  # 1 for the one active engine of its lane
+            "installed_at": str,
+        },
+        pk=("kind", "tag"),
+        not_null={"kind", "tag", "method", "version", "path", "command", "installed_at"},
+        defaults={"active": 0, "details": "{}"},
+    )
+    db["engine_switches"].create(  # type: ignore[union-attr]
+        {
+            "id": int,
+            "time": str,
+            "kind": str,
+            "from_tag": str,  # NULL when the lane had no active engine
+            "to_tag": str,
+            "reason": str,  # use | update | rollback | first install
+        },
+        pk="id",
+        not_null={"time", "kind", "to_tag", "reason"},
+    )
+    db["bench"].create(  # type: ignore[union-attr]
+        {
+            "id": int,
+            "time": str,
+            "model": str,
+            "sha256": str,  # the model file benchmarked
+            "kind": str,
+            "tag": str,
+            "prompt_tps": float,  # prompt processing tokens/s
+            "decode_tps": float,  # generation tokens/s
+            "prompt_n": int,
+            "predicted_n": int,
+            "runs": int,
+            "note": str,  # bench | update gate
+        },
+        pk="id",
+        not_null={"time", "model", "kind", "tag", "prompt_tps", "decode_tps"},
+    )
+    db["bench"].create_index(["kind", "tag"])  # type: ignore[union-attr]

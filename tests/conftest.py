@@ -15,12 +15,16 @@ from blazar.cli.main import cli
 from blazar.paths import Paths, resolve_paths
 from blazar.testing.tiny import write_tiny_model
 
+# Engine wheels are cached across runs on one machine, so CI fetches each once.
+WHEEL_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "blazar-tests"
+
 
 @pytest.fixture(autouse=True)
 def blazar_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Every test gets its own BLAZAR_HOME: no test touches the real home."""
     home = tmp_path / "blazar-home"
     monkeypatch.setenv("BLAZAR_HOME", str(home))
+    monkeypatch.setenv("BLAZAR_WHEEL_CACHE", str(WHEEL_CACHE / "wheels"))
     return home
 
 

@@ -1,0 +1,253 @@
+"""Engine commands: `blazar engine list|update|build|use|rollback|rm` and `blazar bench`."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict
+from typing import Any
+
+import click
+
+from blazar.cli.context import Context, pass_context
+from blazar.cli.format import echo_json, table
+from blazar.engines.base import KIND, METHODS
+from blazar.engines.records import EngineRecord
+from blazar.engines.service import DEFAULT_GATE, Engines, UpdateOutcome
+from blazar.errors import InvalidInput
+
+DEFAULT_SOURCE = "https://github.com/ggml-org/llama.cpp"
+
+
+def engines(ctx: Context) -> Engines:
+    return Engines(ctx.store, ctx.paths)
+
+
+def _gate_default() -> float:
+    raw = os.environ.get("BLAZAR_ENGINE_GATE")
+    if raw is None:
+        return DEFAULT_GATE
+    try:
+        return float(raw)
+    except ValueError:
+        raise InvalidInput(
+            f"BLAZAR_ENGINE_GATE={raw!r} is not a number; use a fraction such as 0.10"
+        ) from None
+
+
+def engine_json(svc: Engines, record: EngineRecord) -> dict[str, Any]:
+    data = asdict(record)
+    data["bench"] = svc.records.last_bench(record.kind, record.tag)
+    return data
+
+
+@click.group("engine")
+def engine() -> None:
+    """Inference engines: install, update behind a regression gate, switch, roll back."""
+
+
+@engine.command("list")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per engine (JSON Lines).")
+@pass_context
+def list_(ctx: Context, as_json: bool) -> None:
+    """List installed engines, the active one per lane, and their last bench figures."""
+    svc = engines(ctx)
+    records = svc.records.installed()
+    if as_json:
+        for record in records:
+            echo_json(engine_json(svc, record))
+        return
+    if not records:
+        click.echo("No engines yet: `blazar engine update` installs the newest llama.cpp.")
+        return
+    rows = []
+    for r in records:
+        bench = svc.records.last_bench(r.kind, r.tag)
+        figures = (
+            f"{bench['decode_tps']:.1f} tg/s, {bench['prompt_tps']:.1f} pp/s" if bench else None
+        )
+        rows.append(
+            [
+                r.kind,
+                r.tag,
+                "*" if r.active else "",
+                r.method,
+                r.version,
+                r.installed_at,
+                figures,
+                r.path,
+            ]
+        )
+    click.echo(
+        table(["KIND", "TAG", "ACTIVE", "METHOD", "VERSION", "INSTALLED", "BENCH", "PATH"], rows)
+    )
+
+
+def _report(outcome: UpdateOutcome, as_json: bool) -> None:
+    if as_json:
+        echo_json(asdict(outcome))
+        return
+    for result in outcome.results:
+        click.echo(
+            f"  {result.tag}: decode {result.decode_tps:.1f} tokens/s, "
+            f"prompt {result.prompt_tps:.1f} tokens/s ({result.model}, median of {result.runs})"
+        )
+    click.echo(f"{outcome.kind}: {outcome.message}")
+
+
+@engine.command("update")
+@click.option("--kind", default=KIND, show_default=True, help="The lane to update.")
+@click.option("--all", "all_lanes", is_flag=True, help="Update every installed lane.")
+@click.option(
+    "--install",
+    "method",
+    type=click.Choice(["wheel", "release"]),
+    default=None,
+    help="Install method (default: the active engine's, else wheel).",
+)
+@click.option("--version", default=None, help="Install this version instead of the newest.")
+@click.option(
+    "--gate",
+    type=float,
+    default=None,
+    help=f"Largest decode tokens/s drop accepted (default {DEFAULT_GATE}, or $BLAZAR_ENGINE_GATE).",
+)
+@click.option("--bench-model", default=None, help="Model for the gate (default: smallest held).")
+@click.option("--feed", default=None, help="Release feed base URL (default $BLAZAR_RELEASE_FEED).")
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
+@pass_context
+def update(
+    ctx: Context,
+    kind: str,
+    all_lanes: bool,
+    method: str | None,
+    version: str | None,
+    gate: float | None,
+    bench_model: str | None,
+    feed: str | None,
+    as_json: bool,
+) -> None:
+    """Install the newest engine beside the others and activate it if it is not slower.
+
+    With an engine already active, both run the same fixed workload in one run;
+    the new one becomes active only if its decode tokens/s dropped no more than
+    the gate. Otherwise the old one stays active and the new one stays
+    installed, inactive.
+    """
+    max_drop = _gate_default() if gate is None else gate
+    if not 0 <= max_drop < 1:
+        raise InvalidInput(f"--gate must be a fraction in [0, 1), got {max_drop}")
+    svc = engines(ctx)
+    if all_lanes:
+        installed: set[str] = set(svc.records.kinds())
+        for lane in (KIND,):
+            if lane not in installed:
+                click.echo(f"{lane}: skipped (not installed)")
+                continue
+            outcome = svc.update(
+                lane, method=method, version=version, max_drop=max_drop, model=bench_model,
+                feed=feed, progress=click.echo,
+            )  # fmt: skip
+            _report(outcome, as_json)
+        return
+    outcome = svc.update(
+        kind, method=method, version=version, max_drop=max_drop, model=bench_model, feed=feed,
+        progress=click.echo,
+    )  # fmt: skip
+    _report(outcome, as_json)
+
+
+@engine.command("build")
+@click.argument("backend", type=click.Choice(["cpu", "cuda"]))
+@click.option(
+    "--source",
+    default=DEFAULT_SOURCE,
+    show_default=True,
+    help="A llama.cpp tree: a directory, a .tar.gz, or a git URL with optional @SHA.",
+)
+@click.option("--jobs", "-j", type=int, default=None, help="Parallel build jobs (default: cores).")
+@click.option("--gate", type=float, default=None, help="As for `engine update`.")
+@click.option("--bench-model", default=None, help="Model for the gate (default: smallest held).")
+@pass_context
+def build(
+    ctx: Context,
+    backend: str,
+    source: str,
+    jobs: int | None,
+    gate: float | None,
+    bench_model: str | None,
+) -> None:
+    """Build llama-server from source with cmake and install it (slow: minutes)."""
+    import tempfile
+    from pathlib import Path
+
+    from blazar.engines.source import build_source
+
+    svc = engines(ctx)
+    max_drop = _gate_default() if gate is None else gate
+    work = Path(tempfile.mkdtemp(prefix="build-", dir=ctx.paths.cache))
+    click.echo(f"building llama-server ({backend}) from {source}; log under {work}")
+    installed = build_source(ctx.paths.engines, source, backend, work_dir=work, jobs=jobs)
+    candidate = svc.add_built(installed)
+    click.echo(f"installed {candidate.kind} {candidate.tag} at {candidate.path}")
+    _report(svc.adopt(candidate, max_drop=max_drop, model=bench_model), as_json=False)
+
+
+@engine.command("use")
+@click.argument("tag")
+@pass_context
+def use(ctx: Context, tag: str) -> None:
+    """Make engine TAG the active one of its lane."""
+    record, previous = engines(ctx).use(tag)
+    if previous and previous.tag == record.tag:
+        click.echo(f"{record.kind}: {record.tag} is already active")
+    else:
+        was = f" (was {previous.tag})" if previous else ""
+        click.echo(f"{record.kind}: {record.tag} is now active{was}")
+
+
+@engine.command("rollback")
+@click.option("--kind", default=KIND, show_default=True)
+@pass_context
+def rollback(ctx: Context, kind: str) -> None:
+    """Re-activate the engine that was active before the current one."""
+    record, was = engines(ctx).rollback(kind)
+    click.echo(f"{kind}: rolled back to {record.tag} (was {was})")
+
+
+@engine.command("rm")
+@click.argument("tag")
+@pass_context
+def rm(ctx: Context, tag: str) -> None:
+    """Remove an installed engine (never the active one, nor one in use)."""
+    record = engines(ctx).remove(tag)
+    click.echo(f"removed {record.kind} {record.tag}")
+
+
+@click.command("bench")
+@click.argument("model")
+@click.option("--engine", "tag", default=None, help="Engine tag (default: the active one).")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@pass_context
+def bench(ctx: Context, model: str, tag: str | None, as_json: bool) -> None:
+    """Measure prompt and generation tokens/s of MODEL on an engine; keep the figures."""
+    svc = engines(ctx)
+    if tag:
+        record = svc.records.find_tag(tag)
+    else:
+        active = svc.records.active(KIND)
+        if active is None:
+            raise InvalidInput("no active engine: `blazar engine update` installs one")
+        record = active
+    [result] = svc.bench([record], model=model)
+    if as_json:
+        echo_json(asdict(result))
+        return
+    click.echo(
+        f"{result.model} on {result.tag}: prompt {result.prompt_tps:.1f} tokens/s "
+        f"({result.prompt_n} tokens), generation {result.decode_tps:.1f} tokens/s "
+        f"({result.predicted_n} tokens), median of {result.runs}"
+    )
+
+
+COMMANDS = [engine, bench]
+__all__ = ["COMMANDS", "METHODS"]

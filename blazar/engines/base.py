@@ -1,0 +1,64 @@
+"""What every install method produces, and where engines live on disk.
+
+Layout: `<data>/engines/<kind>/<tag>/` holds one engine; installs are built in
+`<data>/engines/<kind>/.tmp-<uuid>/` and renamed into place only once they
+passed their checks, so a half-made engine is never visible.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from blazar.errors import AlreadyExists
+
+KIND = "llamacpp"
+METHODS = ("wheel", "release", "source")
+
+
+@dataclass(frozen=True)
+class InstalledEngine:
+    """An engine on disk, ready to be recorded in the store."""
+
+    kind: str
+    tag: str  # b11549-cpu
+    method: str  # wheel | release | source
+    version: str  # xllamacpp version, release tag, or source commit
+    path: Path  # the engine's directory
+    command: list[str]  # argv that starts a llama-server-compatible server; flags follow
+    details: dict[str, str] = field(default_factory=dict)
+
+
+def lane_dir(engines_root: Path, kind: str = KIND) -> Path:
+    return engines_root / kind
+
+
+@contextmanager
+def staging(engines_root: Path, tag: str, kind: str = KIND) -> Iterator[tuple[Path, Path]]:
+    """Yield (temporary dir, final dir) for building engine `tag`.
+
+    The caller fills the temporary dir and renames it with `publish`; on any
+    error the temporary dir is removed. Refuses a tag that is already installed.
+    """
+    root = lane_dir(engines_root, kind)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / tag
+    if final.exists():
+        raise AlreadyExists(f"engine {kind} {tag} is already installed at {final}")
+    tmp = root / f".tmp-{uuid.uuid4().hex}"
+    tmp.mkdir()
+    try:
+        yield tmp, final
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def publish(tmp: Path, final: Path) -> None:
+    """Make a finished engine visible under its final name, atomically."""
+    os.rename(tmp, final)

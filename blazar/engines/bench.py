@@ -1,0 +1,137 @@
+"""Benchmark engines on a fixed workload: prompt and decode tokens/s from the engine's timings.
+
+One fixed prompt and a fixed number of generated tokens, greedy, prompt cache
+off. The figures are llama.cpp's own `timings` (prompt_per_second,
+predicted_per_second), not wall-clock guesses. Several engines are measured in
+one run with their requests interleaved, so background load hits them alike;
+each figure is the median of `runs` requests after one warm-up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import urllib.request
+from collections.abc import Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+from blazar.engines.process import EngineProcess
+from blazar.engines.records import BenchResult, EngineRecord
+from blazar.errors import BlazarError
+
+PROMPT = (
+    "The history of the lighthouse begins with fires kept on hills by the sea, "
+    "so that ships could find the harbour at night. Later, towers of stone were built, "
+    "and keepers climbed them every evening to light the lamps. Tell the story:"
+)
+PREDICT = 64
+RUNS = 5
+CTX = 1024
+
+
+@dataclass(frozen=True)
+class Workload:
+    prompt: str = PROMPT
+    predict: int = PREDICT
+    runs: int = RUNS
+    threads: int = max(1, os.cpu_count() or 1)
+
+
+class BenchError(BlazarError):
+    pass
+
+
+def _complete(url: str, workload: Workload) -> dict[str, float]:
+    body = json.dumps(
+        {
+            "prompt": workload.prompt,
+            "n_predict": workload.predict,
+            "temperature": 0,
+            "cache_prompt": False,
+            "ignore_eos": True,
+        }
+    ).encode()
+    request = urllib.request.Request(
+        f"{url}/completion", data=body, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=300) as resp:
+        data = json.load(resp)
+    timings = data.get("timings") or {}
+    if "predicted_per_second" not in timings:
+        raise BenchError(f"the engine at {url} returned no timings; cannot benchmark it")
+    return {k: float(v) for k, v in timings.items() if isinstance(v, int | float)}
+
+
+def bench_engines(
+    engines: Sequence[EngineRecord],
+    model_path: Path,
+    model_name: str,
+    sha256: str,
+    log_dir: Path,
+    *,
+    workload: Workload | None = None,
+    note: str = "bench",
+) -> list[BenchResult]:
+    """Run the fixed workload on every engine in one interleaved run."""
+    workload = workload or Workload()
+    args = [
+        "--model", str(model_path), "--ctx-size", str(CTX), "--parallel", "1",
+        "--threads", str(workload.threads), "--threads-batch", str(workload.threads),
+    ]  # fmt: skip
+    samples: dict[str, list[dict[str, float]]] = {e.tag: [] for e in engines}
+    with ExitStack() as stack:
+        procs = [
+            stack.enter_context(EngineProcess(e.command, args, log_dir / f"bench-{e.tag}.log"))
+            for e in engines
+        ]
+        for proc in procs:  # warm-up: page in weights, first allocations
+            _complete(proc.url, workload)
+        for _ in range(workload.runs):
+            for engine, proc in zip(engines, procs, strict=True):
+                samples[engine.tag].append(_complete(proc.url, workload))
+    results = []
+    for engine in engines:
+        runs = samples[engine.tag]
+        results.append(
+            BenchResult(
+                model=model_name,
+                sha256=sha256,
+                kind=engine.kind,
+                tag=engine.tag,
+                prompt_tps=statistics.median(r.get("prompt_per_second", 0.0) for r in runs),
+                decode_tps=statistics.median(r["predicted_per_second"] for r in runs),
+                prompt_n=int(runs[0].get("prompt_n", 0)),
+                predicted_n=int(runs[0].get("predicted_n", 0)),
+                runs=len(runs),
+                note=note,
+            )
+        )
+    return results
+
+
+@dataclass(frozen=True)
+class GateVerdict:
+    accept: bool
+    old_tps: float
+    new_tps: float
+    drop: float  # fraction: 0.25 = 25% slower
+    gate: float
+
+    def explain(self, old_tag: str, new_tag: str) -> str:
+        change = f"decode {self.old_tps:.1f} -> {self.new_tps:.1f} tokens/s ({-self.drop:+.1%})"
+        if self.accept:
+            return f"{new_tag} passed the regression gate: {change}, gate {self.gate:.0%}"
+        return (
+            f"{new_tag} is slower than {old_tag}: {change}, more than the {self.gate:.0%} gate; "
+            f"kept {old_tag} active ({new_tag} stays installed: `blazar engine use {new_tag}` "
+            "to switch anyway)"
+        )
+
+
+def gate(old_tps: float, new_tps: float, max_drop: float) -> GateVerdict:
+    """Pure: accept the new engine unless decode tokens/s dropped more than `max_drop`."""
+    drop = (old_tps - new_tps) / old_tps if old_tps > 0 else 0.0
+    return GateVerdict(drop <= max_drop, old_tps, new_tps, drop, max_drop)

@@ -1,0 +1,398 @@
+"""Start llama.cpp's HTTP server in-process through xllamacpp, with llama-server's flags.
+
+The `wheel` install method of the `llamacpp` engine lane (see DESIGN.md, "Engines")
+gives Blazar the `xllamacpp` package instead of a `llama-server` binary. Blazar
+copies this file into each such engine's own virtual environment, and its
+supervisor runs it with that environment's Python exactly as it would run
+`llama-server`:
+
+    python launcher.py --model m.gguf --host 127.0.0.1 --port 0 --parallel 2 ...
+
+It accepts llama-server's spelling of the flags Blazar uses, maps them onto
+`xllamacpp.CommonParams`, starts `xllamacpp.Server` (llama.cpp's native server, so
+the HTTP API is llama-server's own) and serves until SIGTERM or SIGINT, then exits 0.
+Once the server listens it prints llama-server's line and a machine-readable one:
+
+    main: server is listening on http://127.0.0.1:PORT - starting the main loop
+    blazar-launcher: listening on http://127.0.0.1:PORT
+
+Bad input ends it with one `launcher: ...` line on stderr and no traceback: exit
+code 2 for a command line it cannot run (an unknown flag, a flag without its value,
+a bad value, no --model), 1 for a model or LoRA adapter file that is missing or that
+llama.cpp fails to load (the first error llama.cpp logged is quoted).
+
+It runs under the engine's Python, not Blazar's: standard library and xllamacpp only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import os
+import re
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import xllamacpp  # type: ignore[import-untyped, import-not-found, unused-ignore]
+
+USAGE_ERROR = 2
+LOAD_ERROR = 1
+CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+POOLING_TYPES = ("none", "mean", "cls", "last", "rank")
+# --load-mode values as llama-server spells them, and their llama_load_mode names
+LOAD_MODES = {"auto": "AUTO", "none": "NONE", "mmap": "MMAP", "mlock": "MLOCK",
+              "mmap+mlock": "MMAP_MLOCK", "dio": "DIRECT_IO"}  # fmt: skip
+
+
+class UsageError(Exception):
+    """A command line this launcher cannot run; the message is shown as is."""
+
+
+class LoadError(Exception):
+    """The engine refused the model or the settings; the message is shown as is."""
+
+
+Apply = Callable[[Any, str], None]  # (xllamacpp.CommonParams, flag value) -> None
+
+
+@dataclass(frozen=True)
+class Flag:
+    names: tuple[str, ...]  # llama-server's spellings, long form first
+    metavar: str | None  # None: a switch that takes no value
+    help: str
+    apply: Apply
+
+
+# --- value converters: each raises UsageError with what it expected ---------------------
+
+
+def _parse(kind: Callable[[str], Any], expected: str, value: str) -> Any:
+    try:
+        return kind(value)
+    except ValueError:
+        raise UsageError(f"expected {expected}, got {value!r}") from None
+
+
+def _int(value: str) -> int:
+    return int(_parse(int, "an integer", value))
+
+
+def _choice(value: str, choices: Collection[str]) -> str:
+    if value.lower() not in choices:
+        raise UsageError(f"expected one of {', '.join(choices)}, got {value!r}")
+    return value.lower()
+
+
+def _enum(enum: str, prefix: str, names: dict[str, str]) -> Callable[[str], Any]:
+    """Convert a flag value (a key of `names`) into the xllamacpp enum member it names."""
+    return lambda value: getattr(getattr(xllamacpp, enum), prefix + names[_choice(value, names)])
+
+
+def _port(value: str) -> int:
+    port = _int(value)
+    if not 0 <= port <= 65535:
+        raise UsageError(f"expected a port number from 0 to 65535, got {value!r}")
+    return port
+
+
+def _seed(value: str) -> int:
+    return _int(value) % 2**32  # as llama-server reads it: -1 (random) is 0xFFFFFFFF
+
+
+def _gpu_layers(value: str) -> int:
+    return {"auto": -1, "all": -2}.get(value) or _int(value)
+
+
+_cache_type = _enum("ggml_type", "GGML_TYPE_", {t: t.upper() for t in CACHE_TYPES})
+_pooling = _enum("llama_pooling_type", "LLAMA_POOLING_TYPE_", {p: p.upper() for p in POOLING_TYPES})
+_load_mode = _enum("llama_load_mode", "LLAMA_LOAD_MODE_", LOAD_MODES)
+
+
+def _directory(value: str) -> str:
+    if not os.path.isdir(value):
+        raise UsageError(f"not a directory: {value!r}")
+    return value if value.endswith(os.sep) else value + os.sep
+
+
+def _lora(item: str, scaled: bool) -> Any:
+    path, sep, scale = item.rpartition(":") if scaled else (item, ":", "1")
+    if not sep or not path:
+        raise UsageError(f"expected FNAME:SCALE, got {item!r}")
+    return xllamacpp.CommonAdapterLoraInfo(path, _parse(float, "a number", scale))
+
+
+# --- appliers: how a flag's value lands on CommonParams ----------------------------------
+
+
+def _set(attr: str, convert: Callable[[str], object] = str) -> Apply:
+    """Set a (dotted) CommonParams attribute to the converted flag value."""
+
+    def apply(params: Any, value: str) -> None:
+        *parents, name = attr.split(".")
+        for parent in parents:
+            params = getattr(params, parent)
+        converted = convert(value)
+        try:
+            setattr(params, name, converted)
+        except (OverflowError, TypeError, ValueError):
+            raise UsageError(f"out of range: {value!r}") from None
+
+    return apply
+
+
+def _switch(attr: str, on: object = True) -> Apply:
+    return _set(attr, lambda _value: on)
+
+
+def _extend(attr: str, convert: Callable[[str], object] = str) -> Apply:
+    """Add the comma-separated items of the flag value to a list or set attribute."""
+
+    def apply(params: Any, value: str) -> None:
+        current = getattr(params, attr)
+        items = [convert(item) for item in value.split(",") if item]
+        setattr(params, attr, type(current)([*current, *items]))
+
+    return apply
+
+
+def _show_help(params: Any, value: str) -> NoReturn:
+    print("usage: launcher.py --model FNAME [llama-server flags]\n")
+    for flag in FLAGS:
+        left = ", ".join(flag.names) + (f" {flag.metavar}" if flag.metavar else "")
+        print(f"  {left:<44} {flag.help}")
+    raise SystemExit(0)
+
+
+def _set_host(params: Any, value: str) -> None:
+    """xllamacpp 2026.10 takes a list of `hostnames`; 2026.9 and older one `hostname`."""
+    if hasattr(params, "hostnames"):
+        params.hostnames = [value]
+    else:
+        params.hostname = value
+
+
+def _build_number(info: dict[str, Any]) -> int:
+    """The wheel's BUILD_INFO says 0; its version's last part is llama.cpp's build number."""
+    number = int(info.get("build_number") or 0)
+    if number:
+        return number
+    parts = str(getattr(xllamacpp, "__version__", "")).split(".")
+    return int(parts[2]) if len(parts) >= 3 and parts[2].isdigit() else 0
+
+
+def _show_version(params: Any, value: str) -> NoReturn:
+    info = getattr(xllamacpp, "BUILD_INFO", {})
+    print(f"version: {_build_number(info)} ({info.get('commit', 'unknown')})")
+    compiler, target = info.get("compiler", "unknown"), info.get("build_target", "unknown")
+    print(f"built with {compiler} for {target}")
+    print(f"built with xllamacpp {getattr(xllamacpp, '__version__', 'unknown')}")
+    raise SystemExit(0)
+
+
+_NO_MMAP, _MMAP = _load_mode("none"), _load_mode("mmap")
+
+# (names, metavar or None for a switch, help, apply); names as llama-server spells them
+# fmt: off
+_TABLE: list[tuple[str, str | None, str, Apply]] = [
+    ("--model -m", "FNAME", "model path (GGUF)", _set("model.path")),
+    ("--host", "HOST", "address to listen on", _set_host),
+    ("--port", "PORT", "port to listen on (default 8080); 0 picks a free one", _set("port", _port)),
+    ("--reuse-port", None, "let several sockets share the port", _switch("reuse_port")),
+    ("--ctx-size -c", "N", "context size, shared by the slots", _set("n_ctx", _int)),
+    ("--parallel -np", "N", "number of slots", _set("n_parallel", _int)),
+    ("--threads -t", "N", "generation threads", _set("cpuparams.n_threads", _int)),
+    ("--threads-batch -tb", "N", "prompt threads", _set("cpuparams_batch.n_threads", _int)),
+    ("--n-gpu-layers -ngl --gpu-layers", "N|auto|all", "layers to offload",
+     _set("n_gpu_layers", _gpu_layers)),
+    ("--batch-size -b", "N", "logical batch size", _set("n_batch", _int)),
+    ("--ubatch-size -ub", "N", "physical batch size", _set("n_ubatch", _int)),
+    ("--n-predict -n", "N", "default token limit of a request", _set("n_predict", _int)),
+    ("--seed -s", "SEED", "default sampling seed", _set("sampling.seed", _seed)),
+    ("--alias -a", "NAME", "model name(s) in the API, comma-separated", _extend("model_alias")),
+    ("--api-key", "KEY", "required API key(s), comma-separated", _extend("api_keys")),
+    ("--jinja", None, "use the Jinja chat template engine (default)", _switch("use_jinja")),
+    ("--no-jinja", None, "do not use Jinja", _switch("use_jinja", False)),
+    ("--chat-template", "TEMPLATE", "chat template name or text", _set("chat_template")),
+    ("--metrics", None, "serve /metrics", _switch("endpoint_metrics")),
+    ("--slots", None, "serve /slots (default)", _switch("endpoint_slots")),
+    ("--no-slots", None, "do not serve /slots", _switch("endpoint_slots", False)),
+    ("--props", None, "allow POST /props", _switch("endpoint_props")),
+    ("--slot-save-path", "DIR", "where slots are saved", _set("slot_save_path", _directory)),
+    ("--lora", "FNAME", "LoRA adapter(s), comma-separated",
+     _extend("lora_adapters", lambda v: _lora(v, scaled=False))),
+    ("--lora-scaled", "FNAME:SCALE", "LoRA adapter(s), comma-separated",
+     _extend("lora_adapters", lambda v: _lora(v, scaled=True))),
+    ("--lora-init-without-apply", None, "load adapters at scale 0",
+     _switch("lora_init_without_apply")),
+    ("--embeddings --embedding", None, "serve embeddings only", _switch("embedding")),
+    ("--pooling", "|".join(POOLING_TYPES), "embedding pooling", _set("pooling_type", _pooling)),
+    ("--cache-type-k -ctk", "TYPE", "K cache type", _set("cache_type_k", _cache_type)),
+    ("--cache-type-v -ctv", "TYPE", "V cache type", _set("cache_type_v", _cache_type)),
+    ("--kv-unified -kvu", None, "one KV buffer for all slots", _switch("kv_unified")),
+    ("--no-kv-unified -no-kvu", None, "a KV buffer per slot", _switch("kv_unified", False)),
+    ("--cache-reuse", "N", "min chunk to reuse by KV shifting", _set("n_cache_reuse", _int)),
+    ("--load-mode -lm", "|".join(LOAD_MODES), "how to load", _set("load_mode", _load_mode)),
+    ("--mmap", None, "same as --load-mode mmap", _switch("load_mode", _MMAP)),
+    ("--no-mmap", None, "same as --load-mode none", _switch("load_mode", _NO_MMAP)),
+    ("--no-warmup", None, "skip the warm-up run", _switch("warmup", False)),
+    ("--verbose -v", None, "log everything", _switch("verbosity", 2**31 - 1)),
+    ("--verbosity -lv", "N", "log verbosity threshold", _set("verbosity", _int)),
+    ("--version", None, "print the version and exit", _show_version),
+    ("--help -h", None, "print this help and exit", _show_help),
+]
+# fmt: on
+FLAGS = tuple(
+    Flag(tuple(names.split()), metavar, help, apply) for names, metavar, help, apply in _TABLE
+)
+FLAG_BY_NAME = {name: flag for flag in FLAGS for name in flag.names}
+
+
+# --- command line ------------------------------------------------------------------------
+
+
+def _unknown_flag(name: str) -> UsageError:
+    close = difflib.get_close_matches(name, FLAG_BY_NAME, n=1, cutoff=0.75)
+    if close:
+        return UsageError(f"unknown flag {name!r}; did you mean {close[0]!r}? (see --help)")
+    known = ", ".join(flag.names[0] for flag in FLAGS)
+    return UsageError(f"unknown flag {name!r}; llama-server flags this launcher accepts: {known}")
+
+
+def parse_args(argv: Sequence[str]) -> Any:
+    """Turn llama-server style arguments into an `xllamacpp.CommonParams`.
+
+    Values follow their flag (`--port 8080`) or are attached with `=` (`--port=8080`);
+    a value may start with `-` (`--seed -1`) but may not be another flag.
+    """
+    params = xllamacpp.CommonParams()
+    _set_host(params, "127.0.0.1")
+    params.port = 8080  # llama-server's default
+    args = list(argv)
+    while args:
+        arg = args.pop(0)
+        if not arg.startswith("-") or arg == "-":
+            raise UsageError(f"unexpected argument {arg!r} (flags only; the model goes in --model)")
+        name, attached, value = arg.partition("=")
+        flag = FLAG_BY_NAME.get(name)
+        if flag is None:
+            raise _unknown_flag(name)
+        if flag.metavar is None and attached:
+            raise UsageError(f"flag {name} takes no value")
+        if flag.metavar is not None and not attached:
+            if not args or args[0] in FLAG_BY_NAME or args[0].startswith("--"):
+                raise UsageError(f"flag {name} needs a value ({flag.metavar})")
+            value = args.pop(0)
+        try:
+            flag.apply(params, value)
+        except UsageError as err:
+            raise UsageError(f"bad value for {name}: {err}") from None
+    model = params.model.path
+    if not model:
+        raise UsageError("no model given; pass --model FNAME (a GGUF file)")
+    return params
+
+
+# --- loading and serving -----------------------------------------------------------------
+
+_LOG_ERROR = re.compile(r"^\S*\s*E\s+(?:(?:srv|cmn|ctx|res|que|slt)\s+)?(.*\S)\s*$")
+
+
+def _first_error(log: bytes) -> str | None:
+    """The first error-level line of llama.cpp's log: the most specific reason it gives."""
+    for line in log.decode("utf-8", "replace").splitlines():
+        match = _LOG_ERROR.match(line)
+        if match:
+            return "".join(c if c.isprintable() else "?" for c in match.group(1))
+    return None
+
+
+def start_server(params: Any, verbose: bool) -> Any:
+    """Construct `xllamacpp.Server`, which loads the model and starts listening.
+
+    llama.cpp logs to file descriptor 2 while it loads. That log is captured so that
+    a failure can be reported in one line naming the first error llama.cpp logged;
+    on success (or with --verbose) the captured log is passed on to stderr.
+    """
+    sys.stderr.flush()
+    saved_stderr = os.dup(2)
+    with tempfile.TemporaryFile() as log:
+        os.dup2(log.fileno(), 2)
+        try:
+            server = xllamacpp.Server(params)
+        except Exception as exc:
+            reason = None
+            for _ in range(50):  # llama.cpp may log from another thread: give it a moment
+                log.seek(0)
+                reason = _first_error(log.read())
+                if reason:
+                    break
+                time.sleep(0.01)
+            server, failure = None, f"failed to load model {params.model.path}: {reason or exc}"
+        finally:
+            os.dup2(saved_stderr, 2)
+            os.close(saved_stderr)
+        if server is not None or verbose:
+            log.seek(0)
+            sys.stderr.buffer.write(log.read())
+            sys.stderr.flush()
+    if server is None:
+        raise LoadError(failure)
+    return server
+
+
+def _exit_now(signum: int, frame: object) -> NoReturn:
+    # xllamacpp.Server has no stop method; its destructor would wait on the main loop.
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(0)
+
+
+def serve_forever(server: Any) -> NoReturn:
+    """Announce the address, then block until SIGTERM or SIGINT and exit 0."""
+    # The server's threads may take the signal; the wakeup fd wakes this thread anyway,
+    # and Python then runs the handler here.
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _exit_now)
+    address = str(server.listening_address)
+    if "://" not in address:
+        address = "http://" + address
+    print(f"main: server is listening on {address} - starting the main loop")
+    print(f"blazar-launcher: listening on {address}", flush=True)
+    while True:
+        os.read(wake_read, 64)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    # Until the server is up a signal ends the process at once, even mid-load.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    try:
+        params = parse_args(sys.argv[1:] if argv is None else argv)
+    except UsageError as err:
+        print(f"launcher: {err}", file=sys.stderr)
+        return USAGE_ERROR
+    files = [("model", params.model.path)]
+    files += [("LoRA adapter", adapter.path) for adapter in params.lora_adapters]
+    for what, path in files:
+        if not os.path.isfile(path):
+            problem = "is not a file" if os.path.exists(path) else "not found"
+            print(f"launcher: {what} {problem}: {path}", file=sys.stderr)
+            return LOAD_ERROR
+    try:
+        server = start_server(params, verbose=params.verbosity > 3)
+    except LoadError as err:
+        print(f"launcher: {err}", file=sys.stderr)
+        return LOAD_ERROR
+    serve_forever(server)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,275 @@
+"""Engine operations behind `blazar engine ...` and `blazar bench`.
+
+Installs go through the method modules (wheel, release, source); adopting a new
+engine runs the regression gate against the active one; every switch and
+bench figure is recorded in the store.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from blazar.engines import wheel
+from blazar.engines.base import KIND, InstalledEngine
+from blazar.engines.bench import GateVerdict, Workload, bench_engines, gate
+from blazar.engines.records import BenchResult, EngineRecord, EngineStore
+from blazar.errors import BlazarError, InvalidInput, NotFound
+from blazar.paths import Paths
+from blazar.store import Store
+from specs.names import parse_name
+
+DEFAULT_GATE = 0.10
+SYNTHETIC_MODEL = "tiny (synthetic)"
+
+
+class EngineInUse(BlazarError):
+    pass
+
+
+@dataclass(frozen=True)
+class BenchModel:
+    name: str
+    path: Path
+    sha256: str
+
+
+@dataclass(frozen=True)
+class UpdateOutcome:
+    kind: str
+    tag: str
+    installed: bool  # a new engine was installed
+    activated: bool
+    message: str
+    verdict: GateVerdict | None = None
+    results: tuple[BenchResult, ...] = ()
+
+
+class Engines:
+    """Engine lifecycle on one host: install, adopt behind the gate, use, rollback, rm."""
+
+    def __init__(self, store: Store, paths: Paths) -> None:
+        self.store = store
+        self.paths = paths
+        self.records = EngineStore(store)
+
+    # -- installing -----------------------------------------------------------
+
+    def resolve_version(self, method: str, version: str | None, **opts: str | None) -> str:
+        if method == "wheel":
+            return version or wheel.latest_version()
+        if method == "release":
+            from blazar.engines import release
+
+            return (
+                release.normalize_tag(version)
+                if version
+                else release.latest_version(feed=opts.get("feed"))
+            )
+        raise InvalidInput(
+            f"`engine update` installs with wheel or release; for source use "
+            f"`blazar engine build cpu|cuda`, not {method!r}"
+        )
+
+    def expected_tag(self, method: str, version: str) -> str:
+        if method == "wheel":
+            return wheel.tag_for_version(version)
+        return f"{version}-cpu"
+
+    def install(self, method: str, version: str, **opts: str | None) -> EngineRecord:
+        installed: InstalledEngine
+        if method == "wheel":
+            cache = wheel.wheel_cache(self.paths.cache / "wheels")
+            installed = wheel.install_wheel(self.paths.engines, cache, version)
+        elif method == "release":
+            from blazar.engines import release
+
+            installed = release.install_release(
+                self.paths.engines, self.paths.downloads, version=version, feed=opts.get("feed")
+            )
+        else:
+            raise InvalidInput(f"unknown install method {method!r}: choose wheel or release")
+        return self.records.add(installed)
+
+    def add_built(self, installed: InstalledEngine) -> EngineRecord:
+        return self.records.add(installed)
+
+    # -- adopting -------------------------------------------------------------
+
+    def adopt(
+        self,
+        candidate: EngineRecord,
+        *,
+        max_drop: float = DEFAULT_GATE,
+        model: str | None = None,
+        workload: Workload | None = None,
+    ) -> UpdateOutcome:
+        """Activate `candidate` if the lane has no active engine or it passes the gate."""
+        active = self.records.active(candidate.kind)
+        if active is None:
+            self.records.activate(candidate.kind, candidate.tag, "first install")
+            return UpdateOutcome(
+                candidate.kind, candidate.tag, True, True, f"{candidate.tag} is now active"
+            )
+        if active.tag == candidate.tag:
+            return UpdateOutcome(candidate.kind, candidate.tag, False, False, "already active")
+        results = self.bench([active, candidate], model=model, workload=workload, note="gate")
+        old, new = results
+        verdict = gate(old.decode_tps, new.decode_tps, max_drop)
+        if verdict.accept:
+            self.records.activate(candidate.kind, candidate.tag, "update")
+        return UpdateOutcome(
+            candidate.kind,
+            candidate.tag,
+            True,
+            verdict.accept,
+            verdict.explain(active.tag, candidate.tag),
+            verdict,
+            tuple(results),
+        )
+
+    def update(
+        self,
+        kind: str = KIND,
+        *,
+        method: str | None = None,
+        version: str | None = None,
+        max_drop: float = DEFAULT_GATE,
+        model: str | None = None,
+        feed: str | None = None,
+        progress: Callable[[str], None] = lambda _: None,
+    ) -> UpdateOutcome:
+        if kind != KIND:
+            raise InvalidInput(f"unknown engine kind {kind!r}: Blazar has the {KIND!r} lane")
+        active = self.records.active(kind)
+        method = method or (active.method if active else "wheel")
+        version = self.resolve_version(method, version, feed=feed)
+        tag = self.expected_tag(method, version)
+        try:
+            existing = self.records.get(kind, tag)
+        except NotFound:
+            existing = None
+        if existing is not None:
+            if existing.active:
+                return UpdateOutcome(kind, tag, False, False, f"{tag} is current (active)")
+            return UpdateOutcome(
+                kind, tag, False, False,
+                f"{tag} is already installed but inactive (the gate refused it or it was "
+                f"switched away from): `blazar engine use {tag}` activates it",
+            )  # fmt: skip
+        progress(f"installing {kind} {tag} ({method} {version}) ...")
+        candidate = self.install(method, version, feed=feed)
+        if active:
+            progress(f"benchmarking {active.tag} against {tag} ...")
+        return self.adopt(candidate, max_drop=max_drop, model=model)
+
+    # -- switching ------------------------------------------------------------
+
+    def use(self, tag: str) -> tuple[EngineRecord, EngineRecord | None]:
+        record = self.records.find_tag(tag)
+        self._check_present(record)
+        previous = self.records.activate(record.kind, record.tag, "use")
+        return record, previous
+
+    def rollback(self, kind: str = KIND) -> tuple[EngineRecord, str]:
+        active = self.records.active(kind)
+        previous = self.records.previous_active(kind)
+        if active is None or previous is None:
+            raise NotFound(f"no earlier {kind} engine to roll back to: `blazar engine list`")
+        try:
+            record = self.records.get(kind, previous)
+        except NotFound:
+            raise NotFound(
+                f"the previous engine {previous} was removed; `blazar engine use TAG` picks another"
+            ) from None
+        self._check_present(record)
+        self.records.activate(kind, previous, "rollback")
+        return record, active.tag
+
+    def remove(self, tag: str) -> EngineRecord:
+        record = self.records.find_tag(tag)
+        if record.active:
+            raise EngineInUse(
+                f"{record.tag} is the active {record.kind} engine; "
+                "activate another first (`blazar engine use TAG` or `blazar engine rollback`)"
+            )
+        users = processes_using(Path(record.path))
+        if users:
+            pids = ", ".join(str(p) for p in users)
+            raise EngineInUse(
+                f"{record.tag} is in use by running instance(s) with pid {pids}; "
+                "stop them first (`blazar stop MODEL`, or kill the pids)"
+            )
+        self.records.remove(record.kind, record.tag)
+        shutil.rmtree(record.path, ignore_errors=True)
+        return record
+
+    @staticmethod
+    def _check_present(record: EngineRecord) -> None:
+        if not Path(record.path).is_dir():
+            raise NotFound(
+                f"engine {record.tag}'s files are gone ({record.path}); "
+                f"`blazar engine rm {record.tag}` forgets it"
+            )
+
+    # -- benchmarking ---------------------------------------------------------
+
+    def bench_model(self, name: str | None) -> BenchModel:
+        """The named model, else the smallest model in the store, else a synthetic tiny one."""
+        if name:
+            record = self.store.get_model(parse_name(name))
+            return BenchModel(record.ref.short, Path(record.path), record.sha256)
+        models = sorted(self.store.list_models(), key=lambda r: r.size)
+        if models:
+            return BenchModel(models[0].ref.short, Path(models[0].path), models[0].sha256)
+        from blazar.hashing import sha256_file
+        from blazar.testing.tiny import write_tiny_model
+
+        path = self.paths.cache / "bench" / "tiny.gguf"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_tiny_model(path)
+        return BenchModel(SYNTHETIC_MODEL, path, sha256_file(path)[0])
+
+    def bench(
+        self,
+        engines: list[EngineRecord],
+        *,
+        model: str | None = None,
+        workload: Workload | None = None,
+        note: str = "bench",
+    ) -> list[BenchResult]:
+        for engine in engines:
+            self._check_present(engine)
+        chosen = self.bench_model(model)
+        results = bench_engines(
+            engines,
+            chosen.path,
+            chosen.name,
+            chosen.sha256,
+            self.paths.logs,
+            workload=workload,
+            note=note,
+        )
+        for result in results:
+            self.records.record_bench(result)
+        return results
+
+
+def processes_using(engine_dir: Path) -> list[int]:
+    """PIDs of running processes started from files under `engine_dir` (Linux /proc)."""
+    prefix = str(engine_dir.resolve()) + os.sep
+    found = []
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(arg.decode(errors="replace").startswith(prefix) for arg in argv):
+            found.append(int(entry.name))
+    return sorted(found)

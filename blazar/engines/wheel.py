@@ -1,0 +1,137 @@
+"""The `wheel` install method: xllamacpp from PyPI, one virtual environment per version.
+
+`xllamacpp` wraps llama.cpp's native HTTP server; `launcher.py` (copied into
+each engine) maps llama-server's flags onto it. Wheels are downloaded once into
+a wheel cache (`BLAZAR_WHEEL_CACHE`, default `<cache>/wheels`) and installed
+from there with no index, so a second install of the same version, on the same
+machine, fetches nothing. Blazar's own pip drives the install (`pip --python`),
+so engine environments need no pip of their own.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from blazar.engines.base import KIND, InstalledEngine, publish, staging
+from blazar.errors import BlazarError, InvalidInput
+
+PACKAGE = "xllamacpp"
+LAUNCHER = Path(__file__).with_name("launcher.py")
+_VERSION = re.compile(r"^(\d{4})\.(\d{1,2})\.(\d+)(?:\.(\d+))?$")
+
+
+class WheelInstallError(BlazarError):
+    """pip could not fetch or install the engine's wheel."""
+
+
+def tag_for_version(version: str) -> str:
+    """2026.10.11549 -> b11549-cpu (the last component is llama.cpp's build number)."""
+    match = _VERSION.match(version)
+    if not match:
+        raise InvalidInput(
+            f"xllamacpp version {version!r} does not name a llama.cpp build "
+            "(expected YEAR.MONTH.BUILD, e.g. 2026.10.11549)"
+        )
+    build, post = match.group(3), match.group(4)
+    return f"b{build}-cpu" + (f"-post{post}" if post else "")
+
+
+def wheel_cache(default: Path) -> Path:
+    return Path(os.environ.get("BLAZAR_WHEEL_CACHE") or default)
+
+
+def _pip(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "pip", "--disable-pip-version-check", *args]
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError as exc:  # pragma: no cover - sys.executable always exists
+        raise WheelInstallError(f"cannot run pip: {exc}") from exc
+
+
+def _tail(text: str, lines: int = 8) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def latest_version() -> str:
+    """The newest xllamacpp release on the package index pip is configured for."""
+    result = _pip("index", "versions", PACKAGE, timeout=120)
+    match = re.search(rf"^{PACKAGE} \(([^)]+)\)", result.stdout, re.MULTILINE)
+    if result.returncode != 0 or not match:
+        raise WheelInstallError(
+            f"could not find the newest {PACKAGE} on the package index:\n"
+            f"{_tail(result.stderr or result.stdout)}\n"
+            "pass --version to choose one, or check pip's index settings"
+        )
+    return match.group(1)
+
+
+def cached_wheel(cache: Path, version: str) -> Path | None:
+    found = sorted(cache.glob(f"{PACKAGE}-{version}-*.whl"))
+    return found[-1] if found else None
+
+
+def fetch_wheel(cache: Path, version: str) -> Path:
+    """The wheel for `version`, from the cache or downloaded into it."""
+    if wheel := cached_wheel(cache, version):
+        return wheel
+    cache.mkdir(parents=True, exist_ok=True)
+    result = _pip(
+        "download", "--no-deps", "--only-binary", ":all:", "-d", str(cache), f"{PACKAGE}=={version}"
+    )
+    wheel = cached_wheel(cache, version)
+    if result.returncode != 0 or wheel is None:
+        raise WheelInstallError(
+            f"could not download {PACKAGE}=={version}:\n{_tail(result.stderr or result.stdout)}"
+        )
+    return wheel
+
+
+def install_wheel(engines_root: Path, cache: Path, version: str | None = None) -> InstalledEngine:
+    """Install xllamacpp `version` (default: the newest) as a new engine, beside the others."""
+    version = version or latest_version()
+    tag = tag_for_version(version)
+    wheel = fetch_wheel(cache, version)
+    with staging(engines_root, tag) as (tmp, final):
+        venv = tmp / "venv"
+        made = subprocess.run(
+            [sys.executable, "-m", "venv", "--without-pip", str(venv)],
+            capture_output=True,
+            text=True,
+        )
+        if made.returncode != 0:
+            raise WheelInstallError(f"could not create a virtual environment:\n{made.stderr}")
+        result = _pip(
+            "--python", str(venv / "bin" / "python"), "install", "--no-index", "--no-deps",
+            "--quiet", str(wheel),
+        )  # fmt: skip
+        if result.returncode != 0:
+            raise WheelInstallError(
+                f"could not install {wheel.name}:\n{_tail(result.stderr or result.stdout)}"
+            )
+        shutil.copy2(LAUNCHER, tmp / "launcher.py")
+        check = subprocess.run(
+            [str(venv / "bin" / "python"), str(tmp / "launcher.py"), "--version"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if check.returncode != 0:
+            raise WheelInstallError(
+                f"{PACKAGE} {version} installed but does not start:\n"
+                f"{_tail(check.stderr or check.stdout)}"
+            )
+        publish(tmp, final)
+    return InstalledEngine(
+        kind=KIND,
+        tag=tag,
+        method="wheel",
+        version=version,
+        path=final,
+        command=[str(final / "venv" / "bin" / "python"), str(final / "launcher.py")],
+        details={"wheel": wheel.name, "launcher_version": _tail(check.stdout, 2)},
+    )
