@@ -137,3 +137,53 @@ def m003_engines(db: sqlite_utils.Database) -> None:
         not_null={"time", "model", "kind", "tag", "prompt_tps", "decode_tps"},
     )
     db["bench"].create_index(["kind", "tag"])  # type: ignore[union-attr]
+
+
+@migration
+def m004_manifest_state(db: sqlite_utils.Database) -> None:
+    """What apply needs: which models a manifest owns, adapters, keys, and conditions."""
+    db["models"].add_column("managed", int, not_null_default=0)  # type: ignore[union-attr]
+    db["models"].add_column("settings", str, not_null_default="{}")  # type: ignore[union-attr]
+    db["loras"].create(  # type: ignore[union-attr]
+        {
+            "name": str,
+            "model": str,  # the base model's name
+            "path": str,
+            "size": int,
+            "sha256": str,
+            "source": str,
+            "architecture": str,
+            "settings": str,  # JSON: scale
+            "managed": int,
+            "added_at": str,
+        },
+        pk="name",
+        not_null={"name", "model", "path", "size", "sha256", "source", "added_at"},
+        defaults={"settings": "{}", "managed": 1},
+    )
+    db["keys"].create(  # type: ignore[union-attr]
+        {
+            "name": str,
+            "sha256": str,  # of the key; the key itself is never stored
+            "models": str,  # JSON list, ["*"] for all
+            "managed": int,
+            "added_at": str,
+        },
+        pk="name",
+        not_null={"name", "sha256", "models", "added_at"},
+        defaults={"managed": 1},
+    )
+    db["conditions"].create(  # type: ignore[union-attr]
+        {
+            "kind": str,
+            "name": str,
+            "type": str,  # Ready
+            "status": str,  # True | False | Unknown
+            "reason": str,  # CamelCase: Applied, ApplyFailed, UpToDate, ...
+            "message": str,
+            "last_transition": str,  # when status last changed
+            "updated_at": str,  # when the condition was last written
+        },
+        pk=("kind", "name", "type"),
+        not_null={"kind", "name", "type", "status", "last_transition", "updated_at"},
+    )

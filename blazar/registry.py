@@ -15,14 +15,15 @@ import errno
 import os
 import shutil
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from blazar.errors import AlreadyExists, InvalidInput, VerificationFailed
 from blazar.gguf_info import GGUFFacts, inspect_gguf
 from blazar.hashing import sha256_file
 from blazar.paths import Paths
-from blazar.store import ModelRecord, Store
+from blazar.store import LoraRecord, ModelRecord, Store
 from specs.names import ModelName
 
 # os.link fails with these when a hardlink is impossible (another filesystem,
@@ -44,9 +45,21 @@ class Registry:
         self.paths = paths
 
     def import_file(
-        self, src: Path, ref: ModelName, *, copy: bool = False, force: bool = False
+        self,
+        src: Path,
+        ref: ModelName,
+        *,
+        copy: bool = False,
+        force: bool = False,
+        source: str | None = None,
+        managed: bool = False,
+        settings: dict[str, Any] | None = None,
     ) -> ModelRecord:
-        """Register a local GGUF under `ref`. Never modifies, moves or deletes `src`."""
+        """Register a local GGUF under `ref`. Never modifies, moves or deletes `src`.
+
+        `source` records where the bytes came from (default: the file's URI);
+        `managed` marks a model a manifest owns.
+        """
         src = Path(os.path.abspath(src.expanduser()))
         if not src.exists():
             raise InvalidInput(f"no such file: {src}")
@@ -65,11 +78,122 @@ class Registry:
             )
         sha256, size = sha256_file(src)
         placed = self._place(src, sha256, size, copy=copy)
-        record = _record(ref, placed, size, sha256, src.as_uri(), facts)
+        record = _record(ref, placed, size, sha256, source or src.as_uri(), facts)
+        record = replace(record, managed=managed, settings=dict(settings or {}))
         self.store.put_model(record, event="replaced" if existing else "imported")
         if existing and existing.path != record.path:
             self._release(existing)
         return record
+
+    def import_files(
+        self,
+        files: list[Path],
+        ref: ModelName,
+        *,
+        force: bool = False,
+        source: str | None = None,
+        managed: bool = False,
+        settings: dict[str, Any] | None = None,
+        names: list[str] | None = None,
+    ) -> ModelRecord:
+        """Register one GGUF, or a sharded model (first shard first) as one model.
+
+        `names` are the shards' file names when the files themselves are named
+        otherwise (a Hugging Face cache names blobs by hash).
+
+        Shards keep their names (llama.cpp finds shard N beside shard 1 by name)
+        in a directory `blobs/sha256-<first shard>.shards/`, each hardlinked or
+        copied and verified like a single file.
+        """
+        if len(files) == 1:
+            return self.import_file(
+                files[0], ref, force=force, source=source, managed=managed, settings=settings
+            )
+        existing = self.store.find_model(ref)
+        if existing and not force:
+            raise AlreadyExists(f"model '{ref.short}' already exists; pass --force to replace it")
+        facts = inspect_gguf(files[0])
+        names = names or [f.name for f in files]
+        hashes = [sha256_file(f) for f in files]
+        shard_dir = self.paths.blobs / f"sha256-{hashes[0][0]}.shards"
+        if not shard_dir.is_dir():
+            tmp = self.paths.blobs / f".tmp-{uuid.uuid4().hex}"
+            tmp.mkdir(parents=True)
+            try:
+                for src, name, (sha256, size) in zip(files, names, hashes, strict=True):
+                    target = tmp / name
+                    try:
+                        os.link(src, target)
+                    except OSError as exc:
+                        if exc.errno not in _NO_LINK:
+                            raise
+                        shutil.copyfile(src, target)
+                    _verify(target, sha256, size)
+                os.rename(tmp, shard_dir)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        first = Placed(shard_dir / names[0], "hardlink")
+        total = sum(size for _, size in hashes)
+        record = _record(ref, first, total, hashes[0][0], source or files[0].as_uri(), facts)
+        record = replace(
+            record,
+            managed=managed,
+            settings=dict(settings or {}),
+            facts={**record.facts, "shards": names},
+        )
+        self.store.put_model(record, event="replaced" if existing else "imported")
+        if existing and existing.path != record.path:
+            self._release(existing)
+        return record
+
+    def adopt(self, ref: ModelName, source: str, settings: dict[str, Any]) -> ModelRecord:
+        """Mark a held model as the manifest's, with its source and runtime settings."""
+        record = replace(
+            self.store.get_model(ref), managed=True, source=source, settings=dict(settings)
+        )
+        self.store.put_model(record, event="adopted")
+        return record
+
+    def import_lora(
+        self, src: Path, name: str, model: ModelName, *, source: str, settings: dict[str, Any]
+    ) -> LoraRecord:
+        """Register a LoRA adapter GGUF for `model`: an adapter of the model's architecture."""
+        base = self.store.get_model(model)
+        facts = inspect_gguf(src)
+        if facts.file_kind != "adapter":
+            raise InvalidInput(
+                f"{src} is a {facts.file_kind} file, not a LoRA adapter "
+                "(its general.type must be 'adapter')"
+            )
+        if base.architecture and facts.architecture != base.architecture:
+            raise InvalidInput(
+                f"adapter {name!r} is for {facts.architecture} models, but "
+                f"{base.ref.short} is {base.architecture}"
+            )
+        sha256, size = sha256_file(src)
+        placed = self._place(src, sha256, size, copy=False)
+        previous = self.store.find_lora(name)
+        record = LoraRecord(
+            name=name,
+            model=base.ref.short,
+            path=str(placed.path),
+            size=size,
+            sha256=sha256,
+            source=source,
+            architecture=facts.architecture,
+            settings=dict(settings),
+        )
+        self.store.put_lora(record)
+        if previous and previous.path != record.path:
+            self._release_path(previous.path)
+        return record
+
+    def remove_lora(self, name: str) -> None:
+        record = self.store.find_lora(name)
+        if record is None:
+            return
+        self.store.delete_lora(name)
+        self._release_path(record.path)
 
     def remove(self, ref: ModelName) -> ModelRecord:
         """Forget a model and delete Blazar's own link or copy (never a referenced file)."""
@@ -80,11 +204,17 @@ class Registry:
 
     def _release(self, record: ModelRecord) -> None:
         """Delete a blob Blazar owns once no record points at it."""
-        if record.held == "reference" or self.store.paths_in_use(record.path):
+        if record.held != "reference":
+            self._release_path(record.path)
+
+    def _release_path(self, path_text: str) -> None:
+        if self.store.paths_in_use(path_text):
             return
-        path = Path(record.path)
+        path = Path(path_text)
         if path.parent == self.paths.blobs:  # only ever delete inside the blob store
             path.unlink(missing_ok=True)
+        elif path.parent.parent == self.paths.blobs and path.parent.name.endswith(".shards"):
+            shutil.rmtree(path.parent, ignore_errors=True)
 
     def _place(self, src: Path, sha256: str, size: int, *, copy: bool) -> Placed:
         blob = self.paths.blobs / f"sha256-{sha256}"

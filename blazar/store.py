@@ -45,6 +45,8 @@ class ModelRecord:
     context_length: int | None = None
     facts: dict[str, Any] = field(default_factory=dict)
     added_at: str = field(default_factory=utcnow)
+    managed: bool = False  # a manifest owns it (created by apply), not `blazar import`
+    settings: dict[str, Any] = field(default_factory=dict)  # runtime fields last applied
 
     @property
     def ref(self) -> ModelName:
@@ -53,13 +55,67 @@ class ModelRecord:
     def to_row(self) -> dict[str, Any]:
         row = asdict(self)
         row["facts"] = json.dumps(self.facts, sort_keys=True)
+        row["settings"] = json.dumps(self.settings, sort_keys=True)
+        row["managed"] = int(self.managed)
         return row
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> ModelRecord:
         data = dict(row)
         data["facts"] = json.loads(data.get("facts") or "{}")
+        data["settings"] = json.loads(data.get("settings") or "{}")
+        data["managed"] = bool(data.get("managed"))
         return cls(**data)
+
+
+@dataclass(frozen=True)
+class LoraRecord:
+    """A LoRA adapter Blazar holds, bound to its base model."""
+
+    name: str
+    model: str
+    path: str
+    size: int
+    sha256: str
+    source: str
+    architecture: str | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+    managed: bool = True
+    added_at: str = field(default_factory=utcnow)
+
+    def to_row(self) -> dict[str, Any]:
+        row = asdict(self)
+        row["settings"] = json.dumps(self.settings, sort_keys=True)
+        row["managed"] = int(self.managed)
+        return row
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> LoraRecord:
+        data = dict(row)
+        data["settings"] = json.loads(data.get("settings") or "{}")
+        data["managed"] = bool(data.get("managed"))
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class KeyRecord:
+    name: str
+    sha256: str
+    models: tuple[str, ...]
+    managed: bool = True
+    added_at: str = field(default_factory=utcnow)
+
+
+@dataclass(frozen=True)
+class Condition:
+    kind: str
+    name: str
+    type: str
+    status: str
+    reason: str
+    message: str
+    last_transition: str
+    updated_at: str
 
 
 class Store:
@@ -115,9 +171,94 @@ class Store:
             self._event("model", ref.short, "removed", "")
 
     def paths_in_use(self, path: str) -> int:
-        """How many model records point at this file (blobs are shared by content)."""
-        row = self.db.execute("SELECT count(*) FROM models WHERE path = ?", [path]).fetchone()
+        """How many model or adapter records point at this file (blobs are shared)."""
+        row = self.db.execute(
+            "SELECT (SELECT count(*) FROM models WHERE path = ?)"
+            " + (SELECT count(*) FROM loras WHERE path = ?)",
+            [path, path],
+        ).fetchone()
         return int(row[0])
+
+    # -- LoRA adapters --------------------------------------------------------
+
+    def find_lora(self, name: str) -> LoraRecord | None:
+        rows = list(self.db["loras"].rows_where("name = ?", [name]))
+        return LoraRecord.from_row(rows[0]) if rows else None
+
+    def list_loras(self) -> list[LoraRecord]:
+        return [LoraRecord.from_row(r) for r in self.db["loras"].rows_where(order_by="name")]
+
+    def put_lora(self, record: LoraRecord) -> None:
+        with self.db.atomic():
+            self.db["loras"].upsert(record.to_row(), pk="name")  # type: ignore[union-attr]
+            self._event("lora", record.name, "imported", f"{record.path} for {record.model}")
+
+    def delete_lora(self, name: str) -> None:
+        with self.db.atomic():
+            self.db.execute("DELETE FROM loras WHERE name = ?", [name])
+            self._event("lora", name, "removed", "")
+
+    # -- API keys -------------------------------------------------------------
+
+    def list_keys(self) -> list[KeyRecord]:
+        return [
+            KeyRecord(
+                r["name"],
+                r["sha256"],
+                tuple(json.loads(r["models"])),
+                bool(r["managed"]),
+                r["added_at"],
+            )
+            for r in self.db["keys"].rows_where(order_by="name")
+        ]
+
+    def put_key(self, record: KeyRecord) -> None:
+        row = {**asdict(record), "models": json.dumps(list(record.models))}
+        row["managed"] = int(record.managed)
+        with self.db.atomic():
+            self.db["keys"].upsert(row, pk="name")  # type: ignore[union-attr]
+            self._event("key", record.name, "put", "")
+
+    def delete_key(self, name: str) -> None:
+        with self.db.atomic():
+            self.db.execute("DELETE FROM keys WHERE name = ?", [name])
+            self._event("key", name, "removed", "")
+
+    # -- conditions -----------------------------------------------------------
+
+    def set_condition(
+        self, kind: str, name: str, type_: str, status: str, reason: str, message: str
+    ) -> None:
+        """Write a condition; its last_transition moves only when its status changes."""
+        now = utcnow()
+        with self.db.atomic():
+            row = self.db.execute(
+                "SELECT status, last_transition FROM conditions"
+                " WHERE kind = ? AND name = ? AND type = ?",
+                [kind, name, type_],
+            ).fetchone()
+            transition = row[1] if row and row[0] == status else now
+            self.db["conditions"].upsert(  # type: ignore[union-attr]
+                {
+                    "kind": kind,
+                    "name": name,
+                    "type": type_,
+                    "status": status,
+                    "reason": reason,
+                    "message": message,
+                    "last_transition": transition,
+                    "updated_at": now,
+                },
+                pk=("kind", "name", "type"),
+            )
+
+    def conditions(self) -> list[Condition]:
+        rows = self.db["conditions"].rows_where(order_by="kind, name, type")
+        return [Condition(**r) for r in rows]
+
+    def delete_conditions(self, kind: str, name: str) -> None:
+        with self.db.atomic():
+            self.db.execute("DELETE FROM conditions WHERE kind = ? AND name = ?", [kind, name])
 
     # -- events ---------------------------------------------------------------
 

@@ -98,7 +98,7 @@ def test_rm_deletes_only_blazars_link(blazar: Blazar, paths: Paths, tiny_model: 
     blazar("rm", "b")
     assert blobs(paths) == []
     assert tiny_model.exists() and tiny_model.stat().st_nlink == 1
-    assert "not in the store" in blazar("rm", "b", ok=False).output
+    assert "neither declared nor in the store" in blazar("rm", "b", ok=False).output
 
 
 def test_force_replaces_and_releases_the_old_blob(

@@ -16,7 +16,17 @@ from specs.names import parse_name
 def test_blank_database_migrates_to_the_full_schema(tmp_path: Path) -> None:
     with Store(tmp_path / "blazar.db") as store:
         db = store.db
-        assert {"_migrations", "models", "events"} <= set(db.table_names())
+        assert set(db.table_names()) >= {
+            "_migrations",
+            "models",
+            "events",
+            "engines",
+            "engine_switches",
+            "bench",
+            "loras",
+            "keys",
+            "conditions",
+        }
         assert [r["name"] for r in db["_migrations"].rows] == [m.__name__ for m in MIGRATIONS]
         assert db["models"].columns_dict == {
             "name": str,
@@ -32,6 +42,8 @@ def test_blank_database_migrates_to_the_full_schema(tmp_path: Path) -> None:
             "context_length": int,
             "facts": str,
             "added_at": str,
+            "managed": int,
+            "settings": str,
         }
         assert db["models"].pks == ["name", "tag"]
         assert set(db["events"].columns_dict) == {

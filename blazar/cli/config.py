@@ -1,10 +1,14 @@
-"""`blazar config ...`: where Blazar's configuration lives."""
+"""`blazar config ...`: the user's manifest, read and edited by dotted keys."""
 
 from __future__ import annotations
+
+import json
 
 import click
 
 from blazar.cli.context import Context, pass_context
+from blazar.manifest_edit import ManifestError, ManifestFile, parse_value
+from blazar.reconcile import InvalidManifest
 
 
 @click.group()
@@ -17,3 +21,33 @@ def config() -> None:
 def config_path(ctx: Context) -> None:
     """Print the path of the user's manifest (the file imperative commands edit)."""
     click.echo(str(ctx.paths.manifest))
+
+
+@config.command("get")
+@click.argument("key")
+@pass_context
+def config_get(ctx: Context, key: str) -> None:
+    """Print the value at KEY (dotted; quote a segment with dots: models."qwen3:0.6b".ctx)."""
+    value = ManifestFile(ctx.paths.manifest).get(key)
+    click.echo(value if isinstance(value, str) else json.dumps(value, sort_keys=True))
+
+
+@config.command("set")
+@click.argument("key")
+@click.argument("value")
+@pass_context
+def config_set(ctx: Context, key: str, value: str) -> None:
+    """Set KEY to VALUE in the manifest, keeping its comments and layout.
+
+    VALUE is read as a TOML value when it is one (8192, true, "text", [1, 2]) and
+    as a string otherwise. The whole manifest is validated before it is written.
+    """
+    manifest = ManifestFile(ctx.paths.manifest)
+    manifest.set(key, parse_value(value))
+    try:
+        manifest.save()
+    except ManifestError as exc:
+        raise InvalidManifest(
+            f"not written: the change would make the manifest invalid:\n{exc}"
+        ) from None
+    click.echo(f"{key} = {json.dumps(manifest.get(key))}  ({ctx.paths.manifest})")

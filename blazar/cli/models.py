@@ -120,16 +120,6 @@ def show(ctx: Context, name: str, as_json: bool) -> None:
         click.echo(f"  {label.ljust(width)}   {value}")
 
 
-@click.command("rm")
-@click.argument("name")
-@pass_context
-def rm(ctx: Context, name: str) -> None:
-    """Remove a model: its record and Blazar's own link or copy, never your original file."""
-    record = ctx.registry.remove(parse_name(name))
-    kept = " (your file was left in place)" if record.held == "reference" else ""
-    click.echo(f"removed {record.ref.short}{kept}")
-
-
 @click.command("fit")
 @click.argument("name")
 @click.option("--ctx", "ctx_size", type=int, default=None, help="Context length (default 4096).")
@@ -163,4 +153,4 @@ def fit(ctx: Context, name: str, ctx_size: int | None, cache_type: str, as_json:
         click.echo(f"  note: {note}")
 
 
-COMMANDS = [import_, list_, show, rm, fit]
+COMMANDS = [import_, list_, show, fit]

@@ -1,0 +1,170 @@
+"""Declarative commands: `blazar diff`, `apply`, `status`, `schema`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from blazar.cli.context import Context, pass_context
+from blazar.cli.format import echo_json, table
+from blazar.reconcile import load, manifest_path, reconcile
+from reconcilers.apply import ApplyReport
+from reconcilers.plan import Action, Change, Plan, render
+from reconcilers.ports import Progress
+
+PATH_ARG = click.argument("path", required=False, type=click.Path(path_type=Path))
+
+
+@click.command("diff")
+@PATH_ARG
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@click.option(
+    "--detailed-exitcode",
+    is_flag=True,
+    help="Exit 0 when there are no changes, 1 on error, 2 when there are changes.",
+)
+@click.option("--prune", is_flag=True, help="Also plan deleting managed resources not declared.")
+@pass_context
+def diff(
+    ctx: Context, path: Path | None, as_json: bool, detailed_exitcode: bool, prune: bool
+) -> None:
+    """Show what `apply` would change, as terraform shows a plan. PATH: the manifest."""
+    manifest = load(manifest_path(ctx.paths, path))
+    result = reconcile(ctx.store, ctx.paths, manifest, apply=False, prune=prune)
+    if as_json:
+        click.echo(json.dumps(result.plan.to_json(), indent=2, sort_keys=True))
+    else:
+        click.echo(render(result.plan))
+    if detailed_exitcode and not result.plan.empty:
+        sys.exit(2)
+
+
+def _progress_for(action: Action) -> Progress | None:
+    """A download progress line on a terminal; nothing when output is not a terminal."""
+    if not sys.stderr.isatty() or action.change not in (Change.CREATE, Change.REPLACE):
+        return None
+    if action.kind not in ("model", "lora"):
+        return None
+
+    def progress(done: int, total: int | None) -> None:
+        if total:
+            line = f"  {action.address}: {done / total:6.1%} of {total / 1e6:,.1f} MB"
+        else:
+            line = f"  {action.address}: {done / 1e6:,.1f} MB"
+        click.echo(f"\r{line}", nl=False, err=True)
+        if total and done >= total:
+            click.echo("", err=True)
+
+    return progress
+
+
+def _event(phase: str, action: Action, message: str) -> None:
+    if phase == "start":
+        click.echo(f"{action.address}: {action.change}...")
+    elif phase == "retry":
+        click.echo(f"{action.address}: {message}")
+    elif phase == "done":
+        click.echo(f"{action.address}: {action.change} complete")
+    else:
+        click.echo(f"{action.address}: FAILED: {message}")
+
+
+def summarize(plan: Plan, report: ApplyReport) -> None:
+    counts = {"add": 0, "change": 0, "destroy": 0}
+    for outcome in report.outcomes:
+        if outcome.ok:
+            change = outcome.action.change
+            counts["add"] += change in (Change.CREATE, Change.REPLACE)
+            counts["change"] += change is Change.UPDATE
+            counts["destroy"] += change in (Change.DELETE, Change.REPLACE)
+    click.echo(
+        f"\nApply {'complete' if report.ok else 'incomplete'}! Resources: {counts['add']} added, "
+        f"{counts['change']} changed, {counts['destroy']} destroyed."
+    )
+    if not report.ok:
+        for outcome in report.failed:
+            click.echo(f"Error: {outcome.action.address}: {outcome.error}", err=True)
+        sys.exit(1)
+
+
+@click.command("apply")
+@PATH_ARG
+@click.option("--yes", "-y", is_flag=True, help="Do not ask before deleting anything.")
+@click.option("--prune", is_flag=True, help="Delete managed resources the manifest dropped.")
+@click.option("--target", "targets", multiple=True, help="Only this resource (repeatable).")
+@click.option("--dry-run", is_flag=True, help="Show the plan and stop.")
+@pass_context
+def apply(
+    ctx: Context,
+    path: Path | None,
+    yes: bool,
+    prune: bool,
+    targets: tuple[str, ...],
+    dry_run: bool,
+) -> None:
+    """Make the host match the manifest. PATH: the manifest (default: `blazar config path`)."""
+    manifest = load(manifest_path(ctx.paths, path))
+
+    def confirm(plan: Plan) -> bool:
+        deletes = [a for a in plan.actions if a.change in (Change.DELETE, Change.REPLACE)]
+        if not deletes or yes:
+            return True
+        if not sys.stdin.isatty():
+            raise click.ClickException(
+                f"the plan deletes {len(deletes)} resource(s) and there is no terminal to ask: "
+                "review it with `blazar diff`, then pass --yes"
+            )
+        return click.confirm("Do you want to perform these actions?", default=False)
+
+    result = reconcile(
+        ctx.store,
+        ctx.paths,
+        manifest,
+        apply=not dry_run,
+        prune=prune,
+        targets=targets,
+        confirm=confirm,
+        show=lambda plan: click.echo(render(plan) + ("\n" if not plan.empty else "")),
+        notify=lambda message: click.echo(message, err=True),
+        on_event=_event,
+        progress_for=_progress_for,
+    )
+    if result.report is None:
+        if not result.plan.empty and not dry_run:
+            click.echo("Apply cancelled.")
+        return
+    summarize(result.plan, result.report)
+
+
+@click.command("status")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per condition.")
+@pass_context
+def status(ctx: Context, as_json: bool) -> None:
+    """Each managed resource's conditions, as the last apply left them."""
+    conditions = ctx.store.conditions()
+    if as_json:
+        for c in conditions:
+            echo_json(c.__dict__)
+        return
+    if not conditions:
+        click.echo("No status yet: `blazar apply` reconciles the manifest.")
+        return
+    rows = [
+        [f"{c.kind}s.{c.name}", c.type, c.status, c.reason, c.last_transition, c.message]
+        for c in conditions
+    ]
+    click.echo(table(["RESOURCE", "TYPE", "STATUS", "REASON", "SINCE", "MESSAGE"], rows))
+
+
+@click.command("schema")
+def schema() -> None:
+    """Print the manifest's JSON Schema (for editors)."""
+    from specs.schema import manifest_schema
+
+    click.echo(json.dumps(manifest_schema(), indent=2, sort_keys=True))
+
+
+COMMANDS = [diff, apply, status, schema]

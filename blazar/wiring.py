@@ -1,0 +1,217 @@
+"""Real ports for the reconcilers: the store, the registry, engine lanes and model sources.
+
+Domain errors are classified here: network trouble becomes a TemporaryError
+(retried within an apply), everything else Blazar reports (a wrong checksum,
+a missing file, a bad adapter) a PermanentError.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from blazar.engines.records import EngineStore
+from blazar.engines.service import Engines
+from blazar.errors import BlazarError
+from blazar.paths import Paths
+from blazar.registry import Registry
+from blazar.sources import Fetched
+from blazar.store import KeyRecord, Store
+from reconcilers.errors import PermanentError, TemporaryError
+from reconcilers.ports import (
+    ObservedEngine,
+    ObservedKey,
+    ObservedLora,
+    ObservedModel,
+    Ports,
+    Progress,
+)
+from specs.names import parse_name
+from specs.sources import parse_source
+
+
+@contextlib.contextmanager
+def fetched_bytes(
+    source: str, sha256: str | None, downloads: Path, progress: Progress | None
+) -> Iterator[Fetched]:
+    """Fetch and verify a source's bytes; delete Blazar's own download once the block is done
+    (the registry hardlinks what it keeps)."""
+    from blazar.sources import fetch
+
+    fetched = fetch(parse_source(source), sha256=sha256, downloads=downloads, progress=progress)
+    try:
+        yield fetched
+    finally:
+        if fetched.temporary:
+            for path in fetched.files:
+                path.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def classified() -> Iterator[None]:
+    """Turn Blazar's errors into the reconcilers' retry semantics."""
+    from blazar.engines.download import DownloadError
+    from blazar.sources import TemporaryFetchError
+
+    try:
+        yield
+    except (TemporaryFetchError, DownloadError) as exc:
+        raise TemporaryError(str(exc)) from exc
+    except BlazarError as exc:
+        raise PermanentError(str(exc)) from exc
+
+
+class StoreEngines:
+    def __init__(self, store: Store, paths: Paths) -> None:
+        self.service = Engines(store, paths)
+        self.records = EngineStore(store)
+        self.paths = paths
+
+    def observe(self) -> list[ObservedEngine]:
+        return [
+            ObservedEngine(r.kind, r.tag, r.method, r.version, r.active)
+            for r in self.records.installed()
+        ]
+
+    def expected_tag(self, method: str, version: str, backend: str) -> str:
+        if method == "wheel":
+            from blazar.engines.wheel import tag_for_version
+
+            return tag_for_version(version)
+        from blazar.engines.release import normalize_tag
+
+        return f"{normalize_tag(version)}-{backend}"
+
+    def install(self, kind: str, method: str, version: str | None, options: dict[str, Any]) -> str:
+        with classified():
+            if method == "source":
+                import tempfile
+
+                from blazar.engines.source import build_source
+
+                work = Path(tempfile.mkdtemp(prefix="build-", dir=self.paths.cache))
+                spec = options.get("source") or "https://github.com/ggml-org/llama.cpp"
+                built = build_source(
+                    self.paths.engines, spec, options.get("backend", "cpu"), work_dir=work
+                )
+                return self.records.add(built).tag
+            feed = options.get("feed")
+            version = version or self.service.resolve_version(method, None, feed=feed)
+            return self.service.install(method, version, feed=feed).tag
+
+    def activate(self, kind: str, tag: str) -> None:
+        self.records.activate(kind, tag, "apply")
+
+
+class StoreModels:
+    def __init__(self, registry: Registry, paths: Paths) -> None:
+        self.registry = registry
+        self.store = registry.store
+        self.paths = paths
+
+    def observe(self) -> list[ObservedModel]:
+        return [
+            ObservedModel(r.ref.short, r.sha256, r.source, r.size, r.managed, r.settings)
+            for r in self.store.list_models()
+        ]
+
+    def fetch(
+        self,
+        name: str,
+        source: str,
+        sha256: str | None,
+        settings: dict[str, Any],
+        progress: Progress | None,
+    ) -> None:
+        with classified(), fetched_bytes(source, sha256, self.paths.downloads, progress) as got:
+            shards = got.detail.get("shards")
+            self.registry.import_files(
+                got.files,
+                parse_name(name),
+                force=True,
+                source=source,
+                managed=True,
+                settings=settings,
+                names=[n.rsplit("/", 1)[-1] for n in shards.split(",")] if shards else None,
+            )
+
+    def record_settings(self, name: str, source: str, settings: dict[str, Any]) -> None:
+        with classified():
+            self.registry.adopt(parse_name(name), source, settings)
+
+    def remove(self, name: str) -> None:
+        with classified():
+            self.registry.remove(parse_name(name))
+
+
+class StoreLoras:
+    def __init__(self, registry: Registry, paths: Paths) -> None:
+        self.registry = registry
+        self.store = registry.store
+        self.paths = paths
+
+    def observe(self) -> list[ObservedLora]:
+        return [
+            ObservedLora(r.name, r.model, r.sha256, r.source, r.managed, r.settings)
+            for r in self.store.list_loras()
+        ]
+
+    def fetch(
+        self,
+        name: str,
+        model: str,
+        source: str,
+        sha256: str | None,
+        settings: dict[str, Any],
+        progress: Progress | None,
+    ) -> None:
+        with classified(), fetched_bytes(source, sha256, self.paths.downloads, progress) as got:
+            self.registry.import_lora(
+                got.files[0], name, parse_name(model), source=source, settings=settings
+            )
+
+    def record_settings(self, name: str, source: str, settings: dict[str, Any]) -> None:
+        from dataclasses import replace
+
+        record = self.store.find_lora(name)
+        if record is None:
+            raise PermanentError(f"lora {name!r} is not in the store")
+        self.store.put_lora(replace(record, source=source, settings=dict(settings), managed=True))
+
+    def remove(self, name: str) -> None:
+        self.registry.remove_lora(name)
+
+
+class StoreKeys:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def observe(self) -> list[ObservedKey]:
+        return [ObservedKey(k.name, k.sha256, k.models, k.managed) for k in self.store.list_keys()]
+
+    def put(self, name: str, sha256: str, models: tuple[str, ...]) -> None:
+        self.store.put_key(KeyRecord(name, sha256, models))
+
+    def remove(self, name: str) -> None:
+        self.store.delete_key(name)
+
+
+class StoreStatus:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def set_condition(self, kind: str, name: str, ready: bool, reason: str, message: str) -> None:
+        self.store.set_condition(kind, name, "Ready", str(ready), reason, message)
+
+
+def real_ports(store: Store, paths: Paths) -> Ports:
+    registry = Registry(store, paths)
+    return Ports(
+        engines=StoreEngines(store, paths),
+        models=StoreModels(registry, paths),
+        loras=StoreLoras(registry, paths),
+        keys=StoreKeys(store),
+        status=StoreStatus(store),
+    )

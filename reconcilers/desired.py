@@ -1,0 +1,96 @@
+"""Desired state as plain values, derived from a validated manifest.
+
+Planners read these instead of the pydantic models, so the manifest's shape
+and the planning logic can change apart. `settings` are the runtime fields
+of a resource (context, slots, pins...): a change there is an update in
+place, never a new download.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from specs.manifest import Manifest
+from specs.names import parse_name
+
+LATEST = "latest"
+
+
+@dataclass(frozen=True)
+class DesiredEngine:
+    name: str
+    kind: str
+    method: str
+    version: str  # "latest" or a pin
+    backend: str = "cpu"
+    options: dict[str, Any] = field(default_factory=dict)  # feed, source, gate
+
+
+@dataclass(frozen=True)
+class DesiredModel:
+    name: str
+    source: str
+    sha256: str | None
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DesiredLora:
+    name: str
+    model: str
+    source: str
+    sha256: str | None
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DesiredKey:
+    name: str
+    sha256: str
+    models: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Desired:
+    engines: tuple[DesiredEngine, ...] = ()
+    models: tuple[DesiredModel, ...] = ()
+    loras: tuple[DesiredLora, ...] = ()
+    keys: tuple[DesiredKey, ...] = ()
+
+
+def desired_from_manifest(manifest: Manifest) -> Desired:
+    """The plain desired state of a validated manifest."""
+    engines = tuple(
+        DesiredEngine(
+            name=name,
+            kind=engine.kind,
+            method=engine.install,
+            version=engine.version,
+            backend=engine.backend,
+            options={
+                "feed": str(engine.feed) if engine.feed else None,
+                "source": engine.source,
+                "backend": engine.backend,
+                "gate": engine.rollback_on_drop,
+            },
+        )
+        for name, engine in manifest.engines.items()
+    )
+    models = []
+    for key, model in manifest.models.items():
+        settings = model.model_dump(mode="json", exclude={"source", "sha256"})
+        settings["engine"] = manifest.engine_for(key)
+        models.append(DesiredModel(parse_name(key).short, model.source, model.sha256, settings))
+    loras = []
+    for key, lora in manifest.loras.items():
+        base = manifest.resolve_model(lora.model) or lora.model
+        loras.append(
+            DesiredLora(
+                key, parse_name(base).short, lora.source, lora.sha256, {"scale": lora.scale}
+            )
+        )
+    keys = tuple(
+        DesiredKey(name, key.sha256, tuple(key.models)) for name, key in manifest.keys.items()
+    )
+    return Desired(engines, tuple(models), tuple(loras), keys)

@@ -1,0 +1,375 @@
+"""The manifest: pydantic models of the desired state a host should have.
+
+`specs.loader` builds a Manifest from TOML or YAML files (with file:line
+errors); the reconcilers read it to plan; `specs.schema` exports its JSON
+Schema and the generated reference, docs/manifest.md, from the field
+descriptions below. Types are strict: `ctx = "4096"` is an error, not 4096.
+Fields marked "(planned: ...)" are validated now and acted on by later work.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+
+from specs.durations import Duration
+from specs.fields import (
+    COMMIT,
+    RELEASE_VERSION,
+    WHEEL_VERSION,
+    EngineName,
+    EnvName,
+    HttpUrl,
+    KeyModels,
+    KeyName,
+    LoraName,
+    ModelName,
+    NonEmpty,
+    RemoteName,
+    Sha256,
+    SourceText,
+    is_download,
+)
+from specs.problems import FieldError, FindingsError, Location, Path
+from specs.references import DEFAULT_ENGINE, canonical, reference_findings, resolve_engine
+
+__all__ = ["DEFAULT_ENGINE", "Engine", "Key", "Lora", "Manifest", "Model", "Remote", "Serving"]
+
+_RESERVED_ARGS = {
+    "-m": "Blazar passes the model",
+    "--model": "Blazar passes the model",
+    "--host": "Blazar picks the host",
+    "--port": "Blazar picks the port",
+    "-c": "use ctx",
+    "--ctx-size": "use ctx",
+    "-np": "use slots",
+    "--parallel": "use slots",
+    "--lora": "declare the adapter under [loras]",
+}
+
+
+class _Table(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class Serving(_Table):
+    """How the gateway listens and how loaded models are scheduled."""
+
+    host: NonEmpty = Field(default="127.0.0.1", description="Address the gateway listens on.")
+    port: int = Field(default=11435, ge=1, le=65535, description="TCP port the gateway listens on.")
+    max_loaded_models: int = Field(
+        default=3,
+        ge=1,
+        description="Most models loaded at once; the least recently used is evicted.",
+    )
+    default_ctx: int = Field(
+        default=4096, gt=0, description="Context size of a model that sets no ctx."
+    )
+    default_slots: int = Field(
+        default=1,
+        ge=1,
+        description="Parallel sequences (llama-server slots) of a model that sets none.",
+    )
+    keep_alive: Duration = Field(
+        default="5m",
+        validate_default=True,
+        description="How long an idle model stays loaded (0: unload at once, -1: forever).",
+    )
+    max_queue: int = Field(
+        default=64,
+        ge=0,
+        description="(planned: requests waiting for a slot beyond this get 503) Queue length.",
+    )
+    queue_timeout: Duration = Field(
+        default="30s",
+        validate_default=True,
+        description="(planned: a queued request fails after this long) Longest wait in queue.",
+    )
+    cors_origins: list[str] = Field(
+        default=[],
+        description="(planned: CORS headers for browser clients) Origins allowed, or ['*'].",
+    )
+    tls_cert: NonEmpty | None = Field(
+        default=None, description="(planned: HTTPS) PEM certificate file; set with tls_key."
+    )
+    tls_key: NonEmpty | None = Field(
+        default=None, description="(planned: HTTPS) PEM private key file; set with tls_cert."
+    )
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> Serving:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            have, lack = (
+                ("tls_cert", "tls_key") if self.tls_key is None else ("tls_key", "tls_cert")
+            )
+            raise FieldError(have, f"{have} is set without {lack}", "set both or neither")
+        return self
+
+
+class Engine(_Table):
+    """An engine lane: which kind of server, how it is installed, and the version wanted."""
+
+    kind: Literal["llamacpp"] = Field(default="llamacpp", description="The inference server.")
+    install: Literal["wheel", "release", "source"] = Field(
+        default="wheel",
+        description="wheel: xllamacpp from PyPI; release: llama.cpp's release archives; "
+        "source: a cmake build of a llama.cpp tree.",
+    )
+    version: NonEmpty = Field(
+        default="latest",
+        description="'latest', or a pin: YEAR.MONTH.BUILD for the wheel (2026.10.11549), "
+        "bNNNN for a release (b11549), bNNNN or a commit sha for a source build.",
+    )
+    rollback_on_drop: float = Field(
+        default=0.10,
+        ge=0,
+        lt=1,
+        description="Regression gate: a new version whose decode tokens/s drop by more than "
+        "this fraction is rolled back.",
+    )
+    feed: HttpUrl | None = Field(
+        default=None,
+        description="Release feed base URL (install = 'release'; default GitHub's API).",
+    )
+    source: NonEmpty | None = Field(
+        default=None,
+        description="llama.cpp tree to build (install = 'source'): a path, or a git URL "
+        "with an optional @ref.",
+    )
+    backend: Literal["cpu", "cuda"] = Field(
+        default="cpu", description="Compute backend of the build."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Engine:
+        if self.version != "latest":
+            forms = {
+                "wheel": (WHEEL_VERSION, "an xllamacpp version such as '2026.10.11549'"),
+                "release": (RELEASE_VERSION, "a release tag such as 'b11549'"),
+                "source": (COMMIT, "a release tag such as 'b11549' or a commit sha"),
+            }[self.install]
+            if not forms[0].fullmatch(self.version) and not (
+                self.install == "source" and RELEASE_VERSION.fullmatch(self.version)
+            ):
+                hint = f"write 'b{self.version}'" if self.version.isdigit() else None
+                raise FieldError(
+                    "version",
+                    f"version {self.version!r} is not 'latest' or {forms[1]} "
+                    f"(install = {self.install!r})",
+                    hint,
+                )
+        if self.feed is not None and self.install != "release":
+            raise FieldError("feed", "feed applies only to install = 'release'")
+        if self.source is not None and self.install != "source":
+            raise FieldError("source", "source applies only to install = 'source'")
+        if self.backend == "cuda" and self.install == "wheel":
+            raise FieldError(
+                "backend", "the wheel is CPU-only", "use install = 'release' or 'source' for cuda"
+            )
+        return self
+
+
+class Model(_Table):
+    """A model the host should have: where its bytes come from and how it is served."""
+
+    source: SourceText = Field(
+        description="Where the GGUF comes from: file:///abs/path.gguf, hf://owner/repo:QUANT, "
+        "hf://owner/repo/file.gguf, https://host/model.gguf, ollama://name:tag, or a short "
+        "registry name."
+    )
+    sha256: Sha256 | None = Field(
+        default=None,
+        description="Expected sha256 of the file (64 lowercase hex digits); required for "
+        "https:// sources. A mismatch is an error and nothing is kept.",
+    )
+    engine: EngineName | None = Field(
+        default=None,
+        description="Name of an [engines.NAME] lane. Default: the only engine declared, or "
+        "the default lane 'llamacpp' when none is; with several declared, set it.",
+    )
+    ctx: int | None = Field(
+        default=None, gt=0, description="Context size. Default: serving.default_ctx."
+    )
+    slots: int | None = Field(
+        default=None,
+        ge=1,
+        description="(planned: llama-server --parallel) Parallel sequences per instance. "
+        "Default: serving.default_slots.",
+    )
+    replicas: int = Field(
+        default=0, ge=0, description="(planned: warm instances kept up) 0 loads on demand."
+    )
+    pin: bool = Field(
+        default=False, description="(planned: never evicted) Keep it loaded once loaded."
+    )
+    keep_alive: Duration | None = Field(
+        default=None,
+        description="(planned: per-model idle unload) Default: serving.keep_alive.",
+    )
+    chat_template: NonEmpty | None = Field(
+        default=None,
+        description="A Jinja chat template, or the name of one llama.cpp knows (such as "
+        "'chatml'), for models whose GGUF has none.",
+    )
+    embeddings: bool = Field(default=False, description="Serve it as an embedding model.")
+    pooling: Literal["mean", "cls", "last", "none", "rank"] | None = Field(
+        default=None, description="Embedding pooling (only with embeddings = true)."
+    )
+    aliases: list[ModelName] = Field(
+        default=[], description="Other names clients may use for this model."
+    )
+    args: list[str] = Field(
+        default=[],
+        description="Extra llama-server flags, such as ['--flash-attn', 'on'].",
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Model:
+        if self.sha256 is None and is_download(self.source):
+            raise FieldError(
+                "sha256",
+                "sha256 is required for an https:// source (the download is verified)",
+                "add the file's sha256",
+            )
+        if self.pooling is not None and not self.embeddings:
+            raise FieldError("pooling", "pooling applies only with embeddings = true")
+        for arg in self.args:
+            flag = arg.split("=", 1)[0]
+            if flag in _RESERVED_ARGS:
+                raise FieldError("args", f"args may not set {flag}", _RESERVED_ARGS[flag])
+        return self
+
+
+class Lora(_Table):
+    """A LoRA adapter for a declared model, served as `model#adapter`."""
+
+    model: ModelName = Field(description="The declared model (name or alias) it adapts.")
+    source: SourceText = Field(description="Where the adapter GGUF comes from (as for models).")
+    sha256: Sha256 | None = Field(
+        default=None, description="Expected sha256; required for https:// sources."
+    )
+    scale: float = Field(default=1.0, description="Adapter scale (llama-server --lora-scaled).")
+
+    @model_validator(mode="after")
+    def _digest(self) -> Lora:
+        if self.sha256 is None and is_download(self.source):
+            raise FieldError(
+                "sha256",
+                "sha256 is required for an https:// source (the download is verified)",
+                "add the file's sha256",
+            )
+        return self
+
+
+class Key(_Table):
+    """(planned: gateway authentication) An API key; only its sha256 is ever written down."""
+
+    sha256: Sha256 = Field(description="sha256 of the key (64 lowercase hex digits).")
+    models: KeyModels = Field(
+        default=["*"],
+        description="Models (names or aliases) the key may use; ['*'] is every model.",
+    )
+    description: str | None = Field(default=None, description="Who or what the key is for.")
+
+
+class Remote(_Table):
+    """(planned: requests for these models are forwarded) Another OpenAI-compatible server."""
+
+    url: HttpUrl = Field(description="Base URL of the remote server.")
+    api_key_env: EnvName | None = Field(
+        default=None, description="Environment variable holding its API key (never the key itself)."
+    )
+    models: list[ModelName] = Field(default=[], description="Model names served through it.")
+
+
+class Manifest(_Table):
+    """The desired state of one host: the whole manifest, possibly merged from several files."""
+
+    schema_url: str | None = Field(
+        default=None,
+        alias="$schema",
+        description="JSON Schema for editors; ignored by Blazar.",
+    )
+    version: Literal[1] = Field(default=1, description="Manifest format version.")
+    serving: Serving = Field(default_factory=Serving, description="The gateway.")
+    engines: dict[EngineName, Engine] = Field(
+        default_factory=dict,
+        description="Engine lanes by name.",
+    )
+    models: dict[ModelName, Model] = Field(
+        default_factory=dict,
+        description="Models by name (name or name:tag).",
+    )
+    loras: dict[LoraName, Lora] = Field(
+        default_factory=dict,
+        description="LoRA adapters by name.",
+    )
+    keys: dict[KeyName, Key] = Field(
+        default_factory=dict,
+        description="(planned) API keys by name.",
+    )
+    remotes: dict[RemoteName, Remote] = Field(
+        default_factory=dict,
+        description="(planned) Remote servers by name.",
+    )
+    _origins: dict[Path, Location] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _references(self) -> Manifest:
+        findings = reference_findings(self.model_dump(by_alias=True))
+        if findings:
+            raise FindingsError(findings)
+        return self
+
+    def __eq__(self, other: object) -> bool:
+        """Equal when they declare the same; where they were declared does not matter."""
+        if not isinstance(other, Manifest):
+            return NotImplemented
+        return self.__dict__ == other.__dict__
+
+    __hash__ = None  # type: ignore[assignment]  # tables of resources are not hashable
+
+    @property
+    def origins(self) -> dict[Path, Location]:
+        """Where each table and field was declared: origins[("models", "gemma")]."""
+        return self._origins
+
+    def with_origins(self, origins: dict[Path, Location]) -> Manifest:
+        """This manifest, remembering where its parts were declared (the loader calls it)."""
+        self._origins = dict(origins)
+        return self
+
+    def location_of(self, *path: str | int) -> Location | None:
+        """The location of `path`, or of its nearest declared parent."""
+        for end in range(len(path), -1, -1):
+            if (found := self._origins.get(tuple(path[:end]))) is not None:
+                return found
+        return None
+
+    def resolve_model(self, ref: str) -> str | None:
+        """The declared model a name or alias refers to (`gemma:latest` finds `gemma`)."""
+        key = canonical(ref)
+        for name, model in self.models.items():
+            if canonical(name) == key or any(canonical(a) == key for a in model.aliases):
+                return name
+        return None
+
+    def engine_for(self, model: str) -> str:
+        """The engine lane `model` runs on: its own, the only one declared, or 'llamacpp'."""
+        found = resolve_engine(self.models[model].model_dump(), list(self.engines))
+        assert found is not None, "validation guarantees one engine per model"
+        return found
+
+    def ctx_for(self, model: str) -> int:
+        """The context size `model` is served with."""
+        return self.models[model].ctx or self.serving.default_ctx
+
+    def slots_for(self, model: str) -> int:
+        """Parallel sequences per instance of `model`."""
+        return self.models[model].slots or self.serving.default_slots
+
+    def keep_alive_for(self, model: str) -> float:
+        """Seconds `model` stays loaded when idle (-1: forever)."""
+        own = self.models[model].keep_alive
+        return self.serving.keep_alive if own is None else own

@@ -1,0 +1,142 @@
+"""Cross-references between a manifest's resources, checked over the whole document.
+
+A lora names a model, a model names an engine, a key names models, and a
+model's aliases must not collide with another model's name or aliases. These
+checks read plain data (the parsed document or `Manifest.model_dump()`) and
+tolerate values of the wrong type, so the loader can report dangling
+references in the same pass as type errors. `specs.manifest` runs them as the
+Manifest's last validator; `specs.loader` runs them on the raw document too.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from typing import Any
+
+from specs.names import InvalidName, parse_name
+from specs.problems import Finding
+
+DEFAULT_ENGINE = "llamacpp"
+"""The engine lane a model uses when the manifest declares no engine."""
+
+
+def canonical(name: str) -> str:
+    """`gemma` and `gemma:latest` are the same model; an invalid name stays as written."""
+    try:
+        return str(parse_name(name))
+    except InvalidName:
+        return name
+
+
+def _tables(doc: Mapping[str, Any], section: str) -> dict[str, Mapping[str, Any]]:
+    value = doc.get(section)
+    if not isinstance(value, Mapping):
+        return {}
+    return {k: v if isinstance(v, Mapping) else {} for k, v in value.items()}
+
+
+def _strings(value: object) -> list[tuple[int, str]]:
+    if not isinstance(value, list):
+        return []
+    return [(i, v) for i, v in enumerate(value) if isinstance(v, str)]
+
+
+def _suggest(word: str, candidates: list[str]) -> str | None:
+    close = difflib.get_close_matches(word, candidates, n=1)
+    return f"did you mean {close[0]!r}?" if close else None
+
+
+def resolve_engine(model: Mapping[str, Any], engines: list[str]) -> str | None:
+    """The engine a model runs on: its own, the only one declared, or the default lane.
+
+    None when the model names none and several engines are declared.
+    """
+    named = model.get("engine")
+    if isinstance(named, str):
+        return named
+    if not engines:
+        return DEFAULT_ENGINE
+    return engines[0] if len(engines) == 1 else None
+
+
+def reference_findings(doc: Mapping[str, Any]) -> list[Finding]:
+    """Every dangling or ambiguous reference in the document, in declaration order."""
+    models = _tables(doc, "models")
+    found: list[Finding] = []
+    owner: dict[str, str] = {}  # canonical model name or alias -> declared model name
+    for name in models:
+        first = owner.setdefault(canonical(name), name)
+        if first != name:
+            found.append(
+                Finding(
+                    ("models", name),
+                    f"model {name!r} is the same model as {first!r} (the tag defaults to 'latest')",
+                    "declare it once",
+                )
+            )
+    names = dict(owner)
+    for name, body in models.items():
+        for i, alias in _strings(body.get("aliases")):
+            key = canonical(alias)
+            other = owner.setdefault(key, name)
+            if other == name:
+                continue
+            what = "the name of model" if key in names else "already an alias of model"
+            found.append(
+                Finding(
+                    ("models", name, "aliases", i),
+                    f"alias {alias!r} of model {name!r} is {what} {other!r}",
+                    "choose another alias",
+                )
+            )
+    found += _engine_findings(doc, models)
+    targets = list(models) + [
+        alias for body in models.values() for _, alias in _strings(body.get("aliases"))
+    ]
+
+    def check(path: tuple[str | int, ...], who: str, ref: str) -> None:
+        if canonical(ref) not in owner:
+            found.append(
+                Finding(
+                    path,
+                    f"{who} names model {ref!r}, which is not declared",
+                    _suggest(ref, targets) or "declare it under [models] first",
+                )
+            )
+
+    for name, body in _tables(doc, "loras").items():
+        ref = body.get("model")
+        if isinstance(ref, str):
+            check(("loras", name, "model"), f"lora {name!r}", ref)
+    for name, body in _tables(doc, "keys").items():
+        for i, ref in _strings(body.get("models")):
+            if ref != "*":
+                check(("keys", name, "models", i), f"key {name!r}", ref)
+    return found
+
+
+def _engine_findings(doc: Mapping[str, Any], models: dict[str, Mapping[str, Any]]) -> list[Finding]:
+    engines = list(_tables(doc, "engines"))
+    found: list[Finding] = []
+    for name, body in models.items():
+        engine = resolve_engine(body, engines)
+        if engine is None:
+            found.append(
+                Finding(
+                    ("models", name, "engine"),
+                    f"model {name!r} names no engine and {len(engines)} are declared "
+                    f"({', '.join(engines)})",
+                    "set engine to one of them",
+                )
+            )
+        elif engine not in engines and (engines or engine != DEFAULT_ENGINE):
+            hint = _suggest(engine, engines or [DEFAULT_ENGINE])
+            found.append(
+                Finding(
+                    ("models", name, "engine"),
+                    f"model {name!r} names engine {engine!r}, which is not declared",
+                    hint or f"declare [engines.{engine}] or leave engine out",
+                )
+            )
+    return found

@@ -1,0 +1,141 @@
+"""Model source strings: where a model's bytes come from.
+
+Pure parsing (no I/O): the manifest validates a source when it loads, and the
+model sources in `blazar.sources` fetch it.
+
+    file:///abs/path/model.gguf
+    hf://owner/repo:Q4_K_M[@revision]        the GGUF file(s) of that quantization
+    hf://owner/repo/path/file.gguf[@revision]
+    https://host/path/model.gguf             (a sha256 is required in the manifest)
+    ollama://name[:tag]                      from ollama's local store
+    qwen3-0.6b                               a short name from Blazar's registry table
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from urllib.parse import unquote, urlparse
+
+
+class InvalidSource(ValueError):
+    """A source string Blazar cannot use; the message says what form it expects."""
+
+
+@dataclass(frozen=True)
+class FileSource:
+    path: str  # absolute
+
+    def __str__(self) -> str:
+        return f"file://{self.path}"
+
+
+@dataclass(frozen=True)
+class HFSource:
+    repo: str  # owner/name
+    quant: str | None = None  # Q4_K_M: pick the file(s) of this quantization
+    filename: str | None = None  # or one file by its path in the repo
+    revision: str | None = None
+
+    def __str__(self) -> str:
+        what = f":{self.quant}" if self.quant else f"/{self.filename}" if self.filename else ""
+        rev = f"@{self.revision}" if self.revision else ""
+        return f"hf://{self.repo}{what}{rev}"
+
+
+@dataclass(frozen=True)
+class HttpsSource:
+    url: str
+
+    def __str__(self) -> str:
+        return self.url
+
+
+@dataclass(frozen=True)
+class OllamaSource:
+    name: str  # may include a namespace: library/qwen3 or user/model
+    tag: str = "latest"
+
+    def __str__(self) -> str:
+        return f"ollama://{self.name}:{self.tag}"
+
+
+@dataclass(frozen=True)
+class RegistrySource:
+    name: str  # a short name such as qwen3-0.6b, mapped to an hf:// source by Blazar
+
+    def __str__(self) -> str:
+        return self.name
+
+
+Source = FileSource | HFSource | HttpsSource | OllamaSource | RegistrySource
+
+_REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+_QUANT = re.compile(r"[A-Za-z0-9_.-]+")
+_SHORT = re.compile(r"[a-z0-9][a-z0-9._-]*(:[a-z0-9][a-z0-9._-]*)?")
+_OLLAMA = re.compile(r"[a-z0-9][a-z0-9._-]*(/[a-z0-9][a-z0-9._-]*)?(:[A-Za-z0-9][A-Za-z0-9._-]*)?")
+
+FORMS = (
+    "file:///abs/path.gguf, hf://owner/repo:QUANT, hf://owner/repo/file.gguf, "
+    "https://host/model.gguf, ollama://name:tag, or a short name such as qwen3-0.6b"
+)
+
+
+def parse_source(text: str) -> Source:
+    """Parse a source string; raise InvalidSource naming the accepted forms."""
+    text = text.strip()
+    if not text:
+        raise InvalidSource(f"empty model source; use {FORMS}")
+    if text.startswith("file:"):
+        parsed = urlparse(text)
+        if parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/"):
+            raise InvalidSource(
+                f"bad file source {text!r}: use an absolute path, file:///abs/path.gguf"
+            )
+        return FileSource(unquote(parsed.path))
+    if text.startswith("hf://"):
+        return _parse_hf(text)
+    if text.startswith("https://") or text.startswith("http://"):
+        parsed = urlparse(text)
+        if not parsed.netloc:
+            raise InvalidSource(f"bad URL {text!r}: it names no host")
+        return HttpsSource(text)
+    if text.startswith("ollama://"):
+        rest = text.removeprefix("ollama://")
+        if not _OLLAMA.fullmatch(rest):
+            raise InvalidSource(f"bad ollama source {text!r}: use ollama://name:tag")
+        name, _, tag = rest.partition(":")
+        return OllamaSource(name, tag or "latest")
+    if "://" in text:
+        scheme = text.split("://", 1)[0]
+        raise InvalidSource(f"unknown source scheme {scheme!r} in {text!r}; use {FORMS}")
+    if _SHORT.fullmatch(text):
+        return RegistrySource(text)
+    raise InvalidSource(f"bad model source {text!r}; use {FORMS}")
+
+
+def _parse_hf(text: str) -> HFSource:
+    rest = text.removeprefix("hf://")
+    rest, _, revision = rest.partition("@")
+    if "@" in text and not revision:
+        raise InvalidSource(f"bad hf source {text!r}: '@' must be followed by a revision")
+    parts = rest.split("/", 2)
+    if len(parts) < 2:
+        raise InvalidSource(
+            f"bad hf source {text!r}: use hf://owner/repo:QUANT or hf://owner/repo/file.gguf"
+        )
+    owner, name = parts[0], parts[1]
+    filename = parts[2] if len(parts) == 3 else None
+    quant = None
+    if filename is None and ":" in name:
+        name, _, quant = name.partition(":")
+        if not quant or not _QUANT.fullmatch(quant):
+            raise InvalidSource(
+                f"bad hf source {text!r}: the quantization after ':' is empty or odd"
+            )
+    repo = f"{owner}/{name}"
+    if not _REPO.fullmatch(repo):
+        raise InvalidSource(f"bad hf source {text!r}: {repo!r} is not an owner/repo name")
+    if filename is not None and not filename.endswith(".gguf"):
+        raise InvalidSource(f"bad hf source {text!r}: the file must be a .gguf file")
+    return HFSource(repo, quant, filename, revision or None)

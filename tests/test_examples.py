@@ -1,0 +1,55 @@
+"""Every example manifest loads, and applies against a hub the test serves on loopback."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from blazar.testing.tiny import write_tiny_model
+from specs.loader import load_manifest
+from tests.conftest import Blazar
+from tests.hf_endpoint import FakeHub
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+MANIFESTS = sorted(
+    p for p in EXAMPLES.iterdir() if (p.is_dir() and any(p.glob("*.toml"))) or p.suffix == ".toml"
+)
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=[p.name for p in MANIFESTS])
+def test_example_manifests_load_and_name_the_schema(path: Path) -> None:
+    manifest = load_manifest(path)
+    assert manifest.models
+    files = [path] if path.is_file() else sorted(path.iterdir())
+    for file in files:
+        assert "manifest.schema.json" in file.read_text(), f"{file} does not reference the schema"
+
+
+@pytest.fixture
+def hub(tmp_path: Path) -> Iterator[FakeHub]:
+    with FakeHub() as served:
+        qwen = write_tiny_model(tmp_path / "q.gguf", seed=1).read_bytes()
+        smol = write_tiny_model(tmp_path / "s.gguf", seed=2).read_bytes()
+        served.add_repo("Qwen/Qwen3-0.6B-GGUF", {"Qwen3-0.6B-Q8_0.gguf": qwen})
+        served.add_repo(
+            "bartowski/SmolLM2-135M-Instruct-GGUF",
+            {
+                "SmolLM2-135M-Instruct-Q4_K_M.gguf": smol,
+                "SmolLM2-135M-Instruct-Q8_0.gguf": qwen,
+            },
+        )
+        yield served
+
+
+def test_team_box_applies_and_converges(
+    blazar: Blazar, hub: FakeHub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    path = str(EXAMPLES / "team-box")
+    assert "Plan: 4 to add" in blazar("diff", path).output
+    assert "Apply complete! Resources: 4 added" in blazar("apply", path).output
+    assert blazar("diff", path, "--detailed-exitcode").exit_code == 0
+    listing = blazar("list").output
+    assert "qwen3-0.6b" in listing and "smollm2" in listing
