@@ -169,3 +169,22 @@ def test_gate_refuses_a_really_slower_candidate_and_keeps_it_installed(
     assert engines["b99999-cpu"]["method"] == "release"
     assert "b99999-cpu is already installed but inactive" in again
     assert "b99999-cpu is now active" in blazar("engine", "use", "b99999-cpu").output
+
+
+def test_update_takes_feed_method_and_gate_from_the_manifest(
+    blazar: Blazar, paths: Paths, tiny_model: Path
+) -> None:
+    blazar("engine", "update", "--version", NEW)
+    blazar("import", str(tiny_model), "--name", "tiny")
+    with ReleaseFeed() as feed:
+        name = "llama-b99999-bin-ubuntu-x64.zip"
+        feed.add_release("b99999", {name: server_archive(name, slow_server())})
+        paths.manifest.write_text(
+            "[engines.llamacpp]\n"
+            'install = "release"\n'
+            f'feed = "{feed.url}"\n'
+            "rollback_on_drop = 0.99\n"  # a gate this loose lets even the pinned-core build in
+        )
+        out = blazar("engine", "update").output
+    assert "b99999-cpu passed the regression gate" in out and "gate 99%" in out
+    assert engine_list(blazar)["b99999-cpu"]["active"]

@@ -34,6 +34,27 @@ def _gate_default() -> float:
         ) from None
 
 
+def lane_settings(ctx: Context, kind: str) -> tuple[str | None, float | None, str | None]:
+    """(feed, gate, install method) declared for the lane in the user's manifest, if any.
+
+    Flags and environment variables win over these; a missing or invalid
+    manifest contributes nothing here (`blazar diff` reports its problems).
+    """
+    from specs.loader import ManifestError, load_manifest
+
+    if not ctx.paths.manifest.exists():
+        return None, None, None
+    try:
+        manifest = load_manifest(ctx.paths.manifest)
+    except ManifestError:
+        return None, None, None
+    for engine in manifest.engines.values():
+        if engine.kind == kind:
+            feed = str(engine.feed) if engine.feed else None
+            return feed, engine.rollback_on_drop, engine.install
+    return None, None, None
+
+
 def engine_json(svc: Engines, record: EngineRecord) -> dict[str, Any]:
     data = asdict(record)
     data["bench"] = svc.records.last_bench(record.kind, record.tag)
@@ -102,17 +123,22 @@ def _report(outcome: UpdateOutcome, as_json: bool) -> None:
     "method",
     type=click.Choice(["wheel", "release"]),
     default=None,
-    help="Install method (default: the active engine's, else wheel).",
+    help="Install method (default: the manifest's, the active engine's, else wheel).",
 )
 @click.option("--version", default=None, help="Install this version instead of the newest.")
 @click.option(
     "--gate",
     type=float,
     default=None,
-    help=f"Largest decode tokens/s drop accepted (default {DEFAULT_GATE}, or $BLAZAR_ENGINE_GATE).",
+    help=f"Largest decode tokens/s drop accepted (default: $BLAZAR_ENGINE_GATE, the manifest's "
+    f"rollback_on_drop, else {DEFAULT_GATE}).",
 )
 @click.option("--bench-model", default=None, help="Model for the gate (default: smallest held).")
-@click.option("--feed", default=None, help="Release feed base URL (default $BLAZAR_RELEASE_FEED).")
+@click.option(
+    "--feed",
+    default=None,
+    help="Release feed base URL (default: $BLAZAR_RELEASE_FEED, the manifest's feed, GitHub).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 @pass_context
 def update(
@@ -133,6 +159,12 @@ def update(
     the gate. Otherwise the old one stays active and the new one stays
     installed, inactive.
     """
+    manifest_feed, manifest_gate, manifest_method = lane_settings(ctx, kind)
+    feed = feed or os.environ.get("BLAZAR_RELEASE_FEED") or manifest_feed
+    if gate is None and "BLAZAR_ENGINE_GATE" not in os.environ and manifest_gate is not None:
+        gate = manifest_gate
+    if method is None and manifest_method in ("wheel", "release"):
+        method = manifest_method
     max_drop = _gate_default() if gate is None else gate
     if not 0 <= max_drop < 1:
         raise InvalidInput(f"--gate must be a fraction in [0, 1), got {max_drop}")
