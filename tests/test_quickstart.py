@@ -8,7 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from blazar.engines.process import free_port
 from tests.conftest import Blazar
+
+GEMMA_SHA = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 
 
 def disk_bytes(*roots: Path) -> int:
@@ -25,27 +28,35 @@ def disk_bytes(*roots: Path) -> int:
     return total
 
 
-def test_quickstart_imports_and_shows_gemma(blazar_home: Path) -> None:
+def test_quickstart_serves_gemma_and_answers(blazar_home: Path) -> None:
+    """`make run`'s job: engine, Gemma 3 270M, apply, serve, one answer through the gateway."""
+    port = free_port()
+    env = {**os.environ, "BLAZAR_QUICKSTART_PORT": str(port)}
+
     def run() -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "blazar.quickstart"],
+            [sys.executable, "-m", "blazar.quickstart", "--once"],
             capture_output=True,
             text=True,
-            timeout=300,
-            env=os.environ.copy(),
+            timeout=600,
+            env=env,
         )
 
     first = run()
-    assert first.returncode == 0, first.stderr
+    assert first.returncode == 0, first.stdout + first.stderr
     out = first.stdout
-    assert "gemma3-270m" in out
     assert "architecture       gemma3" in out
     assert "268.1M (268,098,176)" in out
     assert "quantization       Q4_K_M" in out
-    assert "(hardlink)" in out
-    second = run()  # idempotent: found in place, nothing assembled again
-    assert second.returncode == 0 and "assembling" not in second.stderr
-    assert second.stdout == first.stdout
+    assert "The three most useful things to pack for a day of hiking are" in out
+    answer = out.split("hiking are", 1)[1].split("Try it yourself:", 1)[0]
+    assert len(answer.split()) >= 5  # Gemma wrote something
+    assert f"curl http://127.0.0.1:{port}/v1/completions" in out
+    second = run()  # idempotent: the apply finds everything in place
+    assert second.returncode == 0 and "No changes." in second.stdout
+    blob_dir = blazar_home / "data" / "models" / "blobs"
+    assert [p.name for p in blob_dir.iterdir()] == [f"sha256-{GEMMA_SHA}"]
+    assert not any((blazar_home / "cache" / "downloads").iterdir())  # the assembly was moved in
 
 
 def test_importing_250mb_without_copy_adds_no_second_copy(

@@ -10,18 +10,19 @@ from __future__ import annotations
 import re
 
 import click
-from specs.loader import load_manifest_text
 
 from blazar.cli.context import Context, pass_context
 from blazar.cli.manifest import _event, _progress_for
 from blazar.errors import BlazarError, InvalidInput, NotFound
 from blazar.manifest_edit import ManifestError, ManifestFile
 from blazar.reconcile import InvalidManifest, reconcile
+from specs.loader import load_manifest_text
 from specs.names import parse_name
 from specs.sources import (
     FileSource,
     HFSource,
     OllamaSource,
+    PyPISource,
     RegistrySource,
     Source,
     parse_source,
@@ -32,6 +33,8 @@ def default_name(source: Source) -> str:
     """A model name from its source, as ollama would name it."""
     if isinstance(source, RegistrySource):
         return source.name
+    if isinstance(source, PyPISource):
+        return _clean(source.package.lower().removesuffix("-gguf"))
     if isinstance(source, OllamaSource):
         name = source.name.rsplit("/", 1)[-1]
         return f"{name}:{source.tag}" if source.tag != "latest" else name

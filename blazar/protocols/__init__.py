@@ -1,0 +1,78 @@
+"""Protocol adapters: pure translators between client APIs and llama-server's HTTP API.
+
+The gateway speaks three protocols (OpenAI `/v1/*`, ollama `/api/*`, Anthropic
+`/v1/messages`) and forwards to `llama-server` children, which speak OpenAI and
+their own native endpoints. The modules here translate requests on the way in and
+responses (whole or one stream chunk at a time) on the way out. They do no I/O and
+read no clock: the gateway passes times, ids and durations in, sends the
+`EngineRequest` they build, and feeds the engine's JSON back through them.
+
+- `ollama` (with `ollama_stream`, `ollama_models`): `/api/*` -> `/v1/chat/completions`,
+  `/completion`, `/infill`, `/v1/embeddings`, and the model listing builders.
+- `anthropic`: validation, pass-through to llama-server's native `/v1/messages`, and a
+  normalizer for what the engine gets wrong there.
+- `openai`: the OpenAI error envelope the gateway uses for `/v1/*`.
+- `sse`: an incremental decoder of the engine's server-sent events.
+
+Every refusal is a `ProtocolError` carrying the HTTP status to answer with; each
+protocol module turns it into that protocol's error shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["EngineRequest", "LoadOnly", "ProtocolError"]
+
+
+class ProtocolError(Exception):
+    """A request the gateway must refuse: the status to answer with and why.
+
+    `code` is a protocol-specific refinement (an OpenAI error code such as
+    `model_not_found`, an Anthropic error type); None lets the protocol's own
+    status mapping decide.
+    """
+
+    def __init__(self, status: int, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+
+    def __repr__(self) -> str:
+        return f"ProtocolError({self.status}, {self.message!r}, code={self.code!r})"
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """One HTTP POST to a llama-server child: its path, JSON body and whether it streams.
+
+    `hints` carries what the response translators need that the engine does not echo
+    (for example the `dimensions` an ollama embed request asked for); the gateway
+    passes it back unchanged.
+    """
+
+    path: str
+    body: dict[str, Any]
+    stream: bool
+    hints: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"path": self.path, "stream": self.stream, "body": self.body}
+        if self.hints:
+            out["hints"] = dict(self.hints)
+        return out
+
+
+@dataclass(frozen=True)
+class LoadOnly:
+    """An ollama request with nothing to generate: load the model (or unload it).
+
+    ollama treats `/api/generate` with an empty prompt and `/api/chat` with no
+    messages as "load the model and keep it for keep_alive"; with keep_alive 0 it
+    unloads instead. The gateway acts on it and answers with `ollama.load_response`.
+    """
+
+    endpoint: str  # "generate" | "chat"

@@ -1,0 +1,1 @@
+"""Blazar's serving runtime: supervised engine children, scheduling and the HTTP front."""

@@ -1,0 +1,206 @@
+"""`blazar serve`: the gateway and the control loop in one process.
+
+The control loop is level-triggered: a pass loads the manifest, applies it
+(fetching what is missing, under the apply lock, in a worker thread) and
+hands the scheduler the models that are now ready; hot reload restarts only
+the instances whose arguments changed. Passes run on start, on a manifest
+change (watchfiles), when a child exits, and on a timer. When serve stops
+(SIGTERM, SIGINT, or an error in its own loop) every child is stopped; the
+children also get SIGTERM from the kernel if serve itself dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import json
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+
+from blazar.errors import BlazarError
+from blazar.locking import LockTimeout
+from blazar.paths import Paths
+from blazar.reconcile import InvalidManifest, load, reconcile
+from blazar.serve.gateway import Gateway
+from blazar.serve.instance import Instance
+from blazar.serve.runtime import build_runtimes
+from blazar.serve.scheduler import Scheduler
+from blazar.store import Store
+from specs.manifest import Manifest
+
+TIMER = 30.0
+REAP_EVERY = 0.25
+
+
+class PortInUse(BlazarError):
+    pass
+
+
+@dataclass
+class ServeOptions:
+    manifest: Path
+    host: str | None = None
+    port: int | None = None
+    apply: bool = True  # reconcile the manifest on each pass (fetch what is missing)
+
+
+def log(message: str) -> None:
+    print(f"blazar serve: {message}", file=sys.stderr, flush=True)
+
+
+def daemon_file(paths: Paths) -> Path:
+    return paths.state / "serve.json"
+
+
+class Daemon:
+    def __init__(self, paths: Paths, options: ServeOptions) -> None:
+        self.paths = paths
+        self.options = options
+        self.store = Store(paths.db)
+        self.manifest = self._load() or Manifest()
+        self.wake = asyncio.Event()
+        self.stopping = asyncio.Event()
+        self.scheduler: Scheduler | None = None
+
+    def _load(self) -> Manifest | None:
+        if not self.options.manifest.exists():
+            return None
+        try:
+            return load(self.options.manifest)
+        except (InvalidManifest, BlazarError) as exc:
+            log(f"manifest not applied, keeping the current state:\n{exc}")
+            return None
+
+    def _apply(self, manifest: Manifest) -> None:
+        """One reconcile pass with its own store connection (it runs in a worker thread)."""
+        with Store(self.paths.db) as store:
+            try:
+                result = reconcile(store, self.paths, manifest, apply=True, lock_timeout=0)
+            except LockTimeout:
+                log("another apply is running; this pass only refreshes what is served")
+                return
+            except BlazarError as exc:
+                log(f"apply failed: {exc}")
+                return
+        if result.report is not None:
+            for outcome in result.report.outcomes:
+                state = "ok" if outcome.ok else f"FAILED: {outcome.error}"
+                log(f"{outcome.action.address}: {outcome.action.change} {state}")
+
+    async def run_pass(self, reason: str) -> None:
+        manifest = self._load()
+        if manifest is None and self.options.manifest.exists():
+            return  # invalid: keep serving what runs
+        manifest = manifest or Manifest()
+        self.manifest = manifest
+        if self.options.apply and self.options.manifest.exists():
+            await asyncio.to_thread(self._apply, manifest)
+        runtimes = build_runtimes(self.store, manifest)
+        assert self.scheduler is not None
+        self.scheduler.max_loaded = manifest.serving.max_loaded_models
+        self.scheduler.max_queue = manifest.serving.max_queue
+        self.scheduler.queue_timeout = manifest.serving.queue_timeout
+        changes = await self.scheduler.update(runtimes)
+        for model, change in sorted(changes.items()):
+            log(f"{model}: {change} ({reason})")
+
+    def _on_instance(self, instance: Instance, event: str) -> None:
+        if event == "exited":
+            log(f"{instance.spec.key} exited; it is being restarted")
+            self.wake.set()
+
+    async def _watch(self) -> None:
+        from watchfiles import awatch
+
+        target = self.options.manifest
+        watch_dir = target if target.is_dir() else target.parent
+        watch_dir.mkdir(parents=True, exist_ok=True)
+        async for _ in awatch(watch_dir, stop_event=self.stopping, debounce=200, step=50):
+            self.wake.set()
+
+    async def _timer(self) -> None:
+        while True:
+            await asyncio.sleep(TIMER)
+            self.wake.set()
+
+    async def _reaper(self) -> None:
+        assert self.scheduler is not None
+        while True:
+            await asyncio.sleep(REAP_EVERY)
+            await self.scheduler.reap()
+
+    async def _loop(self) -> None:
+        while True:
+            await self.wake.wait()
+            self.wake.clear()
+            await self.run_pass("manifest change, child exit or timer")
+
+    async def serve(self) -> None:
+        serving = self.manifest.serving
+        host = self.options.host or serving.host
+        port = self.options.port if self.options.port is not None else serving.port
+        self.scheduler = Scheduler(
+            {},
+            max_loaded=serving.max_loaded_models,
+            max_queue=serving.max_queue,
+            queue_timeout=serving.queue_timeout,
+            log_dir=self.paths.logs,
+            on_event=self._on_instance,
+        )
+        gateway = Gateway(self.scheduler)
+        runner = web.AppRunner(gateway.app(), handler_cancellation=True, access_log=None)
+        await runner.setup()
+        await gateway.open()
+        tasks: list[asyncio.Task[None]] = []
+        try:
+            site = web.TCPSite(runner, host, port)
+            try:
+                await site.start()
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise PortInUse(
+                        f"port {port} on {host} is already in use: stop what listens there, "
+                        "or pass --port"
+                    ) from None
+                raise
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.stopping.set)
+            await self.run_pass("start")
+            info = {"pid": os.getpid(), "host": host, "port": port, "url": f"http://{host}:{port}"}
+            daemon_file(self.paths).write_text(json.dumps(info))
+            tasks = [
+                asyncio.create_task(self._loop()),
+                asyncio.create_task(self._reaper()),
+                asyncio.create_task(self._timer()),
+                asyncio.create_task(self._watch()),
+            ]
+            print(f"Blazar is serving on http://{host}:{port}", flush=True)
+            stop = asyncio.create_task(self.stopping.wait())
+            done, _ = await asyncio.wait([stop, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task is not stop and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+        finally:
+            self.stopping.set()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.scheduler.close()
+            await runner.cleanup()
+            await gateway.close()
+            with contextlib.suppress(OSError):
+                daemon_file(self.paths).unlink()
+            self.store.close()
+            log("stopped; no child is left running")
+
+
+def run(paths: Paths, options: ServeOptions) -> None:
+    daemon = Daemon(paths, options)
+    asyncio.run(daemon.serve())

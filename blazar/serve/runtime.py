@@ -1,0 +1,175 @@
+"""What the gateway can serve: each model's runtime settings and its engine's arguments.
+
+Built from the store (models held, the active engine of each lane, adapters)
+overlaid with the manifest's declarations (ctx, slots, replicas, pins,
+keep_alive, templates). A model the store holds but the manifest does not
+declare is served with the defaults of `[serving]`. The effective arguments
+of an instance are a pure function of its runtime, so hot reload restarts
+exactly the instances whose arguments changed.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from blazar.engines.records import EngineRecord, EngineStore
+from blazar.store import LoraRecord, Store
+from specs.manifest import Manifest, Model, Serving
+from specs.names import parse_name
+
+
+@dataclass(frozen=True)
+class Adapter:
+    name: str
+    path: str
+    scale: float
+
+
+@dataclass(frozen=True)
+class ModelRuntime:
+    """One servable model and how its instances are started."""
+
+    name: str  # short form: name or name:tag
+    path: str
+    aliases: tuple[str, ...]
+    ctx: int  # per request (per slot)
+    slots: int
+    replicas: int  # warm instances kept up; 0 loads on demand (one instance)
+    pin: bool
+    keep_alive: float  # seconds; -1 forever; 0 unload after each request
+    engine_tag: str
+    command: tuple[str, ...]
+    has_template: bool
+    chat_template: str | None
+    embeddings: bool
+    pooling: str | None
+    extra_args: tuple[str, ...]
+    adapters: tuple[Adapter, ...] = ()
+    facts: dict[str, object] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def instances(self) -> int:
+        return max(1, self.replicas)
+
+    @property
+    def can_chat(self) -> bool:
+        return self.has_template or self.chat_template is not None
+
+    def args(self) -> tuple[str, ...]:
+        """llama-server flags for an instance (the supervisor adds --host/--port)."""
+        out = [
+            "--model", self.path,
+            "--ctx-size", str(self.ctx * self.slots),  # llama-server divides it among slots
+            "--parallel", str(self.slots),
+            "--alias", self.name,
+            "--metrics",
+            "--jinja",
+        ]  # fmt: skip
+        if self.chat_template is not None:
+            out += ["--chat-template", self.chat_template]
+        if self.embeddings:
+            out.append("--embeddings")
+            if self.pooling:
+                out += ["--pooling", self.pooling]
+        for adapter in self.adapters:  # loaded off; a request for model#adapter turns it on
+            out += ["--lora-scaled", f"{adapter.path}:0"]
+        if not any(a.split("=")[0] in ("--threads", "-t") for a in self.extra_args):
+            threads = str(default_threads())
+            out += ["--threads", threads, "--threads-batch", threads]
+        out += self.extra_args
+        return tuple(out)
+
+    def adapter_index(self, name: str) -> int | None:
+        for index, adapter in enumerate(self.adapters):
+            if adapter.name == name:
+                return index
+        return None
+
+
+def default_threads() -> int:
+    """Threads per instance unless `args` sets them: half the cores, at least one.
+
+    llama.cpp's threads spin while they wait for each other; several instances
+    each taking every core starve one another (observed on two cores: decode
+    100x slower once two busy children used two threads each).
+    """
+    return max(1, (os.cpu_count() or 1) // 2)
+
+
+def build_runtimes(store: Store, manifest: Manifest) -> dict[str, ModelRuntime]:
+    """Every model the gateway can serve now, keyed by its short name."""
+    serving = manifest.serving
+    engines = EngineStore(store)
+    declared = {parse_name(k).short: k for k in manifest.models}
+    loras = store.list_loras()
+    runtimes: dict[str, ModelRuntime] = {}
+    for record in store.list_models():
+        name = record.ref.short
+        key = declared.get(name)
+        spec = manifest.models[key] if key is not None else None
+        lane = manifest.engine_for(key) if key is not None else None
+        kind = manifest.engines[lane].kind if lane and lane in manifest.engines else "llamacpp"
+        engine = engines.active(kind)
+        if engine is None:
+            continue  # nothing to run it with yet: `blazar engine update` or apply
+        runtimes[name] = _runtime(name, record.path, record.facts, spec, serving, engine, loras)
+    return runtimes
+
+
+def _runtime(
+    name: str,
+    path: str,
+    facts: dict[str, Any],
+    model: Model | None,
+    serving: Serving,
+    engine: EngineRecord,
+    loras: list[LoraRecord],
+) -> ModelRuntime:
+    keep_alive = serving.keep_alive
+    if model is not None and model.keep_alive is not None:
+        keep_alive = model.keep_alive
+    train_ctx = facts.get("context_length")
+    ctx = (model.ctx if model and model.ctx else None) or serving.default_ctx
+    if isinstance(train_ctx, int) and train_ctx > 0:
+        ctx = min(ctx, train_ctx)
+    adapters = tuple(
+        Adapter(lo.name, lo.path, float(lo.settings.get("scale", 1.0)))
+        for lo in loras
+        if lo.model == name
+    )
+    return ModelRuntime(
+        name=name,
+        path=path,
+        aliases=tuple(model.aliases) if model else (),
+        ctx=ctx,
+        slots=(model.slots if model and model.slots else None) or serving.default_slots,
+        replicas=model.replicas if model else 0,
+        pin=model.pin if model else False,
+        keep_alive=float(keep_alive),
+        engine_tag=engine.tag,
+        command=tuple(engine.command),
+        has_template=bool(facts.get("has_chat_template")),
+        chat_template=model.chat_template if model else None,
+        embeddings=model.embeddings if model else False,
+        pooling=model.pooling if model else None,
+        extra_args=tuple(model.args) if model else (),
+        adapters=adapters,
+        facts=dict(facts),
+    )
+
+
+def resolve(runtimes: dict[str, ModelRuntime], requested: str) -> tuple[ModelRuntime, str | None]:
+    """(runtime, adapter name) for a requested `model`, `model:tag`, alias, or `model#adapter`."""
+    base, _, adapter = requested.partition("#")
+    candidates = [base, base.removesuffix(":latest")]
+    for runtime in runtimes.values():
+        if runtime.name in candidates or any(a in candidates for a in runtime.aliases):
+            return runtime, adapter or None
+    raise KeyError(requested)
+
+
+def model_path(runtime: ModelRuntime) -> Path:
+    return Path(runtime.path)

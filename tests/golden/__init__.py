@@ -1,0 +1,1 @@
+"""Golden files and helpers for the protocol translator tests."""

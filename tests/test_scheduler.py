@@ -1,0 +1,188 @@
+"""Scheduling decisions with stand-in instances (no processes): queue order, eviction, expiry.
+
+The live behaviour is in test_serve.py; here the timing is under the test's control.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from blazar.serve import scheduler as scheduling
+from blazar.serve.instance import State
+from blazar.serve.runtime import ModelRuntime
+from blazar.serve.scheduler import Busy, NoCapacity, Pool, Scheduler, choose_eviction
+
+
+class StandIn:
+    """Answers like an Instance, starts nothing."""
+
+    def __init__(self, spec: Any, **_: Any) -> None:
+        self.spec = spec
+        self.state = State.STOPPED
+        self.pid: int | None = None
+        self.port: int | None = None
+        self.starts = 0
+
+    @property
+    def url(self) -> str | None:
+        return "http://127.0.0.1:1" if self.state == State.READY else None
+
+    async def ensure_ready(self) -> str:
+        if self.state != State.READY:
+            self.starts += 1
+            self.state = State.READY
+        return "http://127.0.0.1:1"
+
+    async def stop(self) -> None:
+        self.state = State.STOPPED
+
+    async def close(self) -> None:
+        self.state = State.STOPPED
+
+
+def runtime(name: str, **fields: Any) -> ModelRuntime:
+    base: dict[str, Any] = dict(
+        name=name, path=f"/m/{name}.gguf", aliases=(), ctx=512, slots=1, replicas=0, pin=False,
+        keep_alive=300.0, engine_tag="b1-cpu", command=("llama-server",), has_template=True,
+        chat_template=None, embeddings=False, pooling=None, extra_args=(),
+    )  # fmt: skip
+    base.update(fields)
+    return ModelRuntime(**base)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(monkeypatch: pytest.MonkeyPatch, *runtimes: ModelRuntime, **options: Any) -> Scheduler:
+    monkeypatch.setattr(scheduling, "Instance", StandIn)
+    settings: dict[str, Any] = dict(
+        max_loaded=2, max_queue=8, queue_timeout=5.0, log_dir=Path("/tmp")
+    )
+    settings.update(options)
+    return Scheduler({r.name: r for r in runtimes}, **settings)
+
+
+def loaded(s: Scheduler) -> list[str]:
+    return sorted(name for name, pool in s.pools.items() if pool.loaded)
+
+
+def test_priority_waiters_go_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def scenario() -> list[str]:
+        s = make(monkeypatch, runtime("m"))
+        first = await s.acquire("m")
+        order: list[str] = []
+
+        async def waiter(tag: str, priority: bool) -> None:
+            lease = await s.acquire("m", priority=priority)
+            order.append(tag)
+            s.release(lease)
+
+        tasks = [asyncio.create_task(waiter("a", False))]
+        await asyncio.sleep(0)
+        tasks.append(asyncio.create_task(waiter("b", False)))
+        await asyncio.sleep(0)
+        tasks.append(asyncio.create_task(waiter("urgent", True)))
+        await asyncio.sleep(0)
+        assert len(s.pools["m"].waiters) == 3
+        s.release(first)
+        await asyncio.gather(*tasks)
+        return order
+
+    assert asyncio.run(scenario()) == ["urgent", "a", "b"]
+
+
+def test_full_queue_and_expired_wait_are_busy(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def scenario() -> None:
+        s = make(monkeypatch, runtime("m"), max_queue=1, queue_timeout=0.05)
+        held = await s.acquire("m")
+        waiting = asyncio.create_task(s.acquire("m"))
+        await asyncio.sleep(0)
+        with pytest.raises(Busy, match="requests are queued") as full:
+            await s.acquire("m")
+        assert full.value.retry_after == 1
+        with pytest.raises(Busy, match="no slot freed up"):
+            await waiting
+        s.release(held)
+        assert s.pools["m"].in_flight == 0 and not s.pools["m"].waiters
+
+    asyncio.run(scenario())
+
+
+def test_lru_eviction_spares_pins_and_busy_models(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def scenario() -> None:
+        clock = Clock()
+        s = make(
+            monkeypatch, runtime("a"), runtime("b"), runtime("c"), runtime("p", pin=True),
+            max_loaded=2, clock=clock,
+        )  # fmt: skip
+        for name in ("a", "b"):
+            s.release(await s.acquire(name))
+            clock.now += 1
+        s.release(await s.acquire("c"))  # a is the least recently used
+        assert loaded(s) == ["b", "c"]
+        clock.now += 1
+        s.release(await s.acquire("p"))
+        assert loaded(s) == ["c", "p"]
+        busy = await s.acquire("c")
+        with pytest.raises(NoCapacity, match="pinned, kept warm or busy"):
+            await s.acquire("a")
+        s.release(busy)
+        clock.now += 1
+        s.release(await s.acquire("a"))
+        assert loaded(s) == ["a", "p"]
+
+    asyncio.run(scenario())
+
+
+def test_choose_eviction_is_pure() -> None:
+    idle = [Pool(runtime(n), [], loaded=True, last_used=t) for n, t in (("x", 5), ("y", 3))]
+    assert choose_eviction(idle).runtime.name == "y"  # type: ignore[union-attr]
+    pinned = [Pool(runtime("z", pin=True), [], loaded=True, last_used=1)]
+    assert choose_eviction(pinned) is None
+
+
+def test_keep_alive_expiry_and_per_request_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def scenario() -> None:
+        clock = Clock()
+        s = make(monkeypatch, runtime("m", keep_alive=10.0), clock=clock)
+        s.release(await s.acquire("m"))
+        assert s.pools["m"].expires_at == clock.now + 10
+        clock.now += 11
+        await s.reap()
+        assert loaded(s) == []
+        s.release(await s.acquire("m"), keep_alive=-1)  # forever
+        clock.now += 10_000
+        await s.reap()
+        assert loaded(s) == ["m"]
+        s.release(await s.acquire("m"), keep_alive=0)  # unload after the request
+        await asyncio.sleep(0.01)
+        assert loaded(s) == []
+
+    asyncio.run(scenario())
+
+
+def test_hot_reload_restarts_only_changed_models(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def scenario() -> None:
+        s = make(monkeypatch, runtime("a"), runtime("b"))
+        s.release(await s.acquire("a"))
+        s.release(await s.acquire("b"))
+        old_b = s.pools["b"]
+        changes = await s.update(
+            {"a": runtime("a", ctx=1024), "b": runtime("b", keep_alive=60.0), "c": runtime("c")}
+        )
+        assert changes == {"a": "restarted", "b": "updated", "c": "added"}
+        assert s.pools["b"] is old_b and s.pools["b"].runtime.keep_alive == 60.0
+        await asyncio.sleep(0.01)
+        assert s.retired == []  # the old instance of a was idle: stopped at once
+        assert (await s.update({"a": runtime("a", ctx=1024)})) == {"b": "removed", "c": "removed"}
+
+    asyncio.run(scenario())
