@@ -1,25 +1,33 @@
 """How much the gateway costs: the same requests sent to a llama.cpp child directly and
 through `blazar serve`, interleaved in one run.
 
-    .venv/bin/python bench/gateway_overhead.py [--pairs 300] [--stream-tokens 256] ...
+    .venv/bin/python bench/gateway_overhead.py [--json] [--pairs 300] [--rounds 6] ...
 
 It sets up everything itself: a temporary BLAZAR_HOME, the tiny test model, a manifest,
 a `blazar serve` subprocess (the engine wheel comes from BLAZAR_WHEEL_CACHE, by default
 the tests' cache ~/.cache/blazar-tests/wheels), and it finds the child's port through
-`GET /api/blazar/ps`. Then, with one client (aiohttp, one keep-alive session, the same
-code for both paths; uvloop when it is installed), it measures:
+`GET /api/blazar/ps`. Then one client (aiohttp, one keep-alive session, the same code
+for both paths; uvloop when it is installed) warms both paths up and measures:
 
-1. latency of a small chat request, one at a time, direct and gateway alternating (the
-   order flips every pair): the added median (gateway - direct) and both medians and p90s;
-2. tokens/s of a streamed completion of N tokens, measured at the client from sending
-   the request to the end of the stream, runs alternating: gateway / direct;
-3. requests/s with 16 concurrent clients sending the small chat request, in alternating
-   timed rounds: gateway / direct.
+1. latency of a small chat request, one request at a time, direct and gateway
+   alternating (the order flips every pair): both medians and p90s, and the added
+   median (gateway - direct);
+2. tokens/s of a streamed completion of N tokens, at the client, from sending the
+   request to the end of the stream; runs alternate, and the ratio is the median of
+   each adjacent (direct, gateway) pair's gateway/direct;
+3. requests/s with 16 concurrent clients sending the small chat request back to back,
+   in alternating timed rounds; the ratio is again the median of the pairs' ratios.
+   The model has as many slots as there are clients (`--slots` to change that).
 
-Every loop is bounded in count and in time, so the run ends by itself (about a minute
-after setup). It prints a table with the targets (added <= 1 ms, stream >= 0.95,
-concurrent >= 0.9) and whether each is met, stops serve (SIGTERM; serve stops its
-child) and removes its files. Exit status: 0 when it measured (met or not), 1 when the
+Pairing adjacent runs keeps a burst of load from something else on the machine from
+landing on one path only. It also reports the CPU time `blazar serve` spends per request
+in the concurrent rounds (read from /proc): the direct path costs it something too (it
+copies the child's log lines), so the difference is what the gateway itself costs.
+
+Every loop is bounded in count and in time, so the run ends by itself, in about a
+minute. It prints a table with the targets (added <= 1 ms, stream >= 0.95, concurrent
+>= 0.9) and whether each is met, stops serve by its PID (SIGTERM; serve stops its child)
+and removes its files. Exit status: 0 when it measured (targets met or not), 1 when the
 setup failed.
 """
 
@@ -39,7 +47,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +58,7 @@ from blazar.testing.tiny import write_tiny_model
 
 ENGINE_VERSION = "2026.10.11549"
 MODEL = "tiny"
+PATHS = ("direct", "gateway")
 TARGET_ADDED_MS = 1.0
 TARGET_STREAM = 0.95
 TARGET_CONCURRENT = 0.90
@@ -60,26 +69,35 @@ class SetupFailed(Exception):
     """The benchmark could not start what it measures."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class Options:
-    pairs: int = 300  # latency: direct/gateway pairs (stops early at latency_seconds)
-    latency_seconds: float = 25.0
+    pairs: int = 300  # latency: (direct, gateway) pairs
+    latency_seconds: float = 20.0  # ... or fewer, if they take longer than this
     stream_tokens: int = 256
-    stream_runs: int = 6  # per path
+    stream_runs: int = 12  # per path
     stream_seconds: float = 30.0
     clients: int = 16
-    rounds: int = 3  # concurrency: rounds per path
-    round_seconds: float = 4.0
-    slots: int = 4
+    rounds: int = 8  # concurrency: rounds per path
+    round_seconds: float = 2.0
+    # The model's slots (llama-server --parallel): one per client, so that neither path
+    # queues; with fewer, the gateway's scheduler queues requests that the direct path
+    # leaves to llama-server, and that is measured too (see docs/performance.md).
+    slots: int = 16
     json_out: bool = False
+
+
+def _per_path() -> dict[str, Any]:
+    return {path: [] for path in PATHS}
 
 
 @dataclass
 class Results:
-    latency: dict[str, list[float]] = field(default_factory=lambda: {"direct": [], "gateway": []})
-    stream: dict[str, list[float]] = field(default_factory=lambda: {"direct": [], "gateway": []})
-    rps: dict[str, list[float]] = field(default_factory=lambda: {"direct": [], "gateway": []})
-    errors: dict[str, int] = field(default_factory=lambda: {"direct": 0, "gateway": 0})
+    latency: dict[str, list[float]] = field(default_factory=_per_path)  # ms per request
+    stream: list[tuple[float, float]] = field(default_factory=list)  # (direct, gateway) tok/s
+    rps: list[tuple[float, float]] = field(default_factory=list)  # (direct, gateway) req/s
+    serve_cpu: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PATHS, 0.0))
+    served: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PATHS, 0))
+    errors: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PATHS, 0))
     first_error: dict[str, str] = field(default_factory=dict)
 
 
@@ -87,7 +105,7 @@ class Results:
 
 
 class Serve:
-    """`blazar serve` in a subprocess, in a temporary home; stopped by PID."""
+    """`blazar serve` in a subprocess, in a temporary home; stopped by its PID."""
 
     def __init__(self, root: Path, slots: int) -> None:
         self.root = root
@@ -95,7 +113,7 @@ class Serve:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = root / "serve.log"
         # In a folder of its own: serve watches the manifest's folder, and a pass on every
-        # write of the log or the store would be measured too.
+        # write to the log or the store would be measured too.
         self.manifest = root / "manifest" / "blazar.toml"
         self.manifest.parent.mkdir()
         model = write_tiny_model(root / "tiny.gguf")
@@ -108,15 +126,19 @@ class Serve:
 
     def start(self) -> None:
         env = dict(os.environ, BLAZAR_HOME=str(self.root / "home"))
-        default_cache = Path.home() / ".cache" / "blazar-tests" / "wheels"
-        if "BLAZAR_WHEEL_CACHE" not in env and default_cache.is_dir():
-            env["BLAZAR_WHEEL_CACHE"] = str(default_cache)
+        cache = Path.home() / ".cache" / "blazar-tests" / "wheels"
+        if "BLAZAR_WHEEL_CACHE" not in env and cache.is_dir():
+            env["BLAZAR_WHEEL_CACHE"] = str(cache)
         exe = Path(sys.executable).with_name("blazar")
-        command = [str(exe), "serve", str(self.manifest)] if exe.exists() else None
-        command = command or [sys.executable, "-m", "blazar.cli.main", "serve", str(self.manifest)]
-        log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, env=env)
-        log.close()
+        command = [str(exe)] if exe.exists() else [sys.executable, "-m", "blazar.cli.main"]
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [*command, "serve", str(self.manifest)],
+                stdout=subprocess.PIPE,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                env=env,
+            )
         ready = threading.Event()
         threading.Thread(target=self._read_stdout, args=(ready,), daemon=True).start()
         deadline = time.monotonic() + SETUP_TIMEOUT
@@ -126,7 +148,7 @@ class Serve:
 
     def _read_stdout(self, ready: threading.Event) -> None:
         assert self.proc is not None and self.proc.stdout is not None
-        for line in self.proc.stdout:  # read to the end so serve never blocks on the pipe
+        for line in self.proc.stdout:  # read to the end, so serve never blocks on the pipe
             if b"Blazar is serving on" in line:
                 ready.set()
 
@@ -136,6 +158,15 @@ class Serve:
         except OSError:
             return ""
         return "\n".join(text.splitlines()[-lines:])
+
+    def cpu_seconds(self) -> float:
+        """CPU time serve has used so far (0.0 where /proc cannot tell)."""
+        assert self.proc is not None
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
@@ -151,17 +182,20 @@ class Serve:
 @contextmanager
 def served(options: Options) -> Iterator[Serve]:
     root = Path(tempfile.mkdtemp(prefix="blazar-bench-"))
-    serve = Serve(root, options.slots)
     try:
-        serve.start()
-        yield serve
+        serve = Serve(root, options.slots)
+        try:
+            serve.start()
+            yield serve
+        finally:
+            serve.stop()
     finally:
-        serve.stop()
         shutil.rmtree(root, ignore_errors=True)
 
 
 # -- the client ----------------------------------------------------------------------------
 
+HEADERS = {"Content-Type": "application/json"}
 CHAT = json.dumps(
     {
         "model": MODEL,
@@ -185,9 +219,6 @@ def stream_body(tokens: int) -> bytes:
     ).encode()
 
 
-HEADERS = {"Content-Type": "application/json"}
-
-
 class Client:
     """One keep-alive session; the same code sends to either base URL."""
 
@@ -195,8 +226,12 @@ class Client:
         self.session = session
         self.results = results
 
+    def failed(self, path: str, problem: str) -> None:
+        self.results.errors[path] += 1
+        self.results.first_error.setdefault(path, problem)
+
     async def chat(self, base: str, path: str) -> float:
-        """Seconds for one small chat request (0.0 and an error counted if it failed)."""
+        """Seconds for one small chat request; 0.0 (and an error counted) if it failed."""
         start = time.perf_counter()
         try:
             async with self.session.post(f"{base}/v1/chat/completions", data=CHAT) as resp:
@@ -210,16 +245,16 @@ class Client:
             return 0.0
         return elapsed
 
-    def failed(self, path: str, problem: str) -> None:
-        self.results.errors[path] += 1
-        self.results.first_error.setdefault(path, problem)
-
     async def stream(self, base: str, path: str, body: bytes, tokens: int) -> float:
         """Tokens/s of one streamed completion, from sending it to the end of the stream."""
+        # llama-server closes its connection after a stream: reuse none, on either path.
+        headers = {"Connection": "close"}
         start = time.perf_counter()
         received = bytearray()
         try:
-            async with self.session.post(f"{base}/v1/completions", data=body) as resp:
+            async with self.session.post(
+                f"{base}/v1/completions", data=body, headers=headers
+            ) as resp:
                 async for chunk in resp.content.iter_any():
                     received += chunk
                 problem = None if resp.status == 200 else f"{resp.status} {received[:300]!r}"
@@ -235,15 +270,20 @@ class Client:
         return tokens / elapsed
 
 
+def orders(n: int) -> Iterator[tuple[str, str]]:
+    """Which path goes first, flipped every time."""
+    for i in range(n):
+        yield PATHS if i % 2 == 0 else PATHS[::-1]
+
+
 # -- the three measurements ----------------------------------------------------------------
 
 
 async def measure_latency(client: Client, urls: dict[str, str], options: Options) -> None:
     deadline = time.monotonic() + options.latency_seconds
-    for i in range(options.pairs):
+    for order in orders(options.pairs):
         if time.monotonic() > deadline:
             break
-        order = ("direct", "gateway") if i % 2 == 0 else ("gateway", "direct")
         for path in order:
             seconds = await client.chat(urls[path], path)
             if seconds:
@@ -253,22 +293,21 @@ async def measure_latency(client: Client, urls: dict[str, str], options: Options
 async def measure_stream(client: Client, urls: dict[str, str], options: Options) -> None:
     body = stream_body(options.stream_tokens)
     deadline = time.monotonic() + options.stream_seconds
-    for i in range(options.stream_runs):
+    for order in orders(options.stream_runs):
         if time.monotonic() > deadline:
             break
-        order = ("direct", "gateway") if i % 2 == 0 else ("gateway", "direct")
+        rate = {}
         for path in order:
-            rate = await client.stream(urls[path], path, body, options.stream_tokens)
-            if rate:
-                client.results.stream[path].append(rate)
+            rate[path] = await client.stream(urls[path], path, body, options.stream_tokens)
+        if rate["direct"] and rate["gateway"]:
+            client.results.stream.append((rate["direct"], rate["gateway"]))
 
 
-async def concurrent_round(client: Client, base: str, path: str, options: Options) -> float:
-    """Requests/s of `clients` workers sending chat requests back to back for a round."""
+async def concurrent_round(client: Client, base: str, path: str, options: Options) -> int:
+    """Requests done by `clients` workers sending chat requests back to back for a round."""
     done = 0
-    start = time.perf_counter()
-    deadline = start + options.round_seconds
-    cap = int(options.round_seconds * 5000)  # bound by count too
+    deadline = time.perf_counter() + options.round_seconds
+    cap = int(options.round_seconds * 10_000)  # bounded by count too
 
     async def worker() -> None:
         nonlocal done
@@ -277,15 +316,23 @@ async def concurrent_round(client: Client, base: str, path: str, options: Option
                 done += 1
 
     await asyncio.gather(*(worker() for _ in range(options.clients)))
-    return done / (time.perf_counter() - start)
+    return done
 
 
-async def measure_concurrent(client: Client, urls: dict[str, str], options: Options) -> None:
-    for i in range(options.rounds):
-        order = ("direct", "gateway") if i % 2 == 0 else ("gateway", "direct")
+async def measure_concurrent(
+    client: Client, urls: dict[str, str], options: Options, cpu: Callable[[], float]
+) -> None:
+    results = client.results
+    for order in orders(options.rounds):
+        rate = {}
         for path in order:
-            rate = await concurrent_round(client, urls[path], path, options)
-            client.results.rps[path].append(rate)
+            cpu_before, start = cpu(), time.perf_counter()
+            done = await concurrent_round(client, urls[path], path, options)
+            rate[path] = done / (time.perf_counter() - start)
+            results.serve_cpu[path] += cpu() - cpu_before
+            results.served[path] += done
+        if rate["direct"] and rate["gateway"]:
+            results.rps.append((rate["direct"], rate["gateway"]))
 
 
 async def find_child(session: aiohttp.ClientSession, gateway: str) -> str:
@@ -302,29 +349,26 @@ async def find_child(session: aiohttp.ClientSession, gateway: str) -> str:
     return f"http://127.0.0.1:{ports[0]}"
 
 
-async def run(gateway: str, options: Options) -> Results:
-    results = Results()
-    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
+async def measure(serve: Serve, options: Options) -> Results:
+    # keepalive_timeout under llama-server's 5 s: never reuse a connection it is closing.
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4)
     timeout = aiohttp.ClientTimeout(total=60)
     async with aiohttp.ClientSession(
         connector=connector, timeout=timeout, headers=HEADERS, auto_decompress=False
     ) as session:
-        urls = {"direct": await find_child(session, gateway), "gateway": gateway}
+        urls = {"direct": await find_child(session, serve.url), "gateway": serve.url}
+        warm_up = replace(options, pairs=50, stream_tokens=32, stream_runs=2, rounds=1)
+        results = Results()
         client = Client(session, results)
-        warm = Options(
-            pairs=30, latency_seconds=5, stream_tokens=32, stream_runs=2, rounds=1, round_seconds=1
-        )
-        warm.clients = options.clients
-        steps: list[Callable[[Client, dict[str, str], Options], Awaitable[None]]] = [
-            measure_latency,
-            measure_stream,
-            measure_concurrent,
-        ]
-        for step in steps:
-            await step(client, urls, warm)
-        client.results = results = Results()  # the warm-up does not count
-        for step in steps:
-            await step(client, urls, options)
+        for opts in (warm_up, options):
+            client.results = results = Results()  # the warm-up's numbers are dropped
+            steps: list[Awaitable[None]] = [
+                measure_latency(client, urls, opts),
+                measure_stream(client, urls, opts),
+                measure_concurrent(client, urls, opts, serve.cpu_seconds),
+            ]
+            for step in steps:
+                await step
     return results
 
 
@@ -335,115 +379,136 @@ def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
     ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[index]
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def pair_ratio(pairs: list[tuple[float, float]]) -> float:
+    return median([gateway / direct for direct, gateway in pairs])
+
+
 def summarize(results: Results, options: Options) -> dict[str, Any]:
     lat = results.latency
     added = median(lat["gateway"]) - median(lat["direct"])
-    stream_ratio = median(results.stream["gateway"]) / median(results.stream["direct"])
-    rps_ratio = sum(results.rps["gateway"]) / sum(results.rps["direct"])
+    stream_ratio = pair_ratio(results.stream)
+    rps_ratio = pair_ratio(results.rps)
+    cpu_us = {
+        path: 1e6 * results.serve_cpu[path] / results.served[path] if results.served[path] else 0
+        for path in PATHS
+    }
     return {
         "latency_ms": {
-            path: {
-                "median": median(lat[path]),
-                "p90": percentile(lat[path], 0.9),
-                "n": len(lat[path]),
-            }
-            for path in lat
+            path: {"median": median(lat[path]), "p90": percentile(lat[path], 0.9)} for path in PATHS
         },
         "added_ms": added,
-        "stream_tokens_per_s": {path: median(v) for path, v in results.stream.items()},
+        "stream_tokens_per_s": {
+            path: median([pair[i] for pair in results.stream]) for i, path in enumerate(PATHS)
+        },
         "stream_ratio": stream_ratio,
-        "requests_per_s": {path: sum(v) / len(v) for path, v in results.rps.items()},
+        "requests_per_s": {
+            path: median([pair[i] for pair in results.rps]) for i, path in enumerate(PATHS)
+        },
         "concurrent_ratio": rps_ratio,
+        "serve_cpu_us_per_request": cpu_us,
         "errors": results.errors,
+        "first_error": results.first_error,
         "met": {
             "added": added <= TARGET_ADDED_MS,
             "stream": stream_ratio >= TARGET_STREAM,
             "concurrent": rps_ratio >= TARGET_CONCURRENT,
         },
         "settings": {
-            "pairs": len(lat["direct"]),
+            "latency_pairs": min(len(lat["direct"]), len(lat["gateway"])),
             "stream_tokens": options.stream_tokens,
-            "stream_runs": len(results.stream["direct"]),
+            "stream_pairs": len(results.stream),
             "clients": options.clients,
-            "rounds": options.rounds,
+            "round_pairs": len(results.rps),
             "round_seconds": options.round_seconds,
             "slots": options.slots,
-            "loop": type(asyncio.get_event_loop_policy()).__module__.split(".")[0],
+            "client_loop": type(asyncio.get_event_loop_policy()).__module__.split(".")[0],
             "cpus": os.cpu_count(),
         },
     }
 
 
 def render(s: dict[str, Any]) -> str:
-    def yes(ok: bool) -> str:
+    def met(ok: bool) -> str:
         return "yes" if ok else "NO"
 
-    lat, settings = s["latency_ms"], s["settings"]
+    lat, settings, cpu = s["latency_ms"], s["settings"], s["serve_cpu_us_per_request"]
     rows = [
         ("measure", "direct", "gateway", "result", "target", "met"),
         (
-            f"chat latency median, ms (n={settings['pairs']})",
+            f"chat latency median, ms ({settings['latency_pairs']} pairs)",
             f"{lat['direct']['median']:.2f}",
             f"{lat['gateway']['median']:.2f}",
-            f"+{s['added_ms']:.2f} ms",
+            f"{s['added_ms']:+.2f} ms",
             f"<= {TARGET_ADDED_MS:g} ms",
-            yes(s["met"]["added"]),
+            met(s["met"]["added"]),
         ),
         (
             "chat latency p90, ms",
             f"{lat['direct']['p90']:.2f}",
             f"{lat['gateway']['p90']:.2f}",
-            f"+{lat['gateway']['p90'] - lat['direct']['p90']:.2f} ms",
+            f"{lat['gateway']['p90'] - lat['direct']['p90']:+.2f} ms",
             "",
             "",
         ),
         (
-            f"stream tokens/s (N={settings['stream_tokens']}, runs={settings['stream_runs']})",
+            f"stream tokens/s, N={settings['stream_tokens']} ({settings['stream_pairs']} pairs)",
             f"{s['stream_tokens_per_s']['direct']:.0f}",
             f"{s['stream_tokens_per_s']['gateway']:.0f}",
             f"{s['stream_ratio']:.3f}x",
             f">= {TARGET_STREAM:g}x",
-            yes(s["met"]["stream"]),
+            met(s["met"]["stream"]),
         ),
         (
-            f"requests/s, {settings['clients']} clients ({settings['rounds']}x"
-            f"{settings['round_seconds']:g}s)",
+            f"requests/s, {settings['clients']} clients ({settings['round_pairs']} pairs "
+            f"of {settings['round_seconds']:g} s)",
             f"{s['requests_per_s']['direct']:.0f}",
             f"{s['requests_per_s']['gateway']:.0f}",
             f"{s['concurrent_ratio']:.3f}x",
             f">= {TARGET_CONCURRENT:g}x",
-            yes(s["met"]["concurrent"]),
+            met(s["met"]["concurrent"]),
+        ),
+        (
+            "serve CPU per request, us (in those rounds)",
+            f"{cpu['direct']:.0f}",
+            f"{cpu['gateway']:.0f}",
+            f"{cpu['gateway'] - cpu['direct']:+.0f} us",
+            "",
+            "",
         ),
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     errors = s["errors"]
     lines.append("")
     lines.append(
-        f"client loop: {settings['loop']}; cpus: {settings['cpus']}; model slots: "
+        f"client loop: {settings['client_loop']}; cpus: {settings['cpus']}; model slots: "
         f"{settings['slots']}; failed requests: direct {errors['direct']}, "
         f"gateway {errors['gateway']}"
     )
+    for path, problem in s["first_error"].items():
+        lines.append(f"first failure ({path}): {problem}")
     return "\n".join(lines)
 
 
 def parse(argv: list[str] | None) -> Options:
     d = Options()
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--pairs", type=int, default=d.pairs, help="latency pairs (direct+gateway)")
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--pairs", type=int, default=d.pairs, help="latency pairs")
     p.add_argument("--stream-tokens", type=int, default=d.stream_tokens)
     p.add_argument("--stream-runs", type=int, default=d.stream_runs, help="per path")
     p.add_argument("--clients", type=int, default=d.clients)
-    p.add_argument("--rounds", type=int, default=d.rounds, help="concurrency rounds per path")
+    p.add_argument("--rounds", type=int, default=d.rounds, help="concurrent rounds per path")
     p.add_argument("--round-seconds", type=float, default=d.round_seconds)
     p.add_argument("--slots", type=int, default=d.slots, help="the model's slots (--parallel)")
     p.add_argument("--json", action="store_true", help="print the numbers as JSON too")
@@ -460,8 +525,13 @@ def parse(argv: list[str] | None) -> Options:
     )
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    sys.exit(128 + signum)  # SystemExit unwinds through `served`, which stops serve
+
+
 def main(argv: list[str] | None = None) -> int:
     options = parse(argv)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         import uvloop  # type: ignore[import-not-found, unused-ignore]
     except ImportError:
@@ -469,23 +539,25 @@ def main(argv: list[str] | None = None) -> int:
     else:
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     started = time.monotonic()
+    load_before = os.getloadavg()[0]
     try:
         with served(options) as serve:
             print(f"blazar serve is up at {serve.url} ({time.monotonic() - started:.1f} s)")
             try:
-                results = asyncio.run(run(serve.url, options))
-            except SetupFailed:
-                raise
-            except aiohttp.ClientError as exc:
-                raise SetupFailed(f"{exc}\n{serve.log_tail()}") from None
+                results = asyncio.run(measure(serve, options))
+            except (aiohttp.ClientError, OSError) as exc:
+                raise SetupFailed(f"{exc!r}\n{serve.log_tail()}") from None
     except SetupFailed as exc:
         print(f"gateway_overhead: setup failed: {exc}", file=sys.stderr)
         return 1
     summary = summarize(results, options)
     print(render(summary))
+    print(
+        f"load average (1 min) before {load_before:.2f}, after {os.getloadavg()[0]:.2f}; "
+        f"total {time.monotonic() - started:.0f} s"
+    )
     if options.json_out:
         print(json.dumps(summary, indent=2))
-    print(f"total {time.monotonic() - started:.1f} s")
     return 0
 
 

@@ -31,6 +31,7 @@ from blazar.serve.gateway import Gateway
 from blazar.serve.instance import Instance
 from blazar.serve.runtime import build_runtimes
 from blazar.serve.scheduler import Scheduler
+from blazar.serve.upstream import Control
 from blazar.store import Store
 from specs.manifest import Manifest
 
@@ -67,6 +68,7 @@ class Daemon:
         self.wake = asyncio.Event()
         self.stopping = asyncio.Event()
         self.scheduler: Scheduler | None = None
+        self.passing = asyncio.Lock()  # one pass at a time, whoever asks for it
 
     def _load(self) -> Manifest | None:
         if not self.options.manifest.exists():
@@ -110,6 +112,11 @@ class Daemon:
         for model, change in sorted(changes.items()):
             log(f"{model}: {change} ({reason})")
 
+    async def refresh(self, reason: str) -> None:
+        """Run a pass once no other runs (the loop's, or one a gateway route asked for)."""
+        async with self.passing:
+            await self.run_pass(reason)
+
     def _on_instance(self, instance: Instance, event: str) -> None:
         if event == "exited":
             log(f"{instance.spec.key} exited; it is being restarted")
@@ -139,7 +146,7 @@ class Daemon:
         while True:
             await self.wake.wait()
             self.wake.clear()
-            await self.run_pass("manifest change, child exit or timer")
+            await self.refresh("manifest change, child exit or timer")
 
     async def serve(self) -> None:
         serving = self.manifest.serving
@@ -154,6 +161,7 @@ class Daemon:
             on_event=self._on_instance,
         )
         gateway = Gateway(self.scheduler)
+        gateway.control = Control(self.paths, self.options.manifest, self.store, self.refresh)
         runner = web.AppRunner(gateway.app(), handler_cancellation=True, access_log=None)
         await runner.setup()
         await gateway.open()
@@ -172,7 +180,7 @@ class Daemon:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stopping.set)
-            await self.run_pass("start")
+            await self.refresh("start")
             info = {"pid": os.getpid(), "host": host, "port": port, "url": f"http://{host}:{port}"}
             daemon_file(self.paths).write_text(json.dumps(info))
             tasks = [
