@@ -56,7 +56,15 @@ def complete(url: str) -> str:
         return str(json.load(resp)["choices"][0]["text"])
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> None:
+    # Ctrl-C and a plain `kill` both stop the server we started, even when this
+    # process was started with SIGINT ignored (as a background job of a script).
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
     once = "--once" in sys.argv[1:]
     port = os.environ.get("BLAZAR_QUICKSTART_PORT", "11435")
     url = f"http://127.0.0.1:{port}"
