@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path, PurePosixPath
 
 from blazar.errors import BlazarError, VerificationFailed
+from blazar.hashing import sha256_file
 
 CHUNK = 1024 * 1024
 USER_AGENT = "blazar"
@@ -69,7 +70,7 @@ def download(
     """
     expected = sha256.lower() if sha256 else None
     if dest.exists() and expected is not None:
-        if _hash_file(dest)[0] == expected:
+        if sha256_file(dest)[0] == expected:
             return dest
         dest.unlink()
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -97,16 +98,6 @@ def download(
     return dest
 
 
-def _hash_file(path: Path) -> tuple[str, int]:
-    digest = hashlib.sha256()
-    size = 0
-    with path.open("rb") as fh:
-        while chunk := fh.read(CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
-    return digest.hexdigest(), size
-
-
 def _fetch(
     url: str,
     part: Path,
@@ -130,7 +121,7 @@ def _fetch(
             # is longer than it (then it is not this file's prefix).
             total = _total_from_content_range(exc.headers.get("Content-Range", ""))
             if total == have or (total is None and size == have):
-                return _hash_file(part)
+                return sha256_file(part)
             return None
         again = (
             " Re-running resumes where it stopped." if exc.code >= 500 or exc.code == 429 else ""
