@@ -125,10 +125,25 @@ class Daemon:
     async def _watch(self) -> None:
         from watchfiles import awatch
 
-        target = self.options.manifest
+        target = self.options.manifest.resolve()
         watch_dir = target if target.is_dir() else target.parent
         watch_dir.mkdir(parents=True, exist_ok=True)
-        async for _ in awatch(watch_dir, stop_event=self.stopping, debounce=200, step=50):
+
+        def is_manifest(change: object, path: str) -> bool:
+            """Only the manifest's own files: other files in its folder (logs, editors'
+            swap files) must not trigger a reconcile pass."""
+            if target.is_dir():
+                name = Path(path).name
+                return (
+                    Path(path).parent == target
+                    and not name.startswith(".")
+                    and (name.endswith((".toml", ".yaml", ".yml")))
+                )
+            return Path(path) == target
+
+        async for _ in awatch(
+            watch_dir, stop_event=self.stopping, debounce=200, step=50, watch_filter=is_manifest
+        ):
             self.wake.set()
 
     async def _timer(self) -> None:

@@ -42,17 +42,6 @@ CONNECT_TIMEOUT = 10.0
 READ_AHEAD = 1 << 20  # bytes read from a child beyond what a slow client took: then pause
 
 
-def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop's event loop when it is installed (the gateway costs less CPU on it), else
-    None: asyncio's own. For `asyncio.Runner(loop_factory=...)`."""
-    try:
-        import uvloop  # type: ignore[import-not-found, unused-ignore]
-    except ImportError:
-        return None
-    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
-    return factory
-
-
 class ClientProblem(Exception):
     """A request the gateway refuses before it reaches a model (400)."""
 
@@ -388,7 +377,8 @@ class Gateway:
         self.control: Control | None = None  # the daemon's hooks for /api/pull and friends
 
     async def open(self) -> None:
-        # One pooled session: connections to children are reused, never re-opened per request.
+        # aiohttp's client, for the routes that translate (ollama, Anthropic): pooled, and
+        # like ChildConnections it reuses no connection idle long enough to be closing.
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=REUSE_IDLE, ttl_dns_cache=None)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT)
         self.session = aiohttp.ClientSession(
@@ -570,5 +560,5 @@ class Gateway:
                 pass
             return response
         finally:
-            if exchange is not None:  # unfinished (a client gone, an error): closed
+            if exchange is not None:  # kept if finished; else closed, and the child stops
                 self.children.release(base, exchange)
