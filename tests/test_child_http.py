@@ -1,0 +1,558 @@
+"""The pass-through's HTTP/1.1 client (`blazar.serve.child_http`) against small servers.
+
+Each test runs its own asyncio server on 127.0.0.1 whose answers are written by hand,
+byte by byte where it matters: framing (Content-Length, chunks, the connection's end),
+keep-alive reuse and its limits, the retry of a reused connection that was dropped,
+failures mid-answer, streaming as bytes arrive, and pausing for a slow reader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+import pytest
+
+from blazar.serve import child_http
+from blazar.serve.child_http import ChildConnections, Exchange, UpstreamError
+
+# (reader, writer, the connection's number from 0, the request's number on it from 0)
+Answer = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int, int], Awaitable[bool]]
+
+
+def run(coro: Coroutine[Any, Any, None]) -> None:
+    async def bounded() -> None:
+        async with asyncio.timeout(2):  # a stall fails, never hangs
+            await coro
+
+    asyncio.run(bounded())
+
+
+def response(body: bytes, *, status: str = "200 OK", extra: str = "") -> bytes:
+    return (
+        f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n{extra}\r\n"
+    ).encode() + body
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes | None:
+    """A request's body, or None when the client closed the connection."""
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except asyncio.IncompleteReadError:
+        return None
+    length = 0
+    for line in head.split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    return await reader.readexactly(length)
+
+
+class Server:
+    """Answers each request with `answer`, which returns whether to keep the connection."""
+
+    def __init__(self, answer: Answer) -> None:
+        self.answer = answer
+        self.accepted = 0
+        self.bodies: list[bytes] = []
+        self.server: asyncio.Server | None = None
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        port = self.server.sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}"
+
+    async def __aenter__(self) -> Server:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        index, self.accepted = self.accepted, self.accepted + 1
+        number = 0
+        try:
+            while (body := await read_request(reader)) is not None:
+                self.bodies.append(body)
+                if not await self.answer(reader, writer, index, number):
+                    break
+                number += 1
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+
+async def post(children: ChildConnections, server: Server, body: bytes = b"{}") -> bytes:
+    """One request read to its end and given back, as the gateway does."""
+    exchange = await children.post(server.url, "/v1/chat/completions", body)
+    try:
+        return await exchange.read_all()
+    finally:
+        children.release(server.url, exchange)
+
+
+def keep_alive(body: bytes) -> Answer:
+    async def answer(_r: Any, writer: asyncio.StreamWriter, _i: int, _n: int) -> bool:
+        writer.write(response(body))
+        await writer.drain()
+        return True
+
+    return answer
+
+
+# -- framing -------------------------------------------------------------------------------
+
+
+def test_content_length_body() -> None:
+    async def main() -> None:
+        async with Server(keep_alive(b'{"ok": true}')) as server:
+            children = ChildConnections()
+            exchange = await children.post(server.url, "/v1/completions", b'{"model": "m"}')
+            assert exchange.status == 200
+            assert exchange.content_type == "application/json"
+            assert not exchange.chunked
+            assert await exchange.read_all() == b'{"ok": true}'
+            assert exchange.complete
+            children.release(server.url, exchange)
+            assert server.bodies == [b'{"model": "m"}']
+            children.close()
+
+    run(main())
+
+
+CHUNKED = (
+    b"HTTP/1.1 201 Created\r\nContent-Type: text/event-stream\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n"
+    b"5\r\nhello\r\n"
+    b"7;name=value\r\n, world\r\n"  # a chunk extension
+    b"A \r\n0123456789\r\n"  # upper-case hex, whitespace before the CRLF
+    b"0\r\nX-Trailer: yes\r\nX-Other: 1\r\n\r\n"  # trailers
+)
+
+
+def test_chunked_body_byte_by_byte_with_extensions_and_trailers() -> None:
+    async def answer(_r: Any, writer: asyncio.StreamWriter, _i: int, _n: int) -> bool:
+        for i in range(len(CHUNKED)):  # every split point: one byte per segment
+            writer.write(CHUNKED[i : i + 1])
+            await writer.drain()
+            await asyncio.sleep(0)
+        return True
+
+    async def main() -> None:
+        async with Server(answer) as server:
+            children = ChildConnections()
+            exchange = await children.post(server.url, "/", b"{}")
+            assert (exchange.status, exchange.content_type) == (201, "text/event-stream")
+            assert exchange.chunked
+            assert await exchange.read_all() == b"hello, world0123456789"
+            assert exchange.complete
+            children.release(server.url, exchange)  # chunked: closed, not kept
+            assert exchange.closed
+            children.close()
+
+    run(main())
+
+
+def test_chunked_body_in_one_piece() -> None:
+    async def answer(_r: Any, writer: asyncio.StreamWriter, _i: int, _n: int) -> bool:
+        writer.write(CHUNKED)
+        await writer.drain()
+        return True
+
+    async def main() -> None:
+        async with Server(answer) as server:
+            children = ChildConnections()
+            assert await post(children, server) == b"hello, world0123456789"
+            children.close()
+
+    run(main())
+
+
+def test_body_until_close() -> None:
+    async def answer(_r: Any, writer: asyncio.StreamWriter, _i: int, _n: int) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n")
+        for part in (b"no ", b"length ", b"here"):
+            writer.write(part)
+            await writer.drain()
+            await asyncio.sleep(0.01)
+        return False  # closes: the end of the body
+
+    async def main() -> None:
+        async with Server(answer) as server:
+            children = ChildConnections()
+            exchange = await children.post(server.url, "/", b"{}")
+            assert not exchange.keep_alive
+            assert await exchange.read_all() == b"no length here"
+            assert exchange.complete
+            children.release(server.url, exchange)
+            assert exchange.closed
+            assert await post(children, server) == b"no length here"
+            assert server.accepted == 2
+            children.close()
+
+    run(main())
+
+
+def test_interim_100_continue_is_skipped() -> None:
+    async def answer(_r: Any, writer: asyncio.StreamWriter, _i: int, _n: int) -> bool:
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n" + response(b"real"))
+        await writer.drain()
+        return True
+
+    async def main() -> None:
+        async with Server(answer) as server:
+            children = ChildConnections()
+            assert await post(children, server) == b"real"
+            children.close()
+
+    run(main())
+
+
+# -- reuse ---------------------------------------------------------------------------------
+
+
+def test_keep_alive_reuses_one_connection() -> None:
+    async def main() -> None:
+        async with Server(keep_alive(b"same")) as server:
+            children = ChildConnections()
+            for _ in range(3):
+                assert await post(children, server) == b"same"
+            assert server.accepted == 1
+            assert len(server.bodies) == 3
+            children.close()
+
+    run(main())
+
+
+def test_server_closing_after_each_answer_despite_keep_alive() -> None:
+    async def answer(_r: Any, writer: asyncio.StreamWriter, _i: int, number: int) -> bool:
+        writer.write(response(f"answer {number}".encode(), extra="Connection: keep-alive\r\n"))
+        await writer.drain()
+        return False  # and closes anyway
+
+    async def main() -> None:
+        async with Server(answer) as server:
+            children = ChildConnections()
+            assert await post(children, server) == b"answer 0"
+            assert await post(children, server) == b"answer 0"
+            assert server.accepted == 2
+            children.close()
+
+    run(main())
+
+
+def test_server_closing_at_once_after_the_answer() -> None:
+    """The close may race the next request: either way the next request succeeds."""
+
+    async def answer(_r: Any, writer: asyncio.StreamWriter, _i: int, number: int) -> bool:
+        writer.write(response(b"ok"))
+        return False  # no drain: the close follows the answer's bytes at once
+
+    async def main() -> None:
+        async with Server(answer) as server:
+            children = ChildConnections()
+            for _ in range(5):
+                assert await post(children, server) == b"ok"
+            assert server.accepted == 5
+            children.close()
+
+    run(main())
+
+
+def test_reused_connection_dropped_before_the_answer_is_retried_once() -> None:
+    async def answer(_r: Any, writer: asyncio.StreamWriter, index: int, number: int) -> bool:
+        if index == 0 and number == 1:
+            return False  # the reused connection: read the request, then close unanswered
+        writer.write(response(f"conn {index} req {number}".encode()))
+        await writer.drain()
+        return True
+
+    async def main() -> None:
+        async with Server(answer) as server:
+            children = ChildConnections()
+            assert await post(children, server, b"first") == b"conn 0 req 0"
+            assert await post(children, server, b"second") == b"conn 1 req 0"
+            assert server.accepted == 2
+            assert server.bodies == [b"first", b"second", b"second"]  # sent twice
+            children.close()
+
+    run(main())
+
+
+def test_reused_connection_dropped_after_part_of_the_answer_is_not_retried() -> None:
+    async def answer(_r: Any, writer: asyncio.StreamWriter, index: int, number: int) -> bool:
+        if number == 1:
+            writer.write(b"HTTP/1.1 200 OK\r\nCont")
+            await writer.drain()
+            return False
+        writer.write(response(b"ok"))
+        await writer.drain()
+        return True
+
+    async def main() -> None:
+        async with Server(answer) as server:
+            children = ChildConnections()
+            assert await post(children, server) == b"ok"
+            with pytest.raises(UpstreamError):
+                await children.post(server.url, "/", b"{}")
+            assert server.accepted == 1  # not sent again: the child had begun to answer
+            children.close()
+
+    run(main())
+
+
+def test_fresh_connection_dropped_before_the_answer_is_an_error() -> None:
+    async def answer(*_: Any) -> bool:
+        return False
+
+    async def main() -> None:
+        async with Server(answer) as server:
+            children = ChildConnections()
+            with pytest.raises(UpstreamError):
+                await children.post(server.url, "/", b"{}")
+            assert server.accepted == 1  # a new connection is not retried
+            children.close()
+
+    run(main())
+
+
+def test_refused_connection_is_an_error() -> None:
+    async def main() -> None:
+        async with Server(keep_alive(b"")) as server:
+            url = server.url
+        children = ChildConnections()
+        with pytest.raises(UpstreamError, match="Cannot connect"):
+            await children.post(url, "/", b"{}")
+
+    run(main())
+
+
+def test_death_mid_body_raises_and_nothing_is_reused() -> None:
+    async def answer(_r: Any, writer: asyncio.StreamWriter, index: int, _n: int) -> bool:
+        if index == 0:
+            writer.write(response(b"0123456789")[:-4])  # six of its ten bytes, then gone
+            await writer.drain()
+            return False
+        writer.write(response(b"whole"))
+        await writer.drain()
+        return True
+
+    async def main() -> None:
+        async with Server(answer) as server:
+            children = ChildConnections()
+            exchange = await children.post(server.url, "/", b"{}")
+            with pytest.raises(UpstreamError):
+                await exchange.read_all()
+            assert not exchange.complete
+            children.release(server.url, exchange)
+            assert exchange.closed
+            assert await post(children, server) == b"whole"
+            assert server.accepted == 2
+            children.close()
+
+    run(main())
+
+
+def test_death_mid_chunked_body_raises() -> None:
+    async def answer(_r: Any, writer: asyncio.StreamWriter, _i: int, _n: int) -> bool:
+        writer.write(CHUNKED[: CHUNKED.index(b"0123")])
+        await writer.drain()
+        return False
+
+    async def main() -> None:
+        async with Server(answer) as server:
+            children = ChildConnections()
+            exchange = await children.post(server.url, "/", b"{}")
+            got = b""
+            with pytest.raises(UpstreamError):
+                while part := await exchange.read():
+                    got += part
+            assert got == b"hello, world"  # what arrived was handed over first
+            children.release(server.url, exchange)
+            assert exchange.closed
+            children.close()
+
+    run(main())
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"garbage\r\n\r\n",
+        b"HTTP/1.1 abc OK\r\n\r\n",
+        b"SPDY/3 200 OK\r\n\r\n",
+        b"HTTP/1.1\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: many\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    ],
+)
+def test_malformed_response_is_an_error(head: bytes) -> None:
+    async def answer(_r: Any, writer: asyncio.StreamWriter, _i: int, _n: int) -> bool:
+        writer.write(head)
+        await writer.drain()
+        await asyncio.sleep(1)  # the client must not wait for the close
+        return True
+
+    async def main() -> None:
+        async with Server(answer) as server:
+            children = ChildConnections()
+            with pytest.raises(UpstreamError, match="malformed"):
+                async with asyncio.timeout(0.5):
+                    exchange = await children.post(server.url, "/", b"{}")
+                    await exchange.read_all()
+            children.close()
+
+    run(main())
+
+
+def test_idle_connections_past_reuse_idle_are_not_reused(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [1000.0]
+
+    class Clock:  # for child_http alone: the event loop keeps the real one
+        @staticmethod
+        def monotonic() -> float:
+            return clock[0]
+
+    monkeypatch.setattr(child_http, "time", Clock)
+
+    async def main() -> None:
+        async with Server(keep_alive(b"ok")) as server:
+            children = ChildConnections()
+            await post(children, server)
+            clock[0] += child_http.REUSE_IDLE - 0.5
+            await post(children, server)  # idle for less: reused
+            assert server.accepted == 1
+            clock[0] += child_http.REUSE_IDLE
+            await post(children, server)  # idle for REUSE_IDLE: a new connection
+            assert server.accepted == 2
+            children.close()
+
+    run(main())
+
+
+def test_connection_closed_by_the_child_while_idle_leaves_the_pool() -> None:
+    async def answer(_r: Any, writer: asyncio.StreamWriter, _i: int, _n: int) -> bool:
+        writer.write(response(b"ok"))
+        await writer.drain()
+        return False
+
+    async def main() -> None:
+        async with Server(answer) as server:
+            children = ChildConnections()
+            exchange = await children.post(server.url, "/", b"{}")
+            await exchange.read_all()
+            children.release(server.url, exchange)
+            while not exchange.closed:
+                await asyncio.sleep(0.01)
+            assert exchange.idle_in is None
+            assert children._idle[children.address(server.url)] == []
+            children.close()
+
+    run(main())
+
+
+# -- streaming and flow control ------------------------------------------------------------
+
+
+def test_pieces_are_handed_over_as_they_arrive() -> None:
+    async def main() -> None:
+        got_first = asyncio.Event()
+
+        async def answer(_r: Any, writer: asyncio.StreamWriter, _i: int, _n: int) -> bool:
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n"
+            )
+            writer.write(b"8\r\ndata: 1\n\r\n")
+            await writer.drain()
+            await got_first.wait()  # the rest only once the client has the first piece
+            writer.write(b"8\r\ndata: 2\n\r\n0\r\n\r\n")
+            await writer.drain()
+            return True
+
+        async with Server(answer) as server:
+            children = ChildConnections()
+            exchange = await children.post(server.url, "/", b"{}")
+            assert await exchange.read() == b"data: 1\n"
+            got_first.set()
+            assert await exchange.read() == b"data: 2\n"
+            assert await exchange.read() == b""
+            children.release(server.url, exchange)
+            children.close()
+
+    run(main())
+
+
+def _reading(exchange: Exchange) -> bool:
+    assert exchange.transport is not None
+    return exchange.transport.is_reading()
+
+
+def test_slow_reader_pauses_reading_and_resumes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(child_http, "READ_AHEAD", 4096)
+    body = bytes(range(256)) * 4096 * 16  # 16 MiB: more than the kernel's buffers hold
+    piece = 64 * 1024
+
+    async def main() -> None:
+        sent = [0]
+
+        async def answer(_r: Any, writer: asyncio.StreamWriter, _i: int, _n: int) -> bool:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body))
+            for start in range(0, len(body), piece):
+                writer.write(body[start : start + piece])
+                await writer.drain()
+                sent[0] = start + piece
+            return True
+
+        async with Server(answer) as server:
+            children = ChildConnections()
+            exchange = await children.post(server.url, "/", b"{}")
+            await asyncio.sleep(0.2)  # a reader that takes nothing for a while
+            assert not _reading(exchange)
+            assert exchange._paused
+            assert 4096 < exchange._queued < 4096 + 512 * 1024  # one socket read past it
+            assert sent[0] < len(body)  # the server is held back: the kernel buffers fill
+            got = bytearray()
+            pauses = 0
+            while part := await exchange.read():
+                assert _reading(exchange) or exchange.complete  # taking resumes reading
+                got += part
+                await asyncio.sleep(0.002)  # a slow reader: more arrives meanwhile, then stops
+                if exchange._paused and not _reading(exchange):
+                    pauses += 1
+            assert bytes(got) == body
+            assert pauses > 1
+            children.release(server.url, exchange)
+            assert await post(children, server) == body  # and the connection is still good
+            assert server.accepted == 1
+            children.close()
+
+    run(main())
+
+
+def test_unread_body_given_back_while_paused_does_not_stall_the_next_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A finished answer nobody read (the handler cancelled as its last bytes arrived)
+    is kept: reading must be on again for the next request on that connection."""
+    monkeypatch.setattr(child_http, "READ_AHEAD", 100)
+
+    async def main() -> None:
+        async with Server(keep_alive(b"x" * 1000)) as server:
+            children = ChildConnections()
+            exchange = await children.post(server.url, "/", b"{}")
+            while not exchange.complete:
+                await asyncio.sleep(0.01)
+            assert exchange._paused
+            children.release(server.url, exchange)  # complete: kept, its body unread
+            assert await post(children, server) == b"x" * 1000
+            assert server.accepted == 1
+            children.close()
+
+    run(main())
