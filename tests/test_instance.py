@@ -459,3 +459,17 @@ def test_crash_sweeps_a_grandchild_that_holds_the_output_pipe(tmp_path: Path) ->
         await inst.close()
 
     run(main())
+
+
+def test_log_file_rotates_and_keeps_its_backups(tmp_path: Path) -> None:
+    from blazar.serve.instance import LogFile
+
+    log = LogFile(tmp_path / "m-0.log", max_bytes=100, backups=2)
+    for i in range(30):
+        log.write(f"line {i:02d} " + "x" * 10)  # 19 bytes a line: five lines a file
+    log.close()
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["m-0.log", "m-0.log.1", "m-0.log.2"]  # the oldest fell off
+    assert (tmp_path / "m-0.log").read_text().splitlines()[-1].startswith("line 29")
+    assert (tmp_path / "m-0.log.1").read_text().splitlines()[0].startswith("line 20")
+    assert all(p.stat().st_size <= 100 for p in tmp_path.iterdir())
