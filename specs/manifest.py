@@ -170,6 +170,16 @@ class Engine(_Table):
         return self
 
 
+def require_digest(source: str, sha256: str | None) -> None:
+    """A download (http/https) must name the sha256 it is verified against."""
+    if sha256 is None and is_download(source):
+        raise FieldError(
+            "sha256",
+            "sha256 is required for an https:// source (the download is verified)",
+            "add the file's sha256",
+        )
+
+
 class Model(_Table):
     """A model the host should have: where its bytes come from and how it is served."""
 
@@ -226,12 +236,7 @@ class Model(_Table):
 
     @model_validator(mode="after")
     def _consistent(self) -> Model:
-        if self.sha256 is None and is_download(self.source):
-            raise FieldError(
-                "sha256",
-                "sha256 is required for an https:// source (the download is verified)",
-                "add the file's sha256",
-            )
+        require_digest(self.source, self.sha256)
         if self.pooling is not None and not self.embeddings:
             raise FieldError("pooling", "pooling applies only with embeddings = true")
         for arg in self.args:
@@ -253,12 +258,7 @@ class Lora(_Table):
 
     @model_validator(mode="after")
     def _digest(self) -> Lora:
-        if self.sha256 is None and is_download(self.source):
-            raise FieldError(
-                "sha256",
-                "sha256 is required for an https:// source (the download is verified)",
-                "add the file's sha256",
-            )
+        require_digest(self.source, self.sha256)
         return self
 
 
