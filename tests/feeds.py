@@ -23,13 +23,14 @@ import re
 import shlex
 import sys
 import tarfile
-import threading
 import zipfile
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+
+from tests.loopback import LoopbackHTTP
 
 REPO = "ggml-org/llama.cpp"
 LAUNCHER = Path(__file__).resolve().parent.parent / "blazar" / "engines" / "launcher.py"
@@ -128,21 +129,14 @@ class ReleaseFeed:
         return [seen for seen in self.requests if seen.path.endswith("/" + name)]
 
     def __enter__(self) -> ReleaseFeed:
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self._server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, args=(0.05,), daemon=True
-        )
-        self._thread.start()
+        self._served = LoopbackHTTP(_handler(self))
+        self.url = self._served.url
         return self
 
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
+        self._served.stop()
 
 
 def _handler(feed: ReleaseFeed) -> type[BaseHTTPRequestHandler]:

@@ -30,10 +30,12 @@ import json
 import re
 import threading
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
+
+from tests.loopback import LoopbackHTTP
 
 LFS_POINTER_SIZE = 134
 
@@ -112,22 +114,15 @@ class FakeHub:
         return [s for s in self.requests if s.method == method and part in s.path]
 
     def __enter__(self) -> FakeHub:
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self._server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, args=(0.05,), daemon=True
-        )
-        self._thread.start()
+        self._served = LoopbackHTTP(_handler(self))
+        self.url = self._served.url
         return self
 
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self._release.set()  # let stalled downloads finish hanging up
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
+        self._served.stop()
 
     def model_json(self, repo_id: str, commit: str, blobs: bool) -> dict[str, Any]:
         siblings = []
