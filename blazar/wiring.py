@@ -10,14 +10,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from blazar.engines.records import EngineStore
 from blazar.engines.service import Engines
 from blazar.errors import BlazarError
 from blazar.paths import Paths
 from blazar.registry import Registry
-from blazar.sources import Fetched
 from blazar.store import KeyRecord, Store
 from reconcilers.errors import PermanentError, TemporaryError
 from reconcilers.ports import (
@@ -30,6 +29,9 @@ from reconcilers.ports import (
 )
 from specs.names import parse_name
 from specs.sources import parse_source
+
+if TYPE_CHECKING:  # blazar.sources pulls in huggingface_hub: load it only when fetching
+    from blazar.sources import Fetched
 
 
 @contextlib.contextmanager
