@@ -43,6 +43,22 @@ def daemon_url(paths: Paths, given: str | None = None) -> str:
         return DEFAULT_URL
 
 
+def error_detail(exc: urllib.error.HTTPError) -> str:
+    """The message of an error answer in any of the gateway's envelopes, else its body."""
+    detail = exc.read().decode(errors="replace")
+    with contextlib.suppress(ValueError, AttributeError):
+        error = json.loads(detail).get("error")
+        detail = error.get("message", detail) if isinstance(error, dict) else str(error)
+    return detail
+
+
+def no_daemon(url: str, exc: Exception) -> NoDaemon:
+    return NoDaemon(
+        f"no Blazar daemon answers at {url} ({getattr(exc, 'reason', exc)}): "
+        "start one with `blazar serve` (or `blazar launch CMD`, which starts it)"
+    )
+
+
 def call(url: str, path: str, body: dict[str, Any] | None = None, timeout: float = 600) -> Any:
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(
@@ -52,19 +68,9 @@ def call(url: str, path: str, body: dict[str, Any] | None = None, timeout: float
         with urllib.request.urlopen(request, timeout=timeout) as resp:
             return json.load(resp)
     except urllib.error.HTTPError as exc:
-        detail = exc.read().decode(errors="replace")
-        try:
-            parsed = json.loads(detail)
-            error = parsed.get("error")
-            detail = error.get("message", detail) if isinstance(error, dict) else str(error)
-        except (ValueError, AttributeError):
-            pass
-        raise BlazarError(f"{path}: {exc.code}: {detail}") from None
+        raise BlazarError(f"{path}: {exc.code}: {error_detail(exc)}") from None
     except (urllib.error.URLError, ConnectionError) as exc:
-        raise NoDaemon(
-            f"no Blazar daemon answers at {url} ({getattr(exc, 'reason', exc)}): "
-            "start one with `blazar serve` (or `blazar launch CMD`, which starts it)"
-        ) from None
+        raise no_daemon(url, exc) from None
 
 
 def healthy(url: str) -> bool:
@@ -172,14 +178,9 @@ def _stream(url: str, path: str, body: dict[str, Any], pick: Any) -> str:
                 text.append(piece)
                 click.echo(piece, nl=False)
     except urllib.error.HTTPError as exc:
-        detail = exc.read().decode(errors="replace")
-        with contextlib.suppress(ValueError, KeyError, TypeError):
-            detail = json.loads(detail)["error"]["message"]
-        raise BlazarError(detail) from None
+        raise BlazarError(error_detail(exc)) from None
     except urllib.error.URLError as exc:
-        raise NoDaemon(
-            f"no Blazar daemon answers at {url} ({exc.reason}): run `blazar serve`"
-        ) from None
+        raise no_daemon(url, exc) from None
     click.echo()
     return "".join(text)
 
