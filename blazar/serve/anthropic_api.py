@@ -25,7 +25,7 @@ from aiohttp import web
 
 from blazar.protocols import EngineRequest, ProtocolError, anthropic
 from blazar.serve import upstream
-from blazar.serve.upstream import TRACE, Timed, trace_id
+from blazar.serve.upstream import TRACE, Timed, add_retry_after, trace_id
 
 if TYPE_CHECKING:
     from blazar.serve.gateway import Gateway
@@ -54,8 +54,7 @@ def error(
 ) -> web.Response:
     """Anthropic's error response; a 503 says when to retry."""
     headers = _headers(request)
-    if retry_after is not None:
-        headers["Retry-After"] = str(int(max(1, retry_after)))
+    add_retry_after(headers, retry_after)
     body = anthropic.error(status, type_, message)
     return web.json_response(body, status=status, headers=headers)
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -36,24 +35,14 @@ from blazar.serve.child_http import (
 )
 from blazar.serve.instance import InstanceFailed
 from blazar.serve.scheduler import Lease, Scheduler, SchedulerError
-from blazar.serve.upstream import Control
+from blazar.serve.upstream import TRACE, Control, add_retry_after, trace_id
 
-TRACE = "x-request-id"
 PRIORITY = "x-blazar-priority"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class ClientProblem(Exception):
     """A request the gateway refuses before it reaches a model (400)."""
-
-
-def _trace(request: web.Request) -> str:
-    trace = request.get("trace")
-    if isinstance(trace, str):
-        return trace
-    trace = request.headers.get(TRACE) or uuid.uuid4().hex
-    request["trace"] = trace
-    return trace
 
 
 _TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 502: "api_error"}
@@ -66,7 +55,7 @@ def error_body(status: int, message: str, code: str) -> dict[str, Any]:
 
 
 def openai_error(request: web.Request, status: int, message: str, code: str) -> web.Response:
-    headers = {TRACE: _trace(request)}
+    headers = {TRACE: trace_id(request)}
     return web.json_response(error_body(status, message, code), status=status, headers=headers)
 
 
@@ -120,7 +109,7 @@ class Gateway:
     async def _trace_header(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         response = await handler(request)
         if not response.prepared:
-            response.headers.setdefault(TRACE, _trace(request))
+            response.headers.setdefault(TRACE, trace_id(request))
         return response
 
     # -- plain endpoints ------------------------------------------------------
@@ -194,8 +183,7 @@ class Gateway:
             lease = await self.scheduler.acquire(model, priority=priority)
         except SchedulerError as exc:
             response = openai_error(request, exc.status, str(exc), exc.code)
-            if exc.retry_after is not None:
-                response.headers["Retry-After"] = str(int(max(1, exc.retry_after)))
+            add_retry_after(response.headers, exc.retry_after)
             return response
         except InstanceFailed as exc:
             return openai_error(
@@ -235,14 +223,14 @@ class Gateway:
                 return web.Response(
                     body=payload,
                     status=exchange.status,
-                    headers={"Content-Type": content_type, TRACE: _trace(request)},
+                    headers={"Content-Type": content_type, TRACE: trace_id(request)},
                 )
             response = web.StreamResponse(
                 status=exchange.status,
                 headers={
                     "Content-Type": content_type,
                     "Cache-Control": "no-cache",
-                    TRACE: _trace(request),
+                    TRACE: trace_id(request),
                 },
             )
             await response.prepare(request)

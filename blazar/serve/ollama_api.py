@@ -27,7 +27,7 @@ from aiohttp import web
 from blazar.protocols import EngineRequest, LoadOnly, ProtocolError, ollama
 from blazar.serve import ollama_admin, ollama_pull, upstream
 from blazar.serve.runtime import ModelRuntime
-from blazar.serve.upstream import TRACE, Timed, trace_id
+from blazar.serve.upstream import TRACE, Timed, add_retry_after, trace_id
 
 if TYPE_CHECKING:
     from blazar.serve.gateway import Gateway
@@ -52,8 +52,7 @@ def error(
 ) -> web.Response:
     """ollama's error response; a 503 says when to retry."""
     headers = {TRACE: trace_id(request)}
-    if retry_after is not None:
-        headers["Retry-After"] = str(int(max(1, retry_after)))
+    add_retry_after(headers, retry_after)
     return web.json_response(ollama.error(message), status=status, headers=headers)
 
 

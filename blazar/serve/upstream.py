@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -59,6 +59,12 @@ def trace_id(request: web.Request) -> str:
     trace = request.headers.get(TRACE) or uuid.uuid4().hex
     request["trace"] = trace
     return trace
+
+
+def add_retry_after(headers: MutableMapping[str, str], retry_after: float | None) -> None:
+    """A 503 says when to retry, in whole seconds, at least one."""
+    if retry_after is not None:
+        headers["Retry-After"] = str(int(max(1, retry_after)))
 
 
 def now_rfc3339() -> str:
