@@ -23,6 +23,7 @@ from reconcilers.plan import Action, Plan
 from reconcilers.ports import Progress
 from specs.loader import ManifestError, load_manifest
 from specs.manifest import Manifest
+from specs.support import unsupported
 
 
 class InvalidManifest(BlazarError):
@@ -34,18 +35,30 @@ def manifest_path(paths: Paths, given: Path | None) -> Path:
 
 
 def load(path: Path) -> Manifest:
-    """Load and validate a manifest; a missing default manifest is an empty one."""
+    """Load and validate a manifest whole, refusing fields Blazar does not act on yet
+    (`specs.support`)."""
     if not path.exists():
         raise InvalidInput(
             f"no manifest at {path}: create it, or `blazar pull SOURCE` to start one"
         )
     try:
-        return load_manifest(path)
+        return supported(load_manifest(path))
     except ManifestError as exc:
-        count = len(exc.problems)
-        raise InvalidManifest(
-            f"{path} has {count} problem{'s' if count != 1 else ''}; nothing was changed:\n{exc}"
-        ) from None
+        raise InvalidManifest(_problems(str(path), exc)) from None
+
+
+def supported(manifest: Manifest) -> Manifest:
+    """The manifest, unless it sets a field Blazar does not act on yet (`specs.support`):
+    then a ManifestError naming each, since ignoring a declared field silently misleads."""
+    problems = unsupported(manifest)
+    if problems:
+        raise ManifestError(problems)
+    return manifest
+
+
+def _problems(where: str, exc: ManifestError) -> str:
+    count = len(exc.problems)
+    return f"{where} has {count} problem{'s' if count != 1 else ''}; nothing was changed:\n{exc}"
 
 
 def load_or_empty(path: Path) -> Manifest:

@@ -4,7 +4,8 @@
 errors); the reconcilers read it to plan; `specs.schema` exports its JSON
 Schema and the generated reference, docs/manifest.md, from the field
 descriptions below. Types are strict: `ctx = "4096"` is an error, not 4096.
-Fields marked "(planned: ...)" are validated now and acted on by later work.
+Fields marked "(not supported yet)" are validated, and a manifest that sets one is
+refused by diff, apply and serve (`specs.support`) rather than silently ignored.
 """
 
 from __future__ import annotations
@@ -79,22 +80,34 @@ class Serving(_Table):
     max_queue: int = Field(
         default=64,
         ge=0,
-        description="(planned: requests waiting for a slot beyond this get 503) Queue length.",
+        description="Requests that may wait for a slot per model; beyond this they get 503 "
+        "all_slots_busy with Retry-After.",
     )
     queue_timeout: Duration = Field(
         default="30s",
         validate_default=True,
-        description="(planned: a queued request fails after this long) Longest wait in queue.",
+        description="Longest a request waits in the queue for a slot before it gets 503.",
+    )
+    upstream_timeout: Duration = Field(
+        default="10m",
+        validate_default=True,
+        description="Longest the gateway waits for a model's next bytes (a long prompt's first "
+        "token, or a whole answer that is not streamed) before answering 504; a limit between "
+        "chunks, not on a whole stream. 0 or -1: no limit.",
     )
     cors_origins: list[str] = Field(
         default=[],
-        description="(planned: CORS headers for browser clients) Origins allowed, or ['*'].",
+        description="(not supported yet: a manifest that sets it is refused) CORS origins.",
     )
     tls_cert: NonEmpty | None = Field(
-        default=None, description="(planned: HTTPS) PEM certificate file; set with tls_key."
+        default=None,
+        description="(not supported yet: a manifest that sets it is refused) PEM certificate "
+        "file; set with tls_key.",
     )
     tls_key: NonEmpty | None = Field(
-        default=None, description="(planned: HTTPS) PEM private key file; set with tls_cert."
+        default=None,
+        description="(not supported yet: a manifest that sets it is refused) PEM private key "
+        "file; set with tls_cert.",
     )
 
     @model_validator(mode="after")
@@ -204,18 +217,23 @@ class Model(_Table):
     slots: int | None = Field(
         default=None,
         ge=1,
-        description="(planned: llama-server --parallel) Parallel sequences per instance. "
-        "Default: serving.default_slots.",
+        description="Parallel sequences per instance (llama-server --parallel), each with ctx "
+        "tokens. Default: serving.default_slots.",
     )
     replicas: int = Field(
-        default=0, ge=0, description="(planned: warm instances kept up) 0 loads on demand."
+        default=0,
+        ge=0,
+        description="Warm instances kept up, requests going to the least loaded; 0 loads one "
+        "on demand.",
     )
     pin: bool = Field(
-        default=False, description="(planned: never evicted) Keep it loaded once loaded."
+        default=False,
+        description="Never evicted nor unloaded by keep_alive once loaded.",
     )
     keep_alive: Duration | None = Field(
         default=None,
-        description="(planned: per-model idle unload) Default: serving.keep_alive.",
+        description="How long it stays loaded when idle (0: unload after each request, -1: "
+        "forever). Default: serving.keep_alive.",
     )
     chat_template: NonEmpty | None = Field(
         default=None,
@@ -263,7 +281,8 @@ class Lora(_Table):
 
 
 class Key(_Table):
-    """(planned: gateway authentication) An API key; only its sha256 is ever written down."""
+    """(not supported yet: a manifest that declares keys is refused) An API key; only its
+    sha256 is ever written down."""
 
     sha256: Sha256 = Field(description="sha256 of the key (64 lowercase hex digits).")
     models: KeyModels = Field(
@@ -274,7 +293,8 @@ class Key(_Table):
 
 
 class Remote(_Table):
-    """(planned: requests for these models are forwarded) Another OpenAI-compatible server."""
+    """(not supported yet: a manifest that declares remotes is refused) Another
+    OpenAI-compatible server."""
 
     url: HttpUrl = Field(description="Base URL of the remote server.")
     api_key_env: EnvName | None = Field(
@@ -307,11 +327,11 @@ class Manifest(_Table):
     )
     keys: dict[KeyName, Key] = Field(
         default_factory=dict,
-        description="(planned) API keys by name.",
+        description="(not supported yet) API keys by name.",
     )
     remotes: dict[RemoteName, Remote] = Field(
         default_factory=dict,
-        description="(planned) Remote servers by name.",
+        description="(not supported yet) Remote servers by name.",
     )
     _origins: dict[Path, Location] = PrivateAttr(default_factory=dict)
 

@@ -157,3 +157,26 @@ def _parse_hf(text: str) -> HFSource:
     if filename is not None and not filename.endswith(".gguf"):
         raise InvalidSource(f"bad hf source {text!r}: the file must be a .gguf file")
     return HFSource(repo, quant, filename, revision or None)
+
+
+def default_name(source: Source) -> str:
+    """A model name from its source, as ollama would name it (`blazar pull`, `/api/pull`)."""
+    if isinstance(source, RegistrySource):
+        return source.name
+    if isinstance(source, PyPISource):
+        return _clean(source.package.lower().removesuffix("-gguf"))
+    if isinstance(source, OllamaSource):
+        name = source.name.rsplit("/", 1)[-1]
+        return f"{name}:{source.tag}" if source.tag != "latest" else name
+    if isinstance(source, HFSource):
+        name = source.repo.rsplit("/", 1)[-1].lower().removesuffix("-gguf")
+        tag = source.quant or (source.filename or "").rsplit("/", 1)[-1].removesuffix(".gguf")
+        return _clean(name) + (f":{_clean(tag.lower())}" if tag else "")
+    path = source.path if isinstance(source, FileSource) else source.url
+    stem = path.rstrip("/").rsplit("/", 1)[-1].removesuffix(".gguf")
+    return _clean(stem.lower())
+
+
+def _clean(text: str) -> str:
+    cleaned = re.sub(r"[^a-z0-9._-]+", "-", text.lower()).strip("-._")
+    return cleaned or "model"

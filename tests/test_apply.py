@@ -16,7 +16,7 @@ import pytest
 
 from blazar.paths import Paths
 from blazar.testing.tiny import write_tiny_lora, write_tiny_model
-from tests.conftest import Blazar
+from tests.conftest import Blazar, run_blazar
 from tests.hf_endpoint import FakeHub
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,9 +57,6 @@ source = "{files["other"].as_uri()}"
 [loras.fox]
 model = "tiny"
 source = "{files["fox"].as_uri()}"
-
-[keys.ci]
-sha256 = "{"c" * 64}"
 """
         + extra
     )
@@ -72,17 +69,16 @@ def test_diff_apply_diff_converges(
     first = blazar("diff", str(manifest), "--detailed-exitcode", ok=False)
     assert first.exit_code == 2
     assert "+ engines.llamacpp" in first.output and "+ models.tiny" in first.output
-    assert "Plan: 5 to add, 0 to change, 0 to destroy." in first.output
+    assert "Plan: 4 to add, 0 to change, 0 to destroy." in first.output
     plan = json.loads(blazar("diff", str(manifest), "--json").output)
     assert [c["address"] for c in plan["changes"]] == [
         "engines.llamacpp",
         "models.other",
         "models.tiny",
         "loras.fox",
-        "keys.ci",
     ]
     out = blazar("apply", str(manifest)).output
-    assert "Apply complete! Resources: 5 added, 0 changed, 0 destroyed." in out
+    assert "Apply complete! Resources: 4 added, 0 changed, 0 destroyed." in out
     again = blazar("diff", str(manifest), "--detailed-exitcode")
     assert again.exit_code == 0 and "No changes." in again.output
     assert "No changes." in blazar("apply", str(manifest)).output  # idempotent
@@ -99,7 +95,6 @@ def test_diff_apply_diff_converges(
         ("model", "tiny", "True"),
         ("model", "other", "True"),
         ("lora", "fox", "True"),
-        ("key", "ci", "True"),
     }
     assert "RESOURCE" in blazar("status").output
 
@@ -131,7 +126,7 @@ def test_wrong_checksum_fails_that_resource_keeps_nothing_and_completes_the_rest
     }
     assert status[("model", "tiny")]["status"] == "False"
     assert status[("model", "tiny")]["reason"] == "ApplyFailed"
-    assert status[("key", "ci")]["status"] == "True"
+    assert status[("lora", "fox")]["status"] == "False"
 
 
 def test_prune_deletes_only_managed_resources_and_asks_first(
@@ -144,15 +139,15 @@ def test_prune_deletes_only_managed_resources_and_asks_first(
     write(manifest, f'[models.tiny]\nsource = "{files["tiny"].as_uri()}"\nctx = 2048\n')
     kept = blazar("diff", str(manifest)).output
     assert "No changes." in kept and "--prune deletes them" in kept
-    assert "models.other" in kept and "loras.fox" in kept and "keys.ci" in kept
+    assert "models.other" in kept and "loras.fox" in kept
     plan = blazar("diff", str(manifest), "--prune").output
-    assert "- models.other" in plan and "- loras.fox" in plan and "- keys.ci" in plan
+    assert "- models.other" in plan and "- loras.fox" in plan
     assert "by-hand" not in plan
     refused = blazar("apply", str(manifest), "--prune", ok=False)  # no terminal to ask on
     assert refused.exit_code == 1 and "pass --yes" in refused.output
     assert len(blazar("list", "--json").output.splitlines()) == 3
     out = blazar("apply", str(manifest), "--prune", "--yes").output
-    assert "3 destroyed" in out
+    assert "2 destroyed" in out
     held = sorted(json.loads(x)["model"] for x in blazar("list", "--json").output.splitlines())
     assert held == ["by-hand", "tiny"]
     assert files["other"].exists() and files["fox"].exists()  # originals untouched
@@ -161,7 +156,7 @@ def test_prune_deletes_only_managed_resources_and_asks_first(
 def test_target_and_dry_run(blazar: Blazar, files: dict[str, Path], tmp_path: Path) -> None:
     manifest = write(tmp_path / "blazar.toml", manifest_text(files))
     dry = blazar("apply", str(manifest), "--dry-run").output
-    assert "Plan: 4 to add" in dry and "Apply" not in dry.splitlines()[-1]
+    assert "Plan: 3 to add" in dry and "Apply" not in dry.splitlines()[-1]
     assert blazar("list", "--json").output == ""
     out = blazar("apply", str(manifest), "--target", "other").output
     assert "Plan: 1 to add, 0 to change, 0 to destroy." in out
@@ -284,3 +279,38 @@ def test_two_applies_at_once_do_not_interleave(
     assert second.returncode == 0, out
     assert "waiting for another apply (pid" in out
     assert "Apply complete! Resources: 1 added" in out
+
+
+@pytest.mark.parametrize(
+    ("extra", "field", "at"),
+    [
+        (f'[keys.ci]\nsha256 = "{"c" * 64}"\n', "keys", "[keys.ci]"),
+        ('[remotes.box]\nurl = "http://127.0.0.1:1"\n', "remotes", "[remotes.box]"),
+        ('[serving]\ncors_origins = ["https://a.example"]\n', "serving.cors_origins", "cors"),
+        ('[serving]\ntls_cert = "/c.pem"\ntls_key = "/k.pem"\n', "serving.tls_cert", "tls_cert"),
+    ],
+)
+def test_a_field_blazar_does_not_act_on_is_refused_not_ignored(
+    blazar: Blazar, files: dict[str, Path], tmp_path: Path, extra: str, field: str, at: str
+) -> None:
+    manifest = write(tmp_path / "blazar.toml", manifest_text(files) + "\n" + extra)
+    for command in ("diff", "apply"):
+        refused = blazar(command, str(manifest), ok=False)
+        assert refused.exit_code == 1
+        lines = manifest.read_text().splitlines()
+        line = next(n for n, text in enumerate(lines, 1) if text.startswith(at))
+        assert f"blazar.toml:{line}: {field}: not supported yet" in refused.output
+    assert blazar("list", "--json").output == ""  # nothing was applied
+
+
+def test_serve_refuses_to_start_on_a_field_it_would_ignore(
+    files: dict[str, Path], tmp_path: Path
+) -> None:
+    manifest = write(
+        tmp_path / "blazar.toml",
+        manifest_text(files) + '\n[serving]\ntls_cert = "/c.pem"\ntls_key = "/k.pem"\n',
+    )
+    result = run_blazar("serve", str(manifest), "--port", "1")
+    assert result.returncode == 1
+    assert "serving.tls_cert: not supported yet" in result.stderr
+    assert "Blazar is serving" not in result.stdout

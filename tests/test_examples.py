@@ -48,8 +48,8 @@ def test_team_box_applies_and_converges(
 ) -> None:
     monkeypatch.setenv("HF_ENDPOINT", hub.url)
     path = str(EXAMPLES / "team-box")
-    assert "Plan: 4 to add" in blazar("diff", path).output
-    assert "Apply complete! Resources: 4 added" in blazar("apply", path).output
+    assert "Plan: 3 to add" in blazar("diff", path).output
+    assert "Apply complete! Resources: 3 added" in blazar("apply", path).output
     assert blazar("diff", path, "--detailed-exitcode").exit_code == 0
     listing = blazar("list").output
     assert "qwen3-0.6b" in listing and "smollm2" in listing

@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from blazar.cli.imperative import default_name
 from blazar.manifest_edit import split_key
 from blazar.paths import Paths
 from blazar.testing.tiny import write_tiny_model
-from specs.sources import parse_source
+from specs.sources import default_name, parse_source
 from tests.conftest import Blazar
 from tests.hf_endpoint import FakeHub
 

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from blazar.serve import scheduler as scheduling
 from blazar.serve.instance import State
 from blazar.serve.runtime import ModelRuntime
 from blazar.serve.scheduler import Busy, NoCapacity, Pool, Scheduler, choose_eviction
@@ -62,10 +61,9 @@ class Clock:
         return self.now
 
 
-def make(monkeypatch: pytest.MonkeyPatch, *runtimes: ModelRuntime, **options: Any) -> Scheduler:
-    monkeypatch.setattr(scheduling, "Instance", StandIn)
+def make(*runtimes: ModelRuntime, **options: Any) -> Scheduler:
     settings: dict[str, Any] = dict(
-        max_loaded=2, max_queue=8, queue_timeout=5.0, log_dir=Path("/tmp")
+        max_loaded=2, max_queue=8, queue_timeout=5.0, log_dir=Path("/tmp"), make_instance=StandIn
     )
     settings.update(options)
     return Scheduler({r.name: r for r in runtimes}, **settings)
@@ -75,14 +73,14 @@ def loaded(s: Scheduler) -> list[str]:
     return sorted(name for name, pool in s.pools.items() if pool.loaded)
 
 
-def test_priority_waiters_go_first(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_priority_waiters_go_first() -> None:
     async def scenario() -> list[str]:
-        s = make(monkeypatch, runtime("m"))
-        first = await s.acquire("m")
+        s = make(runtime("m"))
+        first = await s.acquire(s.resolve("m"))
         order: list[str] = []
 
         async def waiter(tag: str, priority: bool) -> None:
-            lease = await s.acquire("m", priority=priority)
+            lease = await s.acquire(s.resolve("m"), priority=priority)
             order.append(tag)
             s.release(lease)
 
@@ -100,14 +98,14 @@ def test_priority_waiters_go_first(monkeypatch: pytest.MonkeyPatch) -> None:
     assert asyncio.run(scenario()) == ["urgent", "a", "b"]
 
 
-def test_full_queue_and_expired_wait_are_busy(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_full_queue_and_expired_wait_are_busy() -> None:
     async def scenario() -> None:
-        s = make(monkeypatch, runtime("m"), max_queue=1, queue_timeout=0.05)
-        held = await s.acquire("m")
-        waiting = asyncio.create_task(s.acquire("m"))
+        s = make(runtime("m"), max_queue=1, queue_timeout=0.05)
+        held = await s.acquire(s.resolve("m"))
+        waiting = asyncio.create_task(s.acquire(s.resolve("m")))
         await asyncio.sleep(0)
         with pytest.raises(Busy, match="requests are queued") as full:
-            await s.acquire("m")
+            await s.acquire(s.resolve("m"))
         assert full.value.retry_after == 1
         with pytest.raises(Busy, match="no slot freed up"):
             await waiting
@@ -117,27 +115,27 @@ def test_full_queue_and_expired_wait_are_busy(monkeypatch: pytest.MonkeyPatch) -
     asyncio.run(scenario())
 
 
-def test_lru_eviction_spares_pins_and_busy_models(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_lru_eviction_spares_pins_and_busy_models() -> None:
     async def scenario() -> None:
         clock = Clock()
         s = make(
-            monkeypatch, runtime("a"), runtime("b"), runtime("c"), runtime("p", pin=True),
+            runtime("a"), runtime("b"), runtime("c"), runtime("p", pin=True),
             max_loaded=2, clock=clock,
         )  # fmt: skip
         for name in ("a", "b"):
-            s.release(await s.acquire(name))
+            s.release(await s.acquire(s.resolve(name)))
             clock.now += 1
-        s.release(await s.acquire("c"))  # a is the least recently used
+        s.release(await s.acquire(s.resolve("c")))  # a is the least recently used
         assert loaded(s) == ["b", "c"]
         clock.now += 1
-        s.release(await s.acquire("p"))
+        s.release(await s.acquire(s.resolve("p")))
         assert loaded(s) == ["c", "p"]
-        busy = await s.acquire("c")
+        busy = await s.acquire(s.resolve("c"))
         with pytest.raises(NoCapacity, match="pinned, kept warm or busy"):
-            await s.acquire("a")
+            await s.acquire(s.resolve("a"))
         s.release(busy)
         clock.now += 1
-        s.release(await s.acquire("a"))
+        s.release(await s.acquire(s.resolve("a")))
         assert loaded(s) == ["a", "p"]
 
     asyncio.run(scenario())
@@ -150,31 +148,31 @@ def test_choose_eviction_is_pure() -> None:
     assert choose_eviction(pinned) is None
 
 
-def test_keep_alive_expiry_and_per_request_values(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_keep_alive_expiry_and_per_request_values() -> None:
     async def scenario() -> None:
         clock = Clock()
-        s = make(monkeypatch, runtime("m", keep_alive=10.0), clock=clock)
-        s.release(await s.acquire("m"))
+        s = make(runtime("m", keep_alive=10.0), clock=clock)
+        s.release(await s.acquire(s.resolve("m")))
         assert s.pools["m"].expires_at == clock.now + 10
         clock.now += 11
         await s.reap()
         assert loaded(s) == []
-        s.release(await s.acquire("m"), keep_alive=-1)  # forever
+        s.release(await s.acquire(s.resolve("m")), keep_alive=-1)  # forever
         clock.now += 10_000
         await s.reap()
         assert loaded(s) == ["m"]
-        s.release(await s.acquire("m"), keep_alive=0)  # unload after the request
+        s.release(await s.acquire(s.resolve("m")), keep_alive=0)  # unload after the request
         await asyncio.sleep(0.01)
         assert loaded(s) == []
 
     asyncio.run(scenario())
 
 
-def test_hot_reload_restarts_only_changed_models(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hot_reload_restarts_only_changed_models() -> None:
     async def scenario() -> None:
-        s = make(monkeypatch, runtime("a"), runtime("b"))
-        s.release(await s.acquire("a"))
-        s.release(await s.acquire("b"))
+        s = make(runtime("a"), runtime("b"))
+        s.release(await s.acquire(s.resolve("a")))
+        s.release(await s.acquire(s.resolve("b")))
         old_b = s.pools["b"]
         changes = await s.update(
             {"a": runtime("a", ctx=1024), "b": runtime("b", keep_alive=60.0), "c": runtime("c")}

@@ -4,11 +4,12 @@ As decided in docs/compatibility.md, requests pass through to the instance's
 native `/v1/messages` (llama-server speaks Anthropic's shapes there):
 `blazar.protocols.anthropic` validates them as Anthropic's API does (refusing
 what the engine would accept wrongly, such as a request without `max_tokens`)
-and normalizes what comes back, whole or event by event. Each request takes a
-lease from the scheduler like an OpenAI request (slots, queue,
+and normalizes what comes back, whole or event by event. Each request takes the
+gateway's one request path (`blazar.serve.pipeline`: slots, queue,
 `x-blazar-priority`); `count_tokens` too, since the model's own tokenizer and
 chat template count. `anthropic-version` and `x-api-key` are accepted (API keys
-are not checked yet). Errors are Anthropic's `{"type": "error", "error": {...}}`:
+are not checked yet). Failures are raised and answered as Anthropic's
+`{"type": "error", "error": {...}}` by the gateway's error middleware:
 404 not_found_error, 400 invalid_request_error, 503 overloaded_error with
 `Retry-After`, 502 api_error when a child fails.
 """
@@ -18,45 +19,26 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import aiohttp
 from aiohttp import web
 
-from blazar.protocols import EngineRequest, ProtocolError, anthropic
-from blazar.serve import upstream
-from blazar.serve.upstream import TRACE, Timed, add_retry_after, trace_id
-
-if TYPE_CHECKING:
-    from blazar.serve.gateway import Gateway
+from blazar.protocols import EngineRequest, anthropic
+from blazar.serve import engine, pipeline
+from blazar.serve.child_http import UpstreamError
+from blazar.serve.envelopes import ANTHROPIC
+from blazar.serve.http import read_json
+from blazar.serve.pipeline import Timed
+from blazar.serve.services import Services
 
 SSE = "text/event-stream"
 
 
-def register(app: web.Application, gateway: Gateway) -> None:
+def register(app: web.Application, services: Services) -> None:
     """Add the Anthropic routes to the gateway's app."""
-    api = AnthropicAPI(gateway)
+    api = AnthropicAPI(services)
     app.router.add_post("/v1/messages", api.messages)
     app.router.add_post("/v1/messages/count_tokens", api.count_tokens)
-
-
-def _headers(request: web.Request) -> dict[str, str]:
-    trace = trace_id(request)
-    return {TRACE: trace, "request-id": trace}  # the SDK reads request-id
-
-
-def error(
-    request: web.Request,
-    status: int,
-    message: str,
-    type_: str | None = None,
-    retry_after: float | None = None,
-) -> web.Response:
-    """Anthropic's error response; a 503 says when to retry."""
-    headers = _headers(request)
-    add_retry_after(headers, retry_after)
-    body = anthropic.error(status, type_, message)
-    return web.json_response(body, status=status, headers=headers)
 
 
 def message_id() -> str:
@@ -66,13 +48,8 @@ def message_id() -> str:
 class AnthropicAPI:
     """The Messages handlers; one instance per gateway app."""
 
-    def __init__(self, gateway: Gateway) -> None:
-        self.gateway = gateway
-
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        assert self.gateway.session is not None
-        return self.gateway.session
+    def __init__(self, services: Services) -> None:
+        self.services = services
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, count=False)
@@ -82,37 +59,16 @@ class AnthropicAPI:
 
     async def _handle(self, request: web.Request, *, count: bool) -> web.StreamResponse:
         started = time.perf_counter_ns()
-        model = "?"
-        scheduler = self.gateway.scheduler
-        try:
-            body = await upstream.read_json(request)
-            translate = anthropic.count_tokens_request if count else anthropic.messages_request
-            req = translate(body)
-            model = str(body["model"])
-            pool, _ = scheduler.lookup(model)
-            if not pool.runtime.can_chat:
-                return error(
-                    request,
-                    400,
-                    f"model '{pool.runtime.name}' has no chat template (its GGUF carries none) "
-                    "and the manifest declares none: set chat_template for it in the manifest "
-                    f"(e.g. `blazar config set models.{pool.runtime.name}.chat_template chatml`) "
-                    "and apply",
-                )
-            timed = await upstream.acquire(scheduler, request, model, started=started)
-        except ProtocolError as exc:
-            return error(request, exc.status, exc.message, exc.code)
-        except Exception as exc:
-            known = upstream.failure(exc, model)
-            if known is None:
-                raise
-            status, message, retry_after = known
-            return error(request, status, message, retry_after=retry_after)
+        scheduler = self.services.scheduler
+        body = await read_json(request)
+        translate = anthropic.count_tokens_request if count else anthropic.messages_request
+        req = translate(body)
+        model = str(body["model"])
+        target = pipeline.resolve(scheduler, model)
+        pipeline.require(target.runtime, pipeline.CHAT)
+        timed = await pipeline.lease(scheduler, request, target, started=started)
         try:
             return await self._answer(request, timed, req, model, count)
-        except (aiohttp.ClientError, ConnectionError) as exc:
-            status, message, _ = upstream.failure(exc, model) or (502, str(exc), None)
-            return error(request, status, message)
         finally:
             scheduler.release(timed.lease)
 
@@ -121,39 +77,40 @@ class AnthropicAPI:
     ) -> web.StreamResponse:
         if req.stream:
             return await self._stream(request, timed, req, model)
-        status, payload = await upstream.call(self.session, timed.lease, req)
+        status, payload = await engine.call(self.services.children, timed.lease, req)
         if status != 200 or not isinstance(payload, dict):
             return self._engine_error(request, status, payload)
         out: dict[str, Any] = payload
         if not count:
             out = anthropic.message_response(payload, model=model, message_id=message_id())
-        return web.json_response(out, headers=_headers(request))
+        return web.json_response(out, headers=ANTHROPIC.headers(request))
 
     def _engine_error(self, request: web.Request, status: int, payload: Any) -> web.Response:
         status, body = anthropic.error_from_engine(status if status >= 400 else 502, payload)
-        return web.json_response(body, status=status, headers=_headers(request))
+        return web.json_response(body, status=status, headers=ANTHROPIC.headers(request))
 
     async def _stream(
         self, request: web.Request, timed: Timed, req: EngineRequest, model: str
     ) -> web.StreamResponse:
         state = anthropic.StreamState(model=model, message_id=message_id())
-        async with upstream.stream(self.session, timed.lease, req) as engine:
-            if not upstream.is_event_stream(engine):
-                return self._engine_error(request, engine.status, await upstream.error_body(engine))
-            response = web.StreamResponse(
-                headers={"Content-Type": SSE, "Cache-Control": "no-cache", **_headers(request)}
-            )
+        async with engine.stream(self.services.children, timed.lease, req) as exchange:
+            if not engine.is_event_stream(exchange):
+                payload = await engine.error_body(exchange)
+                return self._engine_error(request, exchange.status, payload)
+            headers = {"Content-Type": SSE, "Cache-Control": "no-cache"}
+            response = web.StreamResponse(headers={**headers, **ANTHROPIC.headers(request)})
             await response.prepare(request)
             try:
-                async for data in upstream.events(engine):
+                async for data in engine.events(exchange):
                     for event in anthropic.stream_events(data, state):
                         await response.write(anthropic.sse(event))
                 for event in anthropic.finish_stream(state):
                     await response.write(anthropic.sse(event))
-            except aiohttp.ClientError as exc:  # the engine failed mid-stream
-                message = f"model '{model}' failed while answering: {exc or type(exc).__name__}"
+            except UpstreamError as exc:  # the engine failed mid-stream
+                failed = engine.child_failed(model, exc)
+                error = ANTHROPIC.body(failed.status, failed.message, None)
                 with contextlib.suppress(ConnectionError):
-                    await response.write(anthropic.sse(anthropic.error(502, None, message)))
+                    await response.write(anthropic.sse(error))
             except ConnectionError:  # the client went away; leaving closes the engine request
                 return response
             with contextlib.suppress(ConnectionError):

@@ -1,14 +1,18 @@
-"""The HTTP/1.1 client the gateway's OpenAI pass-through talks to the children with.
+"""The one HTTP/1.1 client the gateway talks to the children with.
 
 `ChildConnections` keeps keep-alive connections to each child (a llama-server
-instance), reused across requests; `Gateway._forward` in
-`blazar.serve.gateway` posts each OpenAI request through it and copies the
-answer back as it arrives. Each connection is an `Exchange`, an
+instance), reused across requests; the OpenAI pass-through
+(`blazar.serve.openai_api`) posts each request through it and copies the
+answer back as it arrives, and the translating routes call the children
+through `blazar.serve.engine`, which uses it too. Each connection is an `Exchange`, an
 `asyncio.Protocol` that parses the response in `data_received`: the status
 line and headers, then a body framed by Content-Length, by chunks, or by the
 connection's end. Body bytes queue up for `read`, which hands over whatever
 has arrived; reading from the child pauses once `READ_AHEAD` bytes wait for a
-slow client. Anything that goes wrong with a child is an `UpstreamError`.
+slow client. Anything that goes wrong with a child is an `UpstreamError`; a
+child that sends nothing for `timeout` seconds while a response is awaited
+(`serving.upstream_timeout`: a limit between chunks, not on the whole answer)
+is an `UpstreamTimeout`, which the gateway answers with a 504.
 
 It is hand-written because this is the hot path: aiohttp's `ClientSession`
 measured about 100 - 135 us of CPU per request by itself, against 10 - 36 us
@@ -37,6 +41,10 @@ class UpstreamError(Exception):
     """A child did not answer: refused the connection, closed it, or sent bad HTTP."""
 
 
+class UpstreamTimeout(UpstreamError):
+    """A child sent nothing for the read timeout while a response was awaited."""
+
+
 _HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK, _CHUNK_END, _TRAILER, _TO_CLOSE, _DONE = range(8)
 
 
@@ -49,8 +57,9 @@ class Exchange(asyncio.Protocol):
     back waiting for more.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, timeout: float | None = None) -> None:
         self.transport: asyncio.Transport | None = None
+        self.timeout = timeout  # seconds without a byte while waiting; None: no limit
         self.closed = False
         self.idle_since = 0.0
         self.idle_in: list[Exchange] | None = None  # the pool's list, while it waits there
@@ -202,11 +211,20 @@ class Exchange(asyncio.Protocol):
     async def _wait(self) -> None:
         if self._error is not None:
             raise self._error
-        self._waiter = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        self._waiter = loop.create_future()
+        # One timer per wait (cheap); it fires only when the child stays silent that long.
+        timer = None if self.timeout is None else loop.call_later(self.timeout, self._time_out)
         try:
             await self._waiter
         finally:
             self._waiter = None
+            if timer is not None:
+                timer.cancel()
+
+    def _time_out(self) -> None:
+        self._fail(UpstreamTimeout(f"the model sent nothing for {self.timeout:g} s"))
+        self._wake()
 
     # -- the exchange ------------------------------------------------------------------
 
@@ -246,9 +264,13 @@ class Exchange(asyncio.Protocol):
 
 
 class ChildConnections:
-    """Keep-alive HTTP/1.1 connections to the children, reused across requests."""
+    """Keep-alive HTTP/1.1 connections to the children, reused across requests.
 
-    def __init__(self) -> None:
+    `timeout` (seconds, None for no limit) bounds each wait for a child's bytes; it
+    may be changed at any time (a manifest reload) and applies to new requests."""
+
+    def __init__(self, timeout: float | None = None) -> None:
+        self.timeout = timeout
         self._idle: dict[tuple[str, int], list[Exchange]] = {}
         self._addresses: dict[str, tuple[str, int]] = {}
 
@@ -269,6 +291,7 @@ class ChildConnections:
         ).encode("latin-1") + body
         exchange = self._reuse(address)
         if exchange is not None:
+            exchange.timeout = self.timeout
             try:
                 await exchange.send(request)
                 return exchange
@@ -281,6 +304,7 @@ class ChildConnections:
                 exchange.close()
                 raise
         exchange = await self._connect(host, port)
+        exchange.timeout = self.timeout
         try:
             await exchange.send(request)
         except BaseException:

@@ -27,11 +27,12 @@ from blazar.errors import BlazarError
 from blazar.locking import LockTimeout
 from blazar.paths import Paths
 from blazar.reconcile import InvalidManifest, load, reconcile
-from blazar.serve.gateway import Gateway
+from blazar.serve.app import build_app
+from blazar.serve.child_http import ChildConnections
 from blazar.serve.instance import Instance
 from blazar.serve.runtime import build_runtimes
 from blazar.serve.scheduler import Scheduler
-from blazar.serve.upstream import Control
+from blazar.serve.services import Control, Services
 from blazar.store import Store
 from specs.manifest import Manifest
 
@@ -55,6 +56,12 @@ def log(message: str) -> None:
     print(f"blazar serve: {message}", file=sys.stderr, flush=True)
 
 
+def read_timeout(manifest: Manifest) -> float | None:
+    """serving.upstream_timeout for the child client: 0 or -1 means no limit."""
+    seconds = manifest.serving.upstream_timeout
+    return seconds if seconds > 0 else None
+
+
 def daemon_file(paths: Paths) -> Path:
     return paths.state / "serve.json"
 
@@ -63,11 +70,14 @@ class Daemon:
     def __init__(self, paths: Paths, options: ServeOptions) -> None:
         self.paths = paths
         self.options = options
+        # A manifest that is refused at start stops serve (exit 1, every problem named);
+        # one refused on a later reload leaves what runs as it is (see `_load`).
+        self.manifest = load(options.manifest) if options.manifest.exists() else Manifest()
         self.store = Store(paths.db)
-        self.manifest = self._load() or Manifest()
         self.wake = asyncio.Event()
         self.stopping = asyncio.Event()
         self.scheduler: Scheduler | None = None
+        self.children = ChildConnections(timeout=read_timeout(self.manifest))
         self.passing = asyncio.Lock()  # one pass at a time, whoever asks for it
 
     def _load(self) -> Manifest | None:
@@ -108,6 +118,7 @@ class Daemon:
         self.scheduler.max_loaded = manifest.serving.max_loaded_models
         self.scheduler.max_queue = manifest.serving.max_queue
         self.scheduler.queue_timeout = manifest.serving.queue_timeout
+        self.children.timeout = read_timeout(manifest)
         changes = await self.scheduler.update(runtimes)
         for model, change in sorted(changes.items()):
             log(f"{model}: {change} ({reason})")
@@ -175,11 +186,10 @@ class Daemon:
             log_dir=self.paths.logs,
             on_event=self._on_instance,
         )
-        gateway = Gateway(self.scheduler)
-        gateway.control = Control(self.paths, self.options.manifest, self.store, self.refresh)
-        runner = web.AppRunner(gateway.app(), handler_cancellation=True, access_log=None)
+        control = Control(self.paths, self.options.manifest, self.store, self.refresh)
+        services = Services(self.scheduler, self.children, control)
+        runner = web.AppRunner(build_app(services), handler_cancellation=True, access_log=None)
         await runner.setup()
-        await gateway.open()
         tasks: list[asyncio.Task[None]] = []
         try:
             site = web.TCPSite(runner, host, port)
@@ -217,7 +227,7 @@ class Daemon:
             await asyncio.gather(*tasks, return_exceptions=True)
             await self.scheduler.close()
             await runner.cleanup()
-            await gateway.close()
+            self.children.close()
             with contextlib.suppress(OSError):
                 daemon_file(self.paths).unlink()
             self.store.close()

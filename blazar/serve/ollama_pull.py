@@ -27,30 +27,19 @@ import re
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
-from blazar.cli.imperative import default_name
+from blazar import manifest_ops
 from blazar.hashing import sha256_file
 from blazar.protocols import ProtocolError, ollama
-from blazar.serve import manifest_ops
-from blazar.serve.ollama_admin import (
-    control_of,
-    free_name,
-    guarded,
-    message_of,
-    name_in,
-    status_of,
-)
-from blazar.serve.upstream import TRACE, Control, read_json, trace_id
+from blazar.serve.http import TRACE, name_in, read_json, trace_id
+from blazar.serve.pipeline import Failure, failure, free_name
+from blazar.serve.services import Control, Services
 from reconcilers.plan import Action
 from reconcilers.ports import Progress
 from specs.names import parse_name
-from specs.sources import parse_source
-
-if TYPE_CHECKING:
-    from blazar.serve.gateway import Gateway
 
 NDJSON = "application/x-ndjson"
 DIGEST = re.compile(r"sha256[:-]([0-9a-f]{64})")
@@ -68,9 +57,9 @@ CREATE_REFUSED = {
 }
 
 
-def register(app: web.Application, gateway: Gateway) -> None:
+def register(app: web.Application, services: Services) -> None:
     """Add the pull, create and blob routes to the gateway's app."""
-    api = OllamaPull(gateway)
+    api = OllamaPull(services)
     app.router.add_post("/api/pull", api.pull)
     app.router.add_post("/api/create", api.create)
     app.router.add_route("HEAD", "/api/blobs/{digest}", api.has_blob)
@@ -90,13 +79,13 @@ def pull_source(requested: str) -> str:
 class OllamaPull:
     """The handlers for models that arrive over the API; one instance per gateway app."""
 
-    def __init__(self, gateway: Gateway) -> None:
-        self.gateway = gateway
+    def __init__(self, services: Services) -> None:
+        self.services = services
         self.jobs: set[asyncio.Task[None]] = set()  # pulls and creates outlive their clients
 
     @property
     def control(self) -> Control:
-        return control_of(self.gateway)
+        return self.services.need_control()
 
     async def _progress(
         self, request: web.Request, body: dict[str, Any], job: Callable[[Emit], Awaitable[None]]
@@ -113,8 +102,9 @@ class OllamaPull:
             try:
                 await job(queue.put_nowait)
             except Exception as exc:  # the client learns of every failure, expected or not
-                failed.append(status_of(exc))
-                queue.put_nowait(ollama.error(message_of(exc) or type(exc).__name__))
+                known = failure(exc) or Failure(500, str(exc) or type(exc).__name__)
+                failed.append(known.status)
+                queue.put_nowait(ollama.error(known.message or type(exc).__name__))
             finally:
                 queue.put_nowait(None)
 
@@ -162,7 +152,6 @@ class OllamaPull:
 
         return progress_for
 
-    @guarded
     async def pull(self, request: web.Request) -> web.StreamResponse:
         body = await read_json(request)
         requested = name_in(body, "model", "name")
@@ -172,10 +161,8 @@ class OllamaPull:
             manifest, requested
         )
         fields: dict[str, Any] | None = None
-        if key is None:
-            source = pull_source(requested)
-            key = parse_name(default_name(parse_source(source))).short  # as `blazar pull` names it
-            fields = {"source": source}
+        if key is None:  # named as `blazar pull` names it
+            key, fields = manifest_ops.source_declaration(pull_source(requested))
         name = key
 
         async def job(emit: Emit) -> None:
@@ -197,7 +184,6 @@ class OllamaPull:
 
         return await self._progress(request, body, job)
 
-    @guarded
     async def create(self, request: web.Request) -> web.StreamResponse:
         body = await read_json(request)
         name = parse_name(name_in(body, "model", "name")).short
@@ -281,9 +267,9 @@ class OllamaPull:
                     f"create: to serve '{origin}' with other settings as '{name}', declare "
                     f"[models.{name}] in the manifest with the same source and the settings",
                 )
-            pool, _ = self.gateway.scheduler.lookup(origin)
-            free_name(self.gateway.scheduler, name, pool)
-            return None, pool.runtime.name
+            target = self.services.scheduler.resolve(origin)
+            free_name(self.services.scheduler, name, target)
+            return None, target.runtime.name
         raise ProtocolError(400, "create: send `files` (an uploaded GGUF blob) or `from`")
 
     # -- blobs ----------------------------------------------------------------
@@ -297,12 +283,10 @@ class OllamaPull:
             raise ProtocolError(400, "a blob digest is sha256:<64 lowercase hex digits>")
         return match.group(1)
 
-    @guarded
     async def has_blob(self, request: web.Request) -> web.StreamResponse:
         found = self._blob(self._digest(request)).is_file()
         return web.Response(status=200 if found else 404)
 
-    @guarded
     async def put_blob(self, request: web.Request) -> web.StreamResponse:
         expected = self._digest(request)
         target = self._blob(expected)

@@ -8,6 +8,11 @@ model after its time (0: right after the request; -1: never); `slots` bound
 the requests an instance runs at once, and the rest wait in a bounded queue,
 `x-blazar-priority: high` at its front. A full queue or an expired wait is
 `Busy` (503 all_slots_busy with Retry-After); nothing is dropped silently.
+
+A request's model is resolved once (`resolve`, to a `Target`: the pool and the
+adapter asked for) and that target is what `acquire` leases a slot of. The
+instances are made by an injected factory (`make_instance`), so tests schedule
+stand-ins without processes.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from typing import Any
 
 from blazar.serve.instance import Instance, InstanceSpec, State
 from blazar.serve.runtime import ModelRuntime, resolve
+
+InstanceFactory = Callable[[InstanceSpec], Instance]
 
 
 class SchedulerError(Exception):
@@ -84,6 +91,24 @@ class Pool:
 
 
 @dataclass(frozen=True)
+class Target:
+    """What a requested name resolved to: a model's pool, and the adapter asked for."""
+
+    pool: Pool
+    adapter: str | None
+
+    @property
+    def runtime(self) -> ModelRuntime:
+        return self.pool.runtime
+
+    @property
+    def ready(self) -> bool:
+        """Loaded with every instance ready: a lease now starts nothing."""
+        pool = self.pool
+        return pool.loaded and all(m.instance.state == State.READY for m in pool.members)
+
+
+@dataclass(frozen=True)
 class Lease:
     pool: Pool
     member: Member
@@ -117,6 +142,7 @@ class Scheduler:
         log_dir: Path,
         on_event: Callable[[Instance, str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        make_instance: InstanceFactory | None = None,
     ) -> None:
         self.max_loaded = max_loaded
         self.max_queue = max_queue
@@ -124,6 +150,7 @@ class Scheduler:
         self.log_dir = log_dir
         self.on_event = on_event
         self.clock = clock
+        self.make_instance = make_instance or self._real_instance
         self.runtimes = dict(runtimes)
         self.pools: dict[str, Pool] = {}
         self.retired: list[Pool] = []
@@ -151,6 +178,9 @@ class Scheduler:
             slots=runtime.slots,
             ctx=runtime.ctx,
         )
+        return self.make_instance(spec)
+
+    def _real_instance(self, spec: InstanceSpec) -> Instance:
         return Instance(spec, on_event=self.on_event)
 
     def _spawn(self, coro: Any) -> None:
@@ -173,7 +203,8 @@ class Scheduler:
 
     # -- acquiring a slot -----------------------------------------------------
 
-    def lookup(self, requested: str) -> tuple[Pool, str | None]:
+    def resolve(self, requested: str) -> Target:
+        """The model (and adapter) a requested name means; ModelNotFound if none."""
         try:
             runtime, adapter = resolve(self.runtimes, requested)
         except KeyError:
@@ -187,12 +218,14 @@ class Scheduler:
             raise ModelNotFound(
                 f"model '{runtime.name}' has no adapter '{adapter}' (adapters: {known})"
             )
-        return self.pools[runtime.name], adapter
+        return Target(self.pools[runtime.name], adapter)
 
     async def acquire(
-        self, requested: str, *, priority: bool = False, keep_alive: float | None = None
+        self, target: Target, *, priority: bool = False, keep_alive: float | None = None
     ) -> Lease:
-        pool, adapter = self.lookup(requested)
+        """A slot on an instance of the target's model, loading it and waiting in its
+        queue as needed. Raises SchedulerError (Busy, NoCapacity) or InstanceFailed."""
+        pool, adapter = target.pool, target.adapter
         if keep_alive is not None:
             pool.expires_at = None  # decided again when the request is done
         if not pool.loaded:
@@ -310,7 +343,7 @@ class Scheduler:
 
     async def stop_model(self, requested: str) -> bool:
         """Unload a model now (`blazar stop`); its in-flight requests finish first."""
-        pool, _ = self.lookup(requested)
+        pool = self.resolve(requested).pool
         if not pool.loaded:
             return False
         while pool.in_flight:

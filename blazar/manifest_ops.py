@@ -1,25 +1,28 @@
-"""Manifest edits for the ollama management routes, each followed by a reconcile of what it touched.
+"""Imperative manifest edits, each followed by a reconcile of just what it touched.
 
-`blazar serve`'s `/api/pull`, `/api/create`, `/api/delete` and `/api/copy`
-(`blazar.serve.ollama_admin`) take the path `blazar pull` and `blazar rm` take
-(`blazar.cli.imperative`): they edit the manifest that serve watches with
-`ManifestFile` (comments and order kept, validated whole before writing),
-reconcile only the model named, and put the manifest back when that fails, so
-nothing is half-applied. The functions here block (downloads, hashing, the apply
-lock): the routes run them in a worker thread, each with its own store
-connection, then ask the daemon for a pass so the scheduler serves the result.
+The one declare -> targeted reconcile -> restore-on-failure flow, used by the
+CLI (`blazar pull`, `blazar rm` in `blazar.cli.imperative`) and by the
+gateway's management routes (`/api/pull`, `/api/create`, `/api/delete`,
+`/api/copy` in `blazar.serve.ollama_admin` and `ollama_pull`). Edits go
+through `ManifestFile` (comments and order kept, validated whole before
+writing); only the model named is reconciled; when that fails the manifest is
+put back, so nothing is half-applied. `x` and `x:latest` are one model, and an
+alias names its model. The functions block (downloads, hashing, the apply
+lock): the gateway runs them in a worker thread, each with its own store
+connection, then asks the daemon for a pass so the scheduler serves the result.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from blazar.errors import BlazarError, InvalidInput, NotFound
 from blazar.manifest_edit import ManifestError, ManifestFile
 from blazar.paths import Paths
-from blazar.reconcile import InvalidManifest, reconcile
+from blazar.reconcile import InvalidManifest, Pass, reconcile, supported
 from blazar.registry import Registry
 from blazar.store import Store
 from reconcilers.apply import Event
@@ -27,8 +30,10 @@ from reconcilers.plan import Action
 from reconcilers.ports import Progress
 from specs.loader import load_manifest_text
 from specs.names import InvalidName, parse_name
+from specs.sources import InvalidSource, default_name, parse_source
 
 __all__ = [
+    "Removed",
     "add_alias",
     "alias_owner",
     "apply_model",
@@ -36,6 +41,7 @@ __all__ = [
     "declared_key",
     "open_manifest",
     "remove_model",
+    "source_declaration",
 ]
 
 
@@ -98,16 +104,21 @@ def apply_model(
     *,
     progress_for: Callable[[Action], Progress | None] | None = None,
     on_event: Event | None = None,
-) -> None:
+    notify: Callable[[str], None] | None = None,
+) -> Pass:
     """Declare model `name` with `fields` (replacing its declaration; None keeps the one
-    there) and reconcile it; the manifest is restored if the reconcile fails."""
+    there) and reconcile it; the manifest is restored if the reconcile fails. Returns the
+    pass (its report is None when nothing had to change)."""
     manifest = open_manifest(manifest_path)
     if fields is not None:
         manifest.remove_resource("models", declared_key(manifest, name) or name)
         manifest.add_resource("models", name, fields)
         _save(manifest, f"{name} not declared")
     try:
-        loaded = load_manifest_text(manifest.text(), str(manifest_path))
+        try:
+            loaded = supported(load_manifest_text(manifest.text(), str(manifest_path)))
+        except ManifestError as exc:
+            raise InvalidManifest(f"{manifest_path}: nothing was changed:\n{exc}") from None
         with Store(paths.db) as store:
             result = reconcile(
                 store,
@@ -115,6 +126,7 @@ def apply_model(
                 loaded,
                 apply=True,
                 targets=[declared_key(manifest, name) or name],
+                notify=notify,
                 on_event=on_event,
                 progress_for=progress_for,
             )
@@ -127,11 +139,39 @@ def apply_model(
             manifest.restore()
         errors = "; ".join(o.error or "" for o in result.report.failed)
         raise BlazarError(f"pull of {name} failed, the manifest is unchanged: {errors}")
+    return result
 
 
-def remove_model(paths: Paths, manifest_path: Path, name: str) -> str:
-    """As `blazar rm`: drop the declaration and what Blazar holds of a model; for an alias,
-    drop only the alias. Returns what was removed."""
+def source_declaration(
+    source: str, name: str | None = None, sha256: str | None = None
+) -> tuple[str, dict[str, Any]]:
+    """The model name (given, or derived from the source as ollama would) and the fields
+    that declare a model fetched from `source`."""
+    try:
+        parsed = parse_source(source)
+    except InvalidSource as exc:
+        raise InvalidInput(str(exc)) from None
+    model = parse_name(name or default_name(parsed)).short
+    fields: dict[str, Any] = {"source": source}
+    if sha256:
+        fields["sha256"] = sha256
+    return model, fields
+
+
+@dataclass(frozen=True)
+class Removed:
+    """What `remove_model` removed: an alias of `alias_of`, or a model's declaration
+    (`declared`) and what the store held of it (`held`: how, or None)."""
+
+    name: str
+    declared: bool = False
+    held: str | None = None
+    alias_of: str | None = None
+
+
+def remove_model(paths: Paths, manifest_path: Path, name: str) -> Removed:
+    """`blazar rm`: drop the declaration and what Blazar holds of a model (Blazar's own
+    link or copy, never the user's file); for an alias, drop only the alias."""
     manifest = open_manifest(manifest_path)
     owner = alias_owner(manifest, name)
     if owner is not None:
@@ -143,20 +183,23 @@ def remove_model(paths: Paths, manifest_path: Path, name: str) -> str:
         else:
             del table["aliases"]
         _save(manifest, f"alias {name} not removed")
-        return f"alias {name} of {owner}"
+        return Removed(_short(name) or name, alias_of=owner)
     ref = parse_name(name)
     key = declared_key(manifest, name)
     with Store(paths.db) as store:
         held = store.find_model(ref)
         if key is None and held is None:
-            raise NotFound(f"model '{name}' not found")
+            raise NotFound(
+                f"model '{ref.short}' not found: it is neither declared nor in the store "
+                "(`blazar list` shows models)"
+            )
         if key is not None:
             manifest.remove_resource("models", key)
-            _save(manifest, f"{ref.short} not removed")
+            _save(manifest, f"not removed: {ref.short} is still referenced in the manifest")
         if held is not None:
             Registry(store, paths).remove(ref)
             store.delete_conditions("model", ref.short)
-    return ref.short
+    return Removed(ref.short, declared=key is not None, held=held.held if held else None)
 
 
 def add_alias(manifest_path: Path, model: str, alias: str) -> None:

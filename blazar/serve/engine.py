@@ -1,0 +1,98 @@
+"""Calls from the gateway to a leased child, on the one child client (`ChildConnections`).
+
+The translating routes (ollama, Anthropic) post the `EngineRequest` a
+translator built and read JSON (`call`) or server-sent events (`stream`,
+`events`); the OpenAI pass-through forwards bytes with `ChildConnections`
+directly (`blazar.serve.openai_api`). Either way a child that fails is a
+`ProtocolError`: 502 when it refused, closed or garbled the connection, 504
+when it stayed silent past `serving.upstream_timeout` (a limit between chunks).
+A stream is closed however the caller leaves it, which makes llama-server stop
+generating for a client that went away.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from blazar.protocols import EngineRequest, ProtocolError
+from blazar.protocols.sse import SSEDecoder
+from blazar.serve.child_http import ChildConnections, Exchange, UpstreamError, UpstreamTimeout
+from blazar.serve.pipeline import engine_body
+from blazar.serve.scheduler import Lease
+
+
+def child_failed(model: str, exc: BaseException) -> ProtocolError:
+    """The error a client gets when its model's child failed while answering."""
+    if isinstance(exc, UpstreamTimeout):
+        return ProtocolError(
+            504,
+            f"model '{model}' timed out: {exc} (serving.upstream_timeout); retry, or raise "
+            "the timeout in the manifest",
+            "upstream_timeout",
+        )
+    detail = str(exc) or type(exc).__name__
+    return ProtocolError(502, f"model '{model}' failed while answering: {detail}", "upstream_error")
+
+
+def decode(payload: bytes) -> Any:
+    """A child's body as JSON, or as text when it is not JSON."""
+    try:
+        return json.loads(payload)
+    except ValueError:
+        return payload.decode(errors="replace")
+
+
+async def call(children: ChildConnections, lease: Lease, req: EngineRequest) -> tuple[int, Any]:
+    """Post a whole (non-streamed) request; return the engine's status and decoded body."""
+    body = json.dumps(engine_body(lease, req.body)).encode()
+    exchange: Exchange | None = None
+    try:
+        exchange = await children.post(lease.url, req.path, body)
+        return exchange.status, decode(await exchange.read_all())
+    except (UpstreamError, ConnectionError) as exc:
+        raise child_failed(lease.runtime.name, exc) from None
+    finally:
+        if exchange is not None:
+            children.release(lease.url, exchange)
+
+
+@asynccontextmanager
+async def stream(
+    children: ChildConnections, lease: Lease, req: EngineRequest
+) -> AsyncIterator[Exchange]:
+    """Post a streamed request; the exchange is given back (closed, unless finished)
+    however the caller leaves, a client that went away included."""
+    body = json.dumps(engine_body(lease, req.body)).encode()
+    try:
+        exchange = await children.post(lease.url, req.path, body)
+    except (UpstreamError, ConnectionError) as exc:
+        raise child_failed(lease.runtime.name, exc) from None
+    try:
+        yield exchange
+    finally:
+        children.release(lease.url, exchange)
+
+
+def is_event_stream(exchange: Exchange) -> bool:
+    return exchange.status == 200 and exchange.content_type.startswith("text/event-stream")
+
+
+async def error_body(exchange: Exchange) -> Any:
+    """The decoded body of an engine response that is not a stream (an error, usually)."""
+    return decode(await exchange.read_all())
+
+
+async def events(exchange: Exchange) -> AsyncIterator[Any]:
+    """The data of each server-sent event as it arrives (parsed JSON, or `DONE`).
+
+    Raises UpstreamError when the child fails mid-stream; the caller, whose headers
+    are gone by then, ends its own stream with an error event."""
+    decoder = SSEDecoder()
+    while chunk := await exchange.read():
+        for event in decoder.feed(chunk):
+            yield event.data
+    for event in decoder.close():
+        yield event.data

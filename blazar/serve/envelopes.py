@@ -1,0 +1,67 @@
+"""One error envelope per protocol: the only place a gateway error body is built.
+
+Every route answers its failures through `Envelope.response`: OpenAI's
+`{"error": {"message", "type", "param", "code"}}` on `/v1/*`, ollama's
+`{"error": "..."}` on `/api/*`, Anthropic's `{"type": "error", "error": {...}}`
+on `/v1/messages`. `for_path` picks the envelope for a path, for the
+middlewares that answer before a route runs (unknown routes, the catch-all).
+The bodies themselves come from the translators in `blazar.protocols`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from blazar.protocols import anthropic, ollama, openai
+from blazar.serve.http import TRACE, add_retry_after, trace_id
+
+_ANTHROPIC_TYPES = frozenset(anthropic.STATUS_TYPES.values())
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """A protocol's error shape: `body(status, message, code)` and the headers it adds."""
+
+    name: str
+    body: Callable[[int, str, str | None], dict[str, Any]]
+    request_id_header: bool = False  # Anthropic's SDK reads `request-id`
+
+    def headers(self, request: web.Request) -> dict[str, str]:
+        trace = trace_id(request)
+        return {TRACE: trace, "request-id": trace} if self.request_id_header else {TRACE: trace}
+
+    def response(
+        self,
+        request: web.Request,
+        status: int,
+        message: str,
+        code: str | None = None,
+        retry_after: float | None = None,
+    ) -> web.Response:
+        headers = self.headers(request)
+        add_retry_after(headers, retry_after)
+        return web.json_response(self.body(status, message, code), status=status, headers=headers)
+
+
+def _anthropic_body(status: int, message: str, code: str | None) -> dict[str, Any]:
+    # Only Anthropic's own error types name the type; Blazar's codes (all_slots_busy, ...)
+    # would confuse its SDK, which maps types to exception classes.
+    return anthropic.error(status, code if code in _ANTHROPIC_TYPES else None, message)
+
+
+OPENAI = Envelope("openai", lambda status, message, code: openai.error(status, message, code=code))
+OLLAMA = Envelope("ollama", lambda status, message, code: ollama.error(message))
+ANTHROPIC = Envelope("anthropic", _anthropic_body, request_id_header=True)
+
+
+def for_path(path: str) -> Envelope:
+    """The envelope of the protocol a path belongs to."""
+    if path.startswith("/v1/messages"):
+        return ANTHROPIC
+    if path.startswith("/api/"):
+        return OLLAMA
+    return OPENAI

@@ -1,0 +1,52 @@
+"""What the gateway's routes work with, as one small value the daemon builds.
+
+`Services` holds the scheduler, the one HTTP client to the children, and the
+daemon's hooks for routes that edit the manifest (`Control`). Route modules
+(`openai_api`, `ollama_api`, `ollama_admin`, `ollama_pull`, `anthropic_api`,
+`blazar_api`) receive it from `blazar.serve.app` and import nothing of the
+daemon; the daemon (`blazar.serve.daemon`) assembles both.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from blazar.paths import Paths
+from blazar.protocols import ProtocolError
+from blazar.serve.child_http import ChildConnections
+from blazar.serve.scheduler import Scheduler
+from blazar.store import Store
+
+
+@dataclass(frozen=True)
+class Control:
+    """The daemon's hooks for routes that edit the manifest and reconcile.
+
+    `manifest` is the file `blazar serve` watches (the one those routes edit);
+    `store` is the daemon's connection (event-loop thread only); `refresh` runs
+    one control-loop pass so the scheduler serves what a change made ready.
+    """
+
+    paths: Paths
+    manifest: Path
+    store: Store
+    refresh: Callable[[str], Awaitable[None]]
+
+
+@dataclass
+class Services:
+    """The scheduler, the child client and (under `blazar serve`) the daemon's hooks."""
+
+    scheduler: Scheduler
+    children: ChildConnections = field(default_factory=ChildConnections)
+    control: Control | None = None
+    started: float = field(default_factory=time.time)
+
+    def need_control(self) -> Control:
+        """The daemon's hooks; routes that edit the manifest need `blazar serve`."""
+        if self.control is None:
+            raise ProtocolError(501, "model management needs `blazar serve`")
+        return self.control

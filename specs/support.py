@@ -1,0 +1,52 @@
+"""Fields the manifest validates but Blazar does not act on yet: a manifest using one is refused.
+
+A user who sets `tls_cert` believes the gateway speaks HTTPS; one who declares
+keys believes they are checked. Until the work that implements a field lands,
+`blazar diff`, `apply` and `serve` refuse a manifest that uses it, naming the
+field and saying it is not supported yet (`blazar.reconcile.load` calls
+`unsupported`). Pure: a function of the manifest. When a field becomes real,
+its entry here goes away.
+"""
+
+from __future__ import annotations
+
+from specs.manifest import Manifest
+from specs.problems import Path as FieldPath
+from specs.problems import Problem, format_path
+
+NOT_YET: dict[FieldPath, str] = {
+    ("serving", "tls_cert"): "the gateway would still speak plain HTTP",
+    ("serving", "tls_key"): "the gateway would still speak plain HTTP",
+    ("serving", "cors_origins"): "the gateway would send no CORS headers",
+    ("keys",): "the gateway would not check API keys",
+    ("remotes",): "requests would not be forwarded to remotes",
+}
+
+
+def _used(manifest: Manifest, path: FieldPath) -> bool:
+    value: object = manifest.model_dump()
+    for part in path:
+        if not isinstance(value, dict) or part not in value:
+            return False
+        value = value[part]
+    return bool(value)
+
+
+def unsupported(manifest: Manifest) -> list[Problem]:
+    """A problem for each field the manifest sets that Blazar does not act on yet."""
+    problems = []
+    for path, why in NOT_YET.items():
+        if not _used(manifest, path):
+            continue
+        where = manifest.location_of(*path)
+        problems.append(
+            Problem(
+                f"{format_path(path)}: not supported yet ({why}); Blazar refuses a manifest "
+                "that sets it rather than ignore it",
+                file=where.file if where else None,
+                line=where.line if where else None,
+                path=format_path(path),
+                hint=f"remove {format_path(path)} for now",
+            )
+        )
+    return problems

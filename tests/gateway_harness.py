@@ -1,0 +1,118 @@
+"""The gateway's app in-process, in front of a scripted fake child: for fault injection only.
+
+`InProcessGateway` runs `blazar.serve.app.build_app` on a free loopback port in a
+thread of its own, with a real `Scheduler` whose instances are stand-ins that
+report a scripted child's URL as theirs. The scripted child is a
+`tests.loopback.LoopbackHTTP` whose handler the test writes: hang, answer late, stop mid-stream.
+Everything a real child does well is tested against the real engine elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from aiohttp import web
+
+from blazar.serve.app import build_app
+from blazar.serve.child_http import ChildConnections
+from blazar.serve.instance import State
+from blazar.serve.runtime import ModelRuntime
+from blazar.serve.scheduler import Scheduler
+from blazar.serve.services import Services
+
+
+def runtime(name: str, **fields: Any) -> ModelRuntime:
+    base: dict[str, Any] = dict(
+        name=name, path=f"/m/{name}.gguf", aliases=(), ctx=512, slots=1, replicas=0, pin=False,
+        keep_alive=300.0, engine_tag="b1-cpu", command=("llama-server",), has_template=True,
+        chat_template=None, embeddings=False, pooling=None, extra_args=(),
+    )  # fmt: skip
+    base.update(fields)
+    return ModelRuntime(**base)
+
+
+class ScriptedInstance:
+    """Answers like an Instance whose child is the fake one at `url`; starts nothing."""
+
+    url_of_child = ""
+
+    def __init__(self, spec: Any) -> None:
+        self.spec = spec
+        self.state = State.STOPPED
+        self.pid: int | None = None
+        self.port: int | None = None
+
+    @property
+    def url(self) -> str | None:
+        return self.url_of_child if self.state == State.READY else None
+
+    async def ensure_ready(self) -> str:
+        self.state = State.READY
+        return self.url_of_child
+
+    async def stop(self) -> None:
+        self.state = State.STOPPED
+
+    async def close(self) -> None:
+        self.state = State.STOPPED
+
+
+class InProcessGateway:
+    """build_app on 127.0.0.1:<free port> in a background thread; a context manager."""
+
+    def __init__(
+        self, child_url: str, *runtimes: ModelRuntime, upstream_timeout: float | None = None
+    ) -> None:
+        self.child_url = child_url
+        self.runtimes = runtimes or (runtime("tiny"),)
+        self.upstream_timeout = upstream_timeout
+        self.loop = asyncio.new_event_loop()
+        self.url = ""
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._runner: web.AppRunner | None = None
+
+    def __enter__(self) -> InProcessGateway:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(10)
+        return self
+
+    async def _start(self) -> None:
+        child_url = self.child_url
+
+        class Instance(ScriptedInstance):
+            url_of_child = child_url
+
+        self.scheduler = Scheduler(
+            {r.name: r for r in self.runtimes},
+            max_loaded=4,
+            max_queue=8,
+            queue_timeout=5.0,
+            log_dir=Path("/nonexistent"),
+            make_instance=Instance,
+        )
+        self.children = ChildConnections(timeout=self.upstream_timeout)
+        app = build_app(Services(self.scheduler, self.children))
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}"
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        async def stop() -> None:
+            assert self._runner is not None
+            await self._runner.cleanup()
+            self.children.close()
+            await self.scheduler.close()
+
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+        self.loop.close()
