@@ -35,23 +35,26 @@ def runtime(name: str, **fields: Any) -> ModelRuntime:
     return ModelRuntime(**base)
 
 
-class ScriptedInstance:
-    """Answers like an Instance whose child is the fake one at `url`; starts nothing."""
+class StandIn:
+    """Answers like an Instance whose child is at `url_of_child`; starts nothing, counts starts."""
 
-    url_of_child = ""
+    url_of_child = "http://127.0.0.1:1"
 
-    def __init__(self, spec: Any) -> None:
+    def __init__(self, spec: Any, **_: Any) -> None:
         self.spec = spec
         self.state = State.STOPPED
         self.pid: int | None = None
         self.port: int | None = None
+        self.starts = 0
 
     @property
     def url(self) -> str | None:
         return self.url_of_child if self.state == State.READY else None
 
     async def ensure_ready(self) -> str:
-        self.state = State.READY
+        if self.state != State.READY:
+            self.starts += 1
+            self.state = State.READY
         return self.url_of_child
 
     async def stop(self) -> None:
@@ -83,7 +86,7 @@ class InProcessGateway:
     async def _start(self) -> None:
         child_url = self.child_url
 
-        class Instance(ScriptedInstance):
+        class Instance(StandIn):
             url_of_child = child_url
 
         self.scheduler = Scheduler(

@@ -11,46 +11,9 @@ from typing import Any
 
 import pytest
 
-from blazar.serve.instance import State
 from blazar.serve.runtime import ModelRuntime
 from blazar.serve.scheduler import Busy, NoCapacity, Pool, Scheduler, choose_eviction
-
-
-class StandIn:
-    """Answers like an Instance, starts nothing."""
-
-    def __init__(self, spec: Any, **_: Any) -> None:
-        self.spec = spec
-        self.state = State.STOPPED
-        self.pid: int | None = None
-        self.port: int | None = None
-        self.starts = 0
-
-    @property
-    def url(self) -> str | None:
-        return "http://127.0.0.1:1" if self.state == State.READY else None
-
-    async def ensure_ready(self) -> str:
-        if self.state != State.READY:
-            self.starts += 1
-            self.state = State.READY
-        return "http://127.0.0.1:1"
-
-    async def stop(self) -> None:
-        self.state = State.STOPPED
-
-    async def close(self) -> None:
-        self.state = State.STOPPED
-
-
-def runtime(name: str, **fields: Any) -> ModelRuntime:
-    base: dict[str, Any] = dict(
-        name=name, path=f"/m/{name}.gguf", aliases=(), ctx=512, slots=1, replicas=0, pin=False,
-        keep_alive=300.0, engine_tag="b1-cpu", command=("llama-server",), has_template=True,
-        chat_template=None, embeddings=False, pooling=None, extra_args=(),
-    )  # fmt: skip
-    base.update(fields)
-    return ModelRuntime(**base)
+from tests.gateway_harness import StandIn, runtime
 
 
 class Clock:
