@@ -90,15 +90,8 @@ class AnthropicAPI:
             req = translate(body)
             model = str(body["model"])
             pool, _ = scheduler.lookup(model)
-            if not pool.runtime.can_chat:
-                return error(
-                    request,
-                    400,
-                    f"model '{pool.runtime.name}' has no chat template (its GGUF carries none) "
-                    "and the manifest declares none: set chat_template for it in the manifest "
-                    f"(e.g. `blazar config set models.{pool.runtime.name}.chat_template chatml`) "
-                    "and apply",
-                )
+            if refusal := pool.runtime.chat_refusal():
+                return error(request, 400, refusal)
             timed = await upstream.acquire(scheduler, request, model, started=started)
         except ProtocolError as exc:
             return error(request, exc.status, exc.message, exc.code)

@@ -196,13 +196,8 @@ class Gateway:
 
     @staticmethod
     def _check(runtime: Any, kind: str) -> None:
-        if kind == "chat" and not runtime.can_chat:
-            raise ClientProblem(
-                f"model '{runtime.name}' has no chat template (its GGUF carries none) and the "
-                "manifest declares none: use /v1/completions, or set chat_template for it in "
-                f"the manifest (e.g. `blazar config set models.{runtime.name}.chat_template "
-                "chatml`) and apply"
-            )
+        if kind == "chat" and (refusal := runtime.chat_refusal("use /v1/completions, or ")):
+            raise ClientProblem(refusal)
         if kind == "embeddings" and not runtime.embeddings:
             raise ClientProblem(
                 f"model '{runtime.name}' is not served for embeddings: set embeddings = true "

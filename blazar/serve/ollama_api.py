@@ -67,14 +67,8 @@ def keep_alive(body: dict[str, Any]) -> float | None:
 
 
 def _chat_refusal(runtime: ModelRuntime, raw_hint: bool) -> str | None:
-    if runtime.can_chat:
-        return None
     hint = "send raw: true with a fully formatted prompt, or " if raw_hint else ""
-    return (
-        f"model '{runtime.name}' has no chat template (its GGUF carries none) and the manifest "
-        f"declares none: {hint}set chat_template for it in the manifest (e.g. `blazar config "
-        f"set models.{runtime.name}.chat_template chatml`) and apply"
-    )
+    return runtime.chat_refusal(hint)
 
 
 def _embed_refusal(runtime: ModelRuntime) -> str | None:
