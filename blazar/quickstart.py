@@ -69,7 +69,7 @@ def main() -> None:
     port = os.environ.get("BLAZAR_QUICKSTART_PORT", "11435")
     url = f"http://127.0.0.1:{port}"
     blazar("apply", str(MANIFEST))
-    blazar("show", MODEL)
+    blazar("show", MODEL, "--manifest", str(MANIFEST))
     exe = Path(sys.executable).with_name("blazar")
     command = [str(exe)] if exe.exists() else [sys.executable, "-m", "blazar.cli.main"]
     server = subprocess.Popen([*command, "serve", str(MANIFEST), "--port", port, "--no-apply"])

@@ -1,9 +1,10 @@
-"""Field types of the manifest: names, sources, digests, URLs, versions.
+"""Field types of the manifest: names, sources, digests, URLs, versions, chat templates.
 
 Each is an `Annotated` type whose validator raises `specs.problems.Invalid`
 with a message that says what was expected; `specs.manifest` builds its
 models from them, and the loader turns their errors into file:line problems.
-Pure: the source and name grammars live in `specs.sources` and `specs.names`.
+Pure: the source, name and chat template grammars live in `specs.sources`,
+`specs.names` and `specs.chat_templates`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from urllib.parse import urlparse
 
 from pydantic import AfterValidator, Field
 
+from specs.chat_templates import check_chat_template
 from specs.names import InvalidName, parse_name
 from specs.problems import Invalid
 from specs.sources import HttpsSource, InvalidSource, Source, parse_source
@@ -128,3 +130,4 @@ HttpUrl = Annotated[str, AfterValidator(check_http_url), _doc(pattern=r"^https?:
 EnvName = Annotated[str, AfterValidator(check_env_name), _doc(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 KeyModels = Annotated[list[str], AfterValidator(check_key_models)]
 NonEmpty = Annotated[str, AfterValidator(check_nonempty), _doc(minLength=1)]
+ChatTemplate = Annotated[str, AfterValidator(check_chat_template), _doc(minLength=1)]

@@ -14,11 +14,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
+from specs.chat_templates import known_names
 from specs.durations import Duration
 from specs.fields import (
     COMMIT,
     RELEASE_VERSION,
     WHEEL_VERSION,
+    ChatTemplate,
     EngineName,
     EnvName,
     HttpUrl,
@@ -47,6 +49,8 @@ _RESERVED_ARGS = {
     "-np": "use slots",
     "--parallel": "use slots",
     "--lora": "declare the adapter under [loras]",
+    "--chat-template": "use chat_template",
+    "--chat-template-file": "use chat_template",
 }
 
 
@@ -235,10 +239,13 @@ class Model(_Table):
         description="How long it stays loaded when idle (0: unload after each request, -1: "
         "forever). Default: serving.keep_alive.",
     )
-    chat_template: NonEmpty | None = Field(
+    chat_template: ChatTemplate | None = Field(
         default=None,
-        description="A Jinja chat template, or the name of one llama.cpp knows (such as "
-        "'chatml'), for models whose GGUF has none.",
+        description="The chat template to apply instead of the GGUF's own (needed where the "
+        "GGUF has none). Text containing '{{' or '{%' is Jinja; otherwise text containing "
+        "'/', starting with '~' or ending in '.jinja' is the path of a Jinja file (relative "
+        "to the manifest file that declares it); otherwise it names a template Blazar "
+        "ships: " + known_names() + ".",
     )
     embeddings: bool = Field(default=False, description="Serve it as an embedding model.")
     pooling: Literal["mean", "cls", "last", "none", "rank"] | None = Field(

@@ -85,7 +85,7 @@ def test_list_and_show(blazar: Blazar, tiny_model: Path) -> None:
     assert records[0]["source"] == tiny_model.as_uri()
     assert records[0]["facts"]["block_count"] == 2
     shown = blazar("show", "tiny:v2").output
-    assert "architecture       llama" in shown and "chat template      yes" in shown
+    assert "architecture       llama" in shown and "chat template      the GGUF's own" in shown
     assert json.loads(blazar("show", "tiny:v2", "--json").output)["held"] == "copy"
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -14,6 +14,9 @@ from blazar.fit import CACHE_TYPES, estimate
 from blazar.hardware import memory_devices
 from blazar.store import ModelRecord
 from specs.names import parse_name
+
+if TYPE_CHECKING:  # kept out of `blazar list`'s start: it loads the manifest models
+    from blazar.chat_templates import AppliedTemplate
 
 
 def model_json(record: ModelRecord) -> dict[str, Any]:
@@ -93,12 +96,22 @@ _SHOW_FACTS = [
 @click.command("show")
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True, help="Print the record and facts as JSON.")
+@click.option(
+    "--manifest",
+    "manifest_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="The manifest it is served with, for its chat template (default: your manifest).",
+)
 @pass_context
-def show(ctx: Context, name: str, as_json: bool) -> None:
-    """Show one model's facts."""
+def show(ctx: Context, name: str, as_json: bool, manifest_path: Path | None) -> None:
+    """Show one model's facts and the chat template it is served with."""
     record = ctx.store.get_model(parse_name(name))
+    template = _applied_template(ctx, record, manifest_path)
     if as_json:
-        echo_json(model_json(record))
+        data = model_json(record)
+        data["chat_template"] = asdict(template)
+        echo_json(data)
         return
     facts = record.facts
     lines = [("model", record.ref.short)]
@@ -108,7 +121,7 @@ def show(ctx: Context, name: str, as_json: bool) -> None:
             value = f"{human_count(value)} ({value:,})"
         lines.append((label, "-" if value is None else str(value)))
     lines += [
-        ("chat template", "yes" if facts.get("has_chat_template") else "no"),
+        ("chat template", _template_line(template)),
         ("size", f"{human_bytes(record.size)} ({record.size:,} bytes)"),
         ("sha256", record.sha256),
         ("path", f"{record.path} ({record.held})"),
@@ -118,6 +131,28 @@ def show(ctx: Context, name: str, as_json: bool) -> None:
     width = max(len(label) for label, _ in lines)
     for label, value in lines:
         click.echo(f"  {label.ljust(width)}   {value}")
+
+
+def _applied_template(ctx: Context, record: ModelRecord, path: Path | None) -> AppliedTemplate:
+    """What `blazar serve` applies: the manifest's chat_template, else the GGUF's own."""
+    from blazar.chat_templates import AppliedTemplate, model_template
+    from blazar.reconcile import InvalidManifest, load
+
+    path = path or ctx.paths.manifest
+    if not path.exists():
+        return model_template(None, None, record.facts)
+    try:
+        manifest = load(path)
+    except InvalidManifest:
+        unknown = f"unknown: {path} has problems (`blazar diff {path}` lists them)"
+        return AppliedTemplate("unknown", unknown, None)
+    return model_template(manifest, manifest.resolve_model(record.ref.short), record.facts)
+
+
+def _template_line(template: AppliedTemplate) -> str:
+    if template.problem:
+        return f"{template.source}, unusable: {template.problem}"
+    return template.source
 
 
 @click.command("fit")

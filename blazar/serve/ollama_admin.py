@@ -106,7 +106,8 @@ class OllamaAdmin:
         if record is None:
             raise NotFound(f"model '{model}' not found")
         info = _info(record)
-        if runtime.chat_template is not None:  # the manifest's template is the one applied
+        if runtime.chat_template is not None or runtime.template_problem is not None:
+            # The manifest's template is the one applied (none, when it cannot be read).
             info = replace(info, chat_template=runtime.chat_template)
         body = ollama.show(info, context_length=runtime.ctx, embedding=runtime.embeddings)
         return web.json_response(body)

@@ -49,7 +49,7 @@ CREATE_REFUSED = {
     "(hf://owner/repo:Q4_K_M)",
     "adapters": "declare LoRA adapters under [loras] in the manifest (`blazar lora add`)",
     "template": "ollama templates are Go templates; set chat_template for the model in the "
-    "manifest (a Jinja template, or a name llama.cpp knows such as 'chatml')",
+    "manifest (a template Blazar ships such as 'chatml', Jinja text, or a .jinja file)",
     "system": "Blazar keeps no per-model system prompt: send a system message with each request",
     "messages": "Blazar keeps no per-model conversation: send the messages with each request",
     "license": "Blazar keeps no license text with a model",

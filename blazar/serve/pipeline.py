@@ -92,14 +92,8 @@ def free_name(scheduler: Scheduler, name: str, target: Target) -> None:
 def require(runtime: ModelRuntime, need: str, *, alternative: str = "") -> None:
     """Refuse (400) a request the model cannot serve; `alternative` is the route's own way
     out (for example "use /v1/completions, or ")."""
-    if need == CHAT and not runtime.can_chat:
-        raise ProtocolError(
-            400,
-            f"model '{runtime.name}' has no chat template (its GGUF carries none) and the "
-            f"manifest declares none: {alternative}set chat_template for it in the manifest "
-            f"(e.g. `blazar config set models.{runtime.name}.chat_template chatml`) and apply",
-            "invalid_request_error",
-        )
+    if need == CHAT and (refusal := runtime.chat_refusal(alternative)) is not None:
+        raise ProtocolError(400, refusal, "invalid_request_error")
     if need == EMBEDDINGS and not runtime.embeddings:
         raise ProtocolError(
             400,

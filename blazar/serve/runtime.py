@@ -5,7 +5,9 @@ overlaid with the manifest's declarations (ctx, slots, replicas, pins,
 keep_alive, templates). A model the store holds but the manifest does not
 declare is served with the defaults of `[serving]`. The effective arguments
 of an instance are a pure function of its runtime, so hot reload restarts
-exactly the instances whose arguments changed.
+exactly the instances whose arguments changed. A declared chat template is
+read here (`blazar.chat_templates`) and passed to the engine as Jinja text, so
+an edited template file changes the arguments too.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from blazar.chat_templates import AppliedTemplate, model_template
 from blazar.engines.records import EngineRecord, EngineStore
 from blazar.store import LoraRecord, Store
 from specs.manifest import Manifest, Model, Serving
@@ -42,12 +45,13 @@ class ModelRuntime:
     keep_alive: float  # seconds; -1 forever; 0 unload after each request
     engine_tag: str
     command: tuple[str, ...]
-    has_template: bool
-    chat_template: str | None
+    has_template: bool  # the GGUF carries one
+    chat_template: str | None  # the declared template's Jinja text, applied instead
     embeddings: bool
     pooling: str | None
     extra_args: tuple[str, ...]
     adapters: tuple[Adapter, ...] = ()
+    template_problem: str | None = None  # why the declared template cannot be used
     facts: dict[str, object] = field(default_factory=dict, compare=False, hash=False)
 
     @property
@@ -56,7 +60,29 @@ class ModelRuntime:
 
     @property
     def can_chat(self) -> bool:
+        if self.template_problem is not None:
+            return False  # not the GGUF's template either: the manifest asked for another
         return self.has_template or self.chat_template is not None
+
+    def chat_refusal(self, way_out: str = "") -> str | None:
+        """Why chat requests are refused (None when they are not), and how to fix it.
+
+        `way_out` is a protocol's alternative, such as "use /v1/completions, or ".
+        """
+        if self.can_chat:
+            return None
+        where = f"models.{self.name}.chat_template"
+        if self.template_problem is not None:
+            return (
+                f"model '{self.name}' cannot chat: {self.template_problem}: {way_out}fix "
+                f"{where} in the manifest"
+            )
+        return (
+            f"model '{self.name}' has no chat template (its GGUF carries none) and the "
+            f"manifest declares none: {way_out}set {where} in the manifest to a template "
+            f"Blazar ships, Jinja text or a .jinja file (e.g. `blazar config set {where} "
+            "chatml`) and apply"
+        )
 
     def args(self) -> tuple[str, ...]:
         """llama-server flags for an instance (the supervisor adds --host/--port)."""
@@ -69,6 +95,8 @@ class ModelRuntime:
             "--jinja",
         ]  # fmt: skip
         if self.chat_template is not None:
+            # As Jinja text: given a name, llama.cpp's --jinja renders every prompt as the
+            # name itself (all but chatml), so Blazar ships the built-in templates as Jinja.
             out += ["--chat-template", self.chat_template]
         if self.embeddings:
             out.append("--embeddings")
@@ -115,7 +143,10 @@ def build_runtimes(store: Store, manifest: Manifest) -> dict[str, ModelRuntime]:
         engine = engines.active(kind)
         if engine is None:
             continue  # nothing to run it with yet: `blazar engine update` or apply
-        runtimes[name] = _runtime(name, record.path, record.facts, spec, serving, engine, loras)
+        template = model_template(manifest, key, record.facts)
+        runtimes[name] = _runtime(
+            name, record.path, record.facts, spec, serving, engine, loras, template
+        )
     return runtimes
 
 
@@ -127,6 +158,7 @@ def _runtime(
     serving: Serving,
     engine: EngineRecord,
     loras: list[LoraRecord],
+    template: AppliedTemplate,
 ) -> ModelRuntime:
     keep_alive = serving.keep_alive
     if model is not None and model.keep_alive is not None:
@@ -152,11 +184,12 @@ def _runtime(
         engine_tag=engine.tag,
         command=tuple(engine.command),
         has_template=bool(facts.get("has_chat_template")),
-        chat_template=model.chat_template if model else None,
+        chat_template=template.text if template.declared else None,
         embeddings=model.embeddings if model else False,
         pooling=model.pooling if model else None,
         extra_args=tuple(model.args) if model else (),
         adapters=adapters,
+        template_problem=template.problem,
         facts=dict(facts),
     )
 
