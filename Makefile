@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test lint check-python clean
+.PHONY: run test lint engine-wheels check-python clean
 
 check-python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Blazar needs Python >= 3.11; set PYTHON=python3.11 (or newer)")'
@@ -21,6 +21,19 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[quickstart,test]'
 	@touch $@
 
+# The engine wheels the tests install (tests/test_engines.py, test_serve.py, ...), fetched
+# here so that the suite itself runs offline (tests/offline.py); tests/conftest.py reads
+# the same cache. A version already cached is not fetched again.
+TEST_ENGINE_VERSIONS := 2026.10.11549 2026.9.11063
+WHEEL_CACHE := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/blazar-tests/wheels
+
+engine-wheels: $(VENV)/.installed-test
+	@for v in $(TEST_ENGINE_VERSIONS); do \
+		ls "$(WHEEL_CACHE)"/xllamacpp-$$v-*.whl >/dev/null 2>&1 || \
+		$(BIN)/python -m pip download --quiet --no-deps --only-binary :all: \
+			-d "$(WHEEL_CACHE)" "xllamacpp==$$v" || exit 1; \
+	done
+
 ## run: set up Blazar and run it on its default model (Gemma 3 270M).
 run: $(VENV)/.installed-run
 	$(BIN)/python -m blazar.quickstart
@@ -32,7 +45,7 @@ lint: $(VENV)/.installed-test
 	$(BIN)/lint-imports
 
 ## test: set up the test environment and run lint, types, layering and the whole suite.
-test: lint
+test: lint engine-wheels
 	$(BIN)/python -m pytest
 
 clean:

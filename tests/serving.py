@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from pathlib import Path
 from types import TracebackType
@@ -113,3 +114,59 @@ class Served:
 
     def ps(self) -> list[dict[str, Any]]:
         return list(self.get("/api/blazar/ps")["instances"])
+
+
+def engine_metric(port: int, name: str) -> float:
+    """One counter from a child's own `/metrics` (llama-server's `llamacpp:` prefix)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith(f"llamacpp:{name} "):
+                return float(line.split()[-1])
+    raise AssertionError(f"the child on port {port} reports no llamacpp:{name}")
+
+
+def tokens_predicted(port: int) -> float:
+    """Tokens a child has generated so far, cancelled requests included (counted on release)."""
+    return engine_metric(port, "tokens_predicted_total")
+
+
+def processing(port: int) -> bool:
+    """Whether any of a child's slots is working on a request."""
+    return any(slot["is_processing"] for slot in _slots(port))
+
+
+def tokens_in_progress(port: int) -> int:
+    """Tokens generated so far by the requests a child is working on (live, from `/slots`)."""
+    return sum(
+        token["n_decoded"]
+        for slot in _slots(port)
+        if slot["is_processing"]
+        for token in slot["next_token"]
+    )
+
+
+def _slots(port: int) -> list[dict[str, Any]]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/slots", timeout=5) as resp:
+        return list(json.load(resp))
+
+
+def assert_generation_cancelled(port: int, at_disconnect: float, max_tokens: int) -> None:
+    """After a client left mid-stream: the child stopped far short of `max_tokens`.
+
+    `at_disconnect` is `tokens_predicted` plus `tokens_in_progress`, read just before the
+    client left. This waits for the child to go idle (as long as the whole generation
+    could take, so a child that was never told gets to finish) and then counts what it
+    generated after that moment. A count, not a deadline: a fast machine finishes an
+    uncancelled request within any deadline short enough to be useful. The tiny models
+    never choose their end-of-sequence token (its logit is biased far down), so an
+    uncancelled generation runs to `max_tokens`.
+    """
+    deadline = time.monotonic() + 120
+    while processing(port):
+        assert time.monotonic() < deadline, "the child is still generating for a gone client"
+        time.sleep(0.05)
+    after = tokens_predicted(port) - at_disconnect
+    assert after < max_tokens / 10, (
+        f"the child generated {after:.0f} more tokens (max_tokens {max_tokens}) "
+        "after the client had gone"
+    )

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from blazar.cli.docs import render
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,6 +34,7 @@ def test_import_example_runs(blazar_home: Path) -> None:
     assert "removed tiny" in result.stdout
 
 
+@pytest.mark.network  # pip fetches Blazar's dependencies from the package index
 def test_install_script_installs_a_working_blazar(tmp_path: Path) -> None:
     """packaging/install.sh, into a throwaway prefix, from this checkout."""
     env = {

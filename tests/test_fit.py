@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import json
+import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from blazar.engines import launcher
 from blazar.errors import InvalidInput
-from blazar.fit import COMPUTE_FIXED, UBATCH, estimate
+from blazar.fit import estimate
 from blazar.hardware import Device, memory_devices, system_memory
+from blazar.testing.tiny import write_tiny_model
+from tests.conftest import Blazar
+
+LAUNCHER = Path(launcher.__file__)
 
 FACTS = {
     "block_count": 18,
@@ -30,28 +39,46 @@ def ram(free: int) -> list[Device]:
     return [Device("cpu", 0, "system RAM", free * 2, free)]
 
 
-def test_terms_follow_the_stated_formula() -> None:
+# Expected values below are worked out by hand from docs/fit.md for FACTS (Gemma 3 270M's
+# shape), not computed with blazar.fit's code:
+#   kv/token (f16)  = 18 layers x 1 kv head x (256 + 256) x 2 bytes      =      18,432
+#   kv at ctx 4096  = 18,432 x 4,096                                     =  75,497,472
+#   compute         = 4 x 512 x (262,144 + 4 x 640 + 2,048) + 32 MiB
+#                   = 2,048 x 266,752 + 33,554,432                       = 579,862,528
+#   needed          = 253,113,024 + 75,497,472 + 579,862,528             = 908,473,024
+WEIGHTS, COMPUTE = 253_113_024, 579_862_528
+
+
+def test_terms_match_values_worked_out_by_hand() -> None:
     r = estimate("m", FACTS, ram(8 * GIB), ctx=4096, cache_type="f16")
-    assert r.kv_per_token == 18 * 1 * (256 + 256) * 2
-    assert r.kv == r.kv_per_token * 4096
-    assert r.compute == 4 * UBATCH * (262144 + 4 * 640 + 2048) + COMPUTE_FIXED
-    assert r.needed == r.weights + r.kv + r.compute
-    assert r.fits and r.max_ctx == 32768  # capped at the training context
+    assert r.weights == WEIGHTS
+    assert r.kv_per_token == 18_432
+    assert r.kv == 75_497_472
+    assert r.compute == COMPUTE
+    assert r.needed == 908_473_024
+    assert r.fits and r.max_ctx == 32768  # 8 GiB holds more; capped at the training context
 
 
-@pytest.mark.parametrize(("cache", "ratio"), [("q8_0", 34 / 32 / 2), ("q4_0", 18 / 32 / 2)])
-def test_quantized_cache_shrinks_kv(cache: str, ratio: float) -> None:
-    f16 = estimate("m", FACTS, ram(8 * GIB), ctx=4096, cache_type="f16")
+@pytest.mark.parametrize(
+    ("cache", "per_token", "kv"),
+    [
+        ("q8_0", 9_792, 40_108_032),  # 18 x 1 x 512 x 34/32 = 9,792; x 4,096
+        ("q4_0", 5_184, 21_233_664),  # 18 x 1 x 512 x 18/32 = 5,184; x 4,096
+    ],
+)
+def test_quantized_cache_shrinks_kv(cache: str, per_token: int, kv: int) -> None:
     q = estimate("m", FACTS, ram(8 * GIB), ctx=4096, cache_type=cache)
-    assert q.kv == pytest.approx(f16.kv * ratio, rel=1e-3)
+    assert (q.kv_per_token, q.kv) == (per_token, kv)
 
 
 def test_too_little_memory_does_not_fit_and_max_ctx_is_exact() -> None:
-    base = estimate("m", FACTS, ram(100 * GIB), ctx=1, cache_type="f16")
-    free = base.weights + base.compute + base.kv_per_token * 1000 + 5
-    r = estimate("m", FACTS, ram(free), ctx=4096, cache_type="f16")
+    # Room for exactly 1,000 tokens of f16 cache, and 5 bytes to spare, beside the rest:
+    # 253,113,024 + 579,862,528 + 18,432 x 1,000 + 5 = 851,407,557
+    r = estimate("m", FACTS, ram(851_407_557), ctx=4096, cache_type="f16")
     assert not r.fits
     assert r.max_ctx == 1000
+    one_less = estimate("m", FACTS, ram(851_407_557 - 6), ctx=4096, cache_type="f16")
+    assert one_less.max_ctx == 999
 
 
 def test_nothing_fits_when_weights_exceed_memory() -> None:
@@ -78,19 +105,76 @@ def test_no_gpu_means_system_ram() -> None:
     assert 0 < mem.free <= mem.total
 
 
-def test_fit_cli_json_shows_terms(blazar, tiny_model: Path) -> None:  # type: ignore[no-untyped-def]
+def test_fit_cli_json_shows_terms(blazar: Blazar, tiny_model: Path) -> None:
     blazar("import", str(tiny_model), "--name", "tiny")
     data = json.loads(blazar("fit", "tiny", "--ctx", "1024", "--json").output)
     assert data["ctx"] == 1024 and data["fits"] is True
     assert data["terms"]["layers"] == 2 and data["terms"]["kv_heads"] == 4
-    assert data["kv_per_token"] == 2 * 4 * (16 + 16) * 2
+    assert data["kv_per_token"] == 512  # 2 layers x 4 kv heads x (16 + 16) x 2 bytes
     assert data["max_ctx"] == 2048
     human = blazar("fit", "tiny", "--cache-type", "q8_0").output
     assert "fits" in human and "largest ctx that fits: 2048" in human
 
 
-def test_fit_cli_refuses_bad_input(blazar, tiny_model: Path) -> None:  # type: ignore[no-untyped-def]
+def test_fit_cli_refuses_bad_input(blazar: Blazar, tiny_model: Path) -> None:
     assert "not in the store" in blazar("fit", "nope", ok=False).output
     blazar("import", str(tiny_model), "--name", "tiny")
     r = blazar("fit", "tiny", "--cache-type", "q5_1", ok=False)
     assert r.exit_code == 2 and "q5_1" in r.output
+
+
+# llama.cpp's own account of the cache it allocated (logged with --verbose), e.g.
+# "llama_kv_cache: size =    1.06 MiB (  8192 cells,   2 layers,  1/1 seqs), K (q8_0): ..."
+KV_LOG = re.compile(r"llama_kv_cache: size = +([\d.]+) MiB \( *(\d+) cells, +(\d+) layers")
+LISTENING = "blazar-launcher: listening on "
+
+
+def engine_kv_log(model: Path, ctx: int, cache_type: str, log: Path) -> tuple[str, int, int]:
+    """Start the real engine on `model`; return its logged KV size (MiB text), cells, layers."""
+    command = [sys.executable, str(LAUNCHER), "--host", "127.0.0.1", "--port", "0",
+               "--model", str(model), "--ctx-size", str(ctx), "-ctk", cache_type,
+               "-ctv", cache_type, "--threads", "2", "--verbose"]  # fmt: skip
+    with log.open("w") as err:
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err, text=True)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # the cache is allocated before the server listens
+            if line.startswith(LISTENING):
+                break
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    match = KV_LOG.search(log.read_text())
+    assert match, f"the engine logged no KV cache size:\n{log.read_text()[-3000:]}"
+    return match.group(1), int(match.group(2)), int(match.group(3))
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "cache", "per_token"),
+    [
+        (4, 4, "f16", 512),  # 2 layers x 4 kv heads x (16 + 16) x 2 bytes
+        (2, 1, "q8_0", 136),  # 2 layers x 1 kv head x (32 + 32) x 34/32 bytes
+        (2, 1, "q4_0", 72),  # 2 layers x 1 kv head x (32 + 32) x 18/32 bytes
+    ],
+)
+def test_kv_estimate_matches_what_the_engine_allocates(
+    blazar: Blazar, tmp_path: Path, heads: int, kv_heads: int, cache: str, per_token: int
+) -> None:
+    """The estimate, read from a real GGUF through `blazar fit`, against llama.cpp's own log."""
+    ctx = 8192
+    model = write_tiny_model(
+        tmp_path / "tiny.gguf", n_head=heads, n_head_kv=kv_heads, n_ctx_train=ctx
+    )
+    blazar("import", str(model), "--name", "tiny")
+    data = json.loads(
+        blazar("fit", "tiny", "--ctx", str(ctx), "--cache-type", cache, "--json").output
+    )
+    assert data["kv_per_token"] == per_token and data["kv"] == per_token * ctx
+    size, cells, layers = engine_kv_log(model, ctx, cache, tmp_path / "engine.log")
+    assert (cells, layers) == (ctx, 2)
+    # llama.cpp prints MiB with two decimals: 4.00, 1.06 (1.0625), 0.56 (0.5625)
+    assert size == f"{per_token * ctx / 2**20:.2f}"

@@ -23,9 +23,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
-
-pytest.importorskip("xllamacpp")
 
 from blazar.engines import launcher
 from blazar.testing.tiny import LORA_WORD, is_tiny_text, write_tiny_lora, write_tiny_model
@@ -62,8 +61,6 @@ class Launched:
         return json.loads(body)
 
     def openai(self, api_key: str = "none") -> Any:
-        openai = pytest.importorskip("openai")  # not in the test extra everywhere
-
         return openai.OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, timeout=30)
 
     def stop(self, signum: int = signal.SIGTERM) -> int:

@@ -13,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import pydantic
 import pytest
+from anthropic import types as anthropic_types
 
 from blazar.protocols import EngineRequest, ProtocolError, anthropic
 from blazar.protocols.sse import DONE, SSEDecoder
@@ -62,9 +64,7 @@ def check_order(events: list[dict[str, Any]]) -> None:
 
 
 def validate(events: list[dict[str, Any]]) -> None:
-    pydantic = pytest.importorskip("pydantic")
-    types = pytest.importorskip("anthropic.types")
-    adapter = pydantic.TypeAdapter(types.RawMessageStreamEvent)
+    adapter = pydantic.TypeAdapter(anthropic_types.RawMessageStreamEvent)
     for event in events:
         if event["type"] != "ping":
             adapter.validate_python(event)
@@ -80,11 +80,10 @@ def test_golden(name: str) -> None:
 
 
 def test_golden_outputs_parse_with_the_official_anthropic_client() -> None:
-    types = pytest.importorskip("anthropic.types")
     for name in runner.names("anthropic"):
         case = runner.load("anthropic", name)
         if case["translator"] == "message_response":
-            types.Message.model_validate(case["expected"])
+            anthropic_types.Message.model_validate(case["expected"])
         elif case["translator"] == "stream":
             check_order(case["expected"])
             validate(case["expected"])
@@ -220,9 +219,8 @@ def test_forwarded_fields_and_what_is_dropped() -> None:
 def test_error_types_by_status(status: int, kind: str) -> None:
     body = anthropic.error(status, None, "boom")
     assert body == {"type": "error", "error": {"type": kind, "message": "boom"}}
-    types = pytest.importorskip("anthropic.types")
     if kind != "request_too_large":  # documented by Anthropic, absent from the SDK's enum
-        types.ErrorResponse.model_validate(body)
+        anthropic_types.ErrorResponse.model_validate(body)
 
 
 def test_engine_errors_become_anthropic_errors() -> None:
@@ -254,7 +252,6 @@ def test_sse_encoding_names_the_event() -> None:
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    pytest.importorskip("xllamacpp")
     model = write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny.gguf")
     with running_engine(model) as running:
         yield running
@@ -292,14 +289,13 @@ def test_live_stream_is_complete_and_valid(engine: Engine) -> None:
 
 
 def test_live_stop_sequences_give_stop_reason_stop_sequence(engine: Engine) -> None:
-    types = pytest.importorskip("anthropic.types")
     for _ in range(5):  # the tiny model's sampling is random; a stop word comes quickly
         status, out = engine.send(request(stop_sequences=STOP_WORDS, max_tokens=60))
         assert status == 200
         message = anthropic.message_response(out, model="m", message_id="msg_1")
         if message["stop_reason"] != "max_tokens":
             break
-    types.Message.model_validate(message)
+    anthropic_types.Message.model_validate(message)
     assert message["stop_reason"] == "stop_sequence" and message["stop_sequence"] in STOP_WORDS
     text = "".join(b["text"] for b in message["content"])
     assert not any(word in text for word in STOP_WORDS)

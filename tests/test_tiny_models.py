@@ -85,7 +85,6 @@ def serve(
     tmp: Path, model: Path, loras: list[Path] | None = None, embedding: bool = False
 ) -> Iterator[Engine]:
     """Run the engine on `model` in a child process; stop it by PID on the way out."""
-    pytest.importorskip("xllamacpp")
     address_file, log = tmp / "address", tmp / "engine.log"
     cfg = {
         "model": str(model),
