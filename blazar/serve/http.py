@@ -20,6 +20,9 @@ from blazar.protocols import ProtocolError
 TRACE = "x-request-id"  # the header a client may send and every response carries
 PRIORITY = "x-blazar-priority"
 TRACE_KEY = web.RequestKey("trace", str)
+# The name (never the secret) of the API key a request authenticated with, set by the
+# access middleware; absent when keys are off. Traces and logs record this, nothing else.
+KEY_NAME = web.RequestKey("key_name", str)
 
 
 def trace_id(request: web.Request) -> str:
