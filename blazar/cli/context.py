@@ -1,15 +1,22 @@
-"""What every command needs: resolved paths and an open store, made on first use."""
+"""What every command needs: resolved paths and an open store, made on first use.
+
+The store (sqlite-utils) and the registry (gguf) are imported when a command
+first asks for them, not when the CLI starts.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import click
 
 from blazar.paths import Paths, resolve_paths
-from blazar.registry import Registry
-from blazar.store import Store
+
+if TYPE_CHECKING:
+    from blazar.registry import Registry
+    from blazar.store import Store
 
 
 @dataclass
@@ -22,10 +29,14 @@ class Context:
 
     @cached_property
     def store(self) -> Store:
+        from blazar.store import Store
+
         return Store(self.paths.db)
 
     @cached_property
     def registry(self) -> Registry:
+        from blazar.registry import Registry
+
         return Registry(self.store, self.paths)
 
 
