@@ -29,9 +29,14 @@ class Context:
 
     @cached_property
     def store(self) -> Store:
+        """The store, opened on first use and closed when the command ends."""
         from blazar.store import Store
 
-        return Store(self.paths.db)
+        store = Store(self.paths.db)
+        command = click.get_current_context(silent=True)
+        if command is not None:
+            command.find_root().call_on_close(store.close)
+        return store
 
     @cached_property
     def registry(self) -> Registry:

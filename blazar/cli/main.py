@@ -13,6 +13,7 @@ huggingface_hub) are imported by the commands that use them.
 
 from __future__ import annotations
 
+import gc
 import importlib
 from typing import Any
 
@@ -84,7 +85,14 @@ def cli() -> None:
 
 
 def main() -> None:
-    cli(prog_name="blazar")
+    try:
+        cli(prog_name="blazar")
+    finally:
+        # The process exits next. Freezing spares it the collector's last pass over every
+        # object the command's imports made (pydantic's schemas: about 25 ms of a `blazar
+        # diff`). Objects are still freed by reference counting and atexit hooks still run;
+        # only cyclic garbage is left to the OS, and the store is closed before this.
+        gc.freeze()
 
 
 if __name__ == "__main__":  # `python -m blazar.cli.main`, as serve and quickstart fall back to
