@@ -17,8 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
 from blazar.errors import InvalidInput
 from blazar.hardware import Device
 
@@ -33,6 +31,8 @@ def cache_bytes_per_element(cache_type: str) -> float:
         raise InvalidInput(
             f"unknown cache type {cache_type!r}: choose one of {', '.join(CACHE_TYPES)}"
         )
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType  # numpy: only when estimating
+
     block, size = GGML_QUANT_SIZES[GGMLQuantizationType[cache_type.upper()]]
     return size / block
 

@@ -9,10 +9,12 @@ their tables by appending here.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import sqlite_utils
+if TYPE_CHECKING:  # the store imports sqlite-utils when it opens (`blazar.store.open_database`)
+    import sqlite_utils
 
-Migration = Callable[[sqlite_utils.Database], None]
+Migration = Callable[["sqlite_utils.Database"], None]
 MIGRATIONS: list[Migration] = []
 
 

@@ -17,18 +17,28 @@ import shutil
 import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from blazar.errors import AlreadyExists, InvalidInput, VerificationFailed
-from blazar.gguf_info import GGUFFacts, inspect_gguf
 from blazar.hashing import sha256_file
 from blazar.paths import Paths
 from blazar.store import LoraRecord, ModelRecord, Store
 from specs.names import ModelName
 
+if TYPE_CHECKING:
+    from blazar.gguf_info import GGUFFacts
+
 # os.link fails with these when a hardlink is impossible (another filesystem,
 # a filesystem without links, a protected file): reference the file instead.
 _NO_LINK = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES}
+
+
+def inspect_gguf(path: Path) -> GGUFFacts:
+    """The file's GGUF facts; gguf (and numpy) load here, the first time a file is read,
+    so opening the registry (every `blazar diff`) costs neither."""
+    from blazar.gguf_info import inspect_gguf as inspect
+
+    return inspect(path)
 
 
 @dataclass(frozen=True)

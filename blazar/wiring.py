@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from blazar.engines.records import EngineStore
-from blazar.engines.service import Engines
 from blazar.errors import BlazarError
 from blazar.paths import Paths
 from blazar.registry import Registry
@@ -31,6 +31,7 @@ from specs.names import parse_name
 from specs.sources import parse_source
 
 if TYPE_CHECKING:  # blazar.sources pulls in huggingface_hub: load it only when fetching
+    from blazar.engines.service import Engines
     from blazar.sources import Fetched
 
 
@@ -67,9 +68,16 @@ def classified() -> Iterator[None]:
 
 class StoreEngines:
     def __init__(self, store: Store, paths: Paths) -> None:
-        self.service = Engines(store, paths)
+        self.store = store
         self.records = EngineStore(store)
         self.paths = paths
+
+    @cached_property
+    def service(self) -> Engines:
+        """The engine service (installers, bench): imported only when installing."""
+        from blazar.engines.service import Engines
+
+        return Engines(self.store, self.paths)
 
     def observe(self) -> list[ObservedEngine]:
         return [

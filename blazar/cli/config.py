@@ -1,4 +1,8 @@
-"""`blazar config ...`: the user's manifest, read and edited by dotted keys."""
+"""`blazar config ...`: the user's manifest, read and edited by dotted keys.
+
+`get` and `set` import the manifest editor (tomlkit, and the manifest's pydantic
+models to validate) themselves; `config path` needs neither.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +11,6 @@ import json
 import click
 
 from blazar.cli.context import Context, pass_context
-from blazar.manifest_edit import ManifestError, ManifestFile, parse_value
-from blazar.reconcile import InvalidManifest
 
 
 @click.group()
@@ -28,6 +30,8 @@ def config_path(ctx: Context) -> None:
 @pass_context
 def config_get(ctx: Context, key: str) -> None:
     """Print the value at KEY (dotted; quote a segment with dots: models."qwen3:0.6b".ctx)."""
+    from blazar.manifest_edit import ManifestFile
+
     value = ManifestFile(ctx.paths.manifest).get(key)
     click.echo(value if isinstance(value, str) else json.dumps(value, sort_keys=True))
 
@@ -42,6 +46,9 @@ def config_set(ctx: Context, key: str, value: str) -> None:
     VALUE is read as a TOML value when it is one (8192, true, "text", [1, 2]) and
     as a string otherwise. The whole manifest is validated before it is written.
     """
+    from blazar.manifest_edit import ManifestError, ManifestFile, parse_value
+    from blazar.reconcile import InvalidManifest
+
     manifest = ManifestFile(ctx.paths.manifest)
     manifest.set(key, parse_value(value))
     try:
@@ -51,3 +58,6 @@ def config_set(ctx: Context, key: str, value: str) -> None:
             f"not written: the change would make the manifest invalid:\n{exc}"
         ) from None
     click.echo(f"{key} = {json.dumps(manifest.get(key))}  ({ctx.paths.manifest})")
+
+
+COMMANDS = [config]

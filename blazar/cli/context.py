@@ -1,15 +1,22 @@
-"""What every command needs: resolved paths and an open store, made on first use."""
+"""What every command needs: resolved paths and an open store, made on first use.
+
+The store (sqlite-utils) and the registry (gguf) are imported when a command
+first asks for them, not when the CLI starts.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import click
 
 from blazar.paths import Paths, resolve_paths
-from blazar.registry import Registry
-from blazar.store import Store
+
+if TYPE_CHECKING:
+    from blazar.registry import Registry
+    from blazar.store import Store
 
 
 @dataclass
@@ -22,10 +29,19 @@ class Context:
 
     @cached_property
     def store(self) -> Store:
-        return Store(self.paths.db)
+        """The store, opened on first use and closed when the command ends."""
+        from blazar.store import Store
+
+        store = Store(self.paths.db)
+        command = click.get_current_context(silent=True)
+        if command is not None:
+            command.find_root().call_on_close(store.close)
+        return store
 
     @cached_property
     def registry(self) -> Registry:
+        from blazar.registry import Registry
+
         return Registry(self.store, self.paths)
 
 

@@ -21,9 +21,12 @@ def _walk(ctx: click.Context, path: list[str]) -> list[tuple[list[str], str]]:
     """Help texts of a command and its subcommands, each in a context chained to its parent
     (so settings such as `-h` reach every level, as when a user types the command)."""
     found = [(path, ctx.command.get_help(ctx))]
-    if isinstance(ctx.command, click.Group):
-        for name in sorted(ctx.command.commands):
-            sub = ctx.command.commands[name]
+    group = ctx.command
+    if isinstance(group, click.Group):
+        # list_commands/get_command, not .commands: the root group loads its commands lazily
+        for name in sorted(group.list_commands(ctx)):
+            sub = group.get_command(ctx, name)
+            assert sub is not None, name
             found += _walk(click.Context(sub, info_name=name, parent=ctx), [*path, name])
     return found
 

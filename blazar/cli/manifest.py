@@ -1,19 +1,25 @@
-"""Declarative commands: `blazar diff`, `apply`, `status`, `schema`."""
+"""Declarative commands: `blazar diff`, `apply`, `status`, `schema`.
+
+`blazar.reconcile` (and with it the manifest's pydantic models) is imported by
+the commands that load a manifest, so `blazar status` does not pay for it.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from blazar.cli.context import Context, pass_context
 from blazar.cli.format import echo_json, table
-from blazar.reconcile import load, manifest_path, reconcile
-from reconcilers.apply import ApplyReport
 from reconcilers.plan import Action, Change, Plan, render
 from reconcilers.ports import Progress
+
+if TYPE_CHECKING:
+    from reconcilers.apply import ApplyReport
 
 PATH_ARG = click.argument("path", required=False, type=click.Path(path_type=Path))
 
@@ -32,6 +38,8 @@ def diff(
     ctx: Context, path: Path | None, as_json: bool, detailed_exitcode: bool, prune: bool
 ) -> None:
     """Show what `apply` would change, as terraform shows a plan. PATH: the manifest."""
+    from blazar.reconcile import load, manifest_path, reconcile
+
     manifest = load(manifest_path(ctx.paths, path))
     result = reconcile(ctx.store, ctx.paths, manifest, apply=False, prune=prune)
     if as_json:
@@ -106,6 +114,8 @@ def apply(
     dry_run: bool,
 ) -> None:
     """Make the host match the manifest. PATH: the manifest (default: `blazar config path`)."""
+    from blazar.reconcile import load, manifest_path, reconcile
+
     manifest = load(manifest_path(ctx.paths, path))
 
     def confirm(plan: Plan) -> bool:

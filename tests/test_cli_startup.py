@@ -1,0 +1,140 @@
+"""The CLI starts fast because it imports lazily: which modules each command loads.
+
+These are not timing tests (bench/cli_startup.py measures the time). Each case runs
+a command in a fresh interpreter and fails when it imports a library it has no use
+for: `--version` none of them, `list` no manifest models, `diff` no GGUF reader,
+no server, no hub client. A regression here is a top-level import that should be
+inside the command (or the function) that needs it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+
+from blazar import gguf_info, hashing, registry
+from blazar.cli.main import COMMANDS, cli
+from blazar.paths import Paths
+from tests.conftest import Blazar
+
+# Runs the CLI as the console script does, then prints every module it imported.
+PROBE = """
+import json, sys
+sys.argv = ["blazar", *sys.argv[1:]]
+from blazar.cli.main import main
+try:
+    main()
+finally:
+    print("\\nMODULES " + json.dumps(sorted(sys.modules)))
+"""
+
+HEAVY = ("gguf", "numpy", "pydantic", "sqlite_utils", "aiohttp", "huggingface_hub", "tomlkit")
+COMMAND_MODULES = {spec.partition(":")[0] for spec in COMMANDS.values()}
+
+
+def imported_by(*args: str) -> tuple[subprocess.CompletedProcess[str], set[str]]:
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, *args], capture_output=True, text=True, timeout=120
+    )
+    last = done.stdout.rstrip().rsplit("\n", 1)[-1]
+    assert last.startswith("MODULES "), done.stdout + done.stderr
+    return done, set(json.loads(last.removeprefix("MODULES ")))
+
+
+def loaded(modules: set[str], names: tuple[str, ...] | set[str]) -> list[str]:
+    """Which of `names` (packages: any submodule counts) are in `modules`."""
+    return sorted(n for n in names if any(m == n or m.startswith(n + ".") for m in modules))
+
+
+def test_version_imports_no_command_and_no_heavy_library() -> None:
+    done, modules = imported_by("--version")
+    assert done.returncode == 0 and "blazar, version" in done.stdout
+    assert loaded(modules, HEAVY) == []
+    assert loaded(modules, COMMAND_MODULES) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "heavy"),
+    [
+        pytest.param(("list",), {"sqlite_utils"}, id="list"),  # it opens the store
+        pytest.param(("status",), {"sqlite_utils"}, id="status"),
+        pytest.param(("config", "path"), set(), id="config-path"),
+        # nothing answers there: it exits 1, having imported no HTTP server or client library
+        pytest.param(("ps", "--url", "http://127.0.0.1:9"), set(), id="ps"),
+    ],
+)
+def test_commands_import_only_what_they_use(args: tuple[str, ...], heavy: set[str]) -> None:
+    _, modules = imported_by(*args)
+    assert loaded(modules, HEAVY) == sorted(heavy)
+    # and of the command modules, only the command's own
+    module = COMMANDS[args[0]].partition(":")[0]
+    assert loaded(modules, COMMAND_MODULES) == [module]
+
+
+@pytest.fixture
+def applied(blazar: Blazar, paths: Paths, tiny_model: Path) -> None:
+    """A manifest of three models from one file, applied: the store is populated."""
+    digest = hashlib.sha256(tiny_model.read_bytes()).hexdigest()
+    paths.manifest.write_text(
+        "".join(
+            f'[models.m-{n}]\nsource = "{tiny_model.as_uri()}"\nsha256 = "{digest}"\n\n'
+            for n in range(3)
+        )
+    )
+    blazar("apply")
+
+
+def test_diff_loads_the_manifest_but_no_gguf_reader_server_or_hub(applied: None) -> None:
+    done, modules = imported_by("diff")
+    assert done.returncode == 0 and "No changes." in done.stdout, done.stdout + done.stderr
+    assert loaded(modules, HEAVY) == ["pydantic", "sqlite_utils"]
+
+
+def test_diff_neither_hashes_nor_reads_a_model_file(
+    applied: None, blazar: Blazar, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A diff against a populated store compares records; it never touches the files."""
+
+    def forbidden(*args: object, **kwargs: object) -> None:
+        raise AssertionError("blazar diff read a model file")
+
+    for module, name in [
+        (hashing, "sha256_file"),
+        (registry, "sha256_file"),
+        (registry, "inspect_gguf"),
+        (gguf_info, "inspect_gguf"),
+    ]:
+        monkeypatch.setattr(module, name, forbidden)
+    assert "No changes." in blazar("diff").output
+
+
+def test_the_command_table_matches_the_command_modules() -> None:
+    """Every command a module exports is in COMMANDS under its own name, and only those."""
+    exported = {}
+    for module in sorted(COMMAND_MODULES):
+        for command in importlib.import_module(module).COMMANDS:
+            exported[command.name] = command
+    assert sorted(exported) == sorted(COMMANDS)
+    ctx = click.Context(cli)
+    for name, command in exported.items():
+        assert cli.get_command(ctx, name) is command
+    assert cli.list_commands(ctx) == sorted(COMMANDS)
+
+
+def test_help_lists_every_command_and_python_m_runs_the_cli() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "blazar.cli.main", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    listed = done.stdout.split("Commands:\n", 1)[1].split()
+    assert all(name in listed for name in COMMANDS)
