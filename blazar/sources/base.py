@@ -11,6 +11,7 @@ timeout, which the models reconciler retries later. A checksum mismatch is
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,8 @@ from specs.sources import Source
 Progress = Callable[[int, int | None], None]
 
 GGUF_MAGIC = b"GGUF"
+# A split model's shard file name, as llama.cpp's gguf-split names them.
+SHARD = re.compile(r"^(?P<prefix>.+)-(?P<index>\d{5})-of-(?P<total>\d{5})\.gguf$")
 
 
 class FetchError(BlazarError):

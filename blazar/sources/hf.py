@@ -41,6 +41,7 @@ from huggingface_hub.hf_api import RepoSibling
 from blazar.errors import VerificationFailed
 from blazar.hashing import sha256_file
 from blazar.sources.base import (
+    SHARD,
     Fetched,
     FetchError,
     Progress,
@@ -51,7 +52,6 @@ from specs.sources import HFSource
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 TIMEOUT = 30.0
-SHARD = re.compile(r"^(?P<prefix>.+)-(?P<index>\d{5})-of-(?P<total>\d{5})\.gguf$")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 T = TypeVar("T")
 
