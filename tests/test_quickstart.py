@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from blazar.engines.process import free_port
+from blazar.testing.ports import free_port
 from tests.conftest import Blazar
 
 GEMMA_SHA = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
