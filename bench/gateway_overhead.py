@@ -37,36 +37,25 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import signal
 import statistics
-import subprocess
 import sys
-import tempfile
-import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+from served import Serve, SetupFailed, served
 
-from blazar.engines.process import free_port
 from blazar.testing.tiny import write_tiny_model
 
-ENGINE_VERSION = "2026.10.11549"
 MODEL = "tiny"
 PATHS = ("direct", "gateway")
 TARGET_ADDED_MS = 1.0
 TARGET_STREAM = 0.95
 TARGET_CONCURRENT = 0.90
-SETUP_TIMEOUT = 180.0
-
-
-class SetupFailed(Exception):
-    """The benchmark could not start what it measures."""
 
 
 @dataclass(frozen=True)
@@ -104,93 +93,12 @@ class Results:
 # -- setup ---------------------------------------------------------------------------------
 
 
-class Serve:
-    """`blazar serve` in a subprocess, in a temporary home; stopped by its PID."""
-
-    def __init__(self, root: Path, slots: int) -> None:
-        self.root = root
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = root / "serve.log"
-        # In a folder of its own: serve watches the manifest's folder, and a pass on every
-        # write to the log or the store would be measured too.
-        self.manifest = root / "manifest" / "blazar.toml"
-        self.manifest.parent.mkdir()
+def tiny_models(slots: int) -> Callable[[Path], str]:
+    def models(root: Path) -> str:
         model = write_tiny_model(root / "tiny.gguf")
-        self.manifest.write_text(
-            f"[serving]\nport = {self.port}\nkeep_alive = -1\n\n"
-            f'[engines.llamacpp]\nversion = "{ENGINE_VERSION}"\n\n'
-            f'[models.{MODEL}]\nsource = "{model.as_uri()}"\nctx = 512\nslots = {slots}\n'
-        )
-        self.proc: subprocess.Popen[bytes] | None = None
+        return f'[models.{MODEL}]\nsource = "{model.as_uri()}"\nctx = 512\nslots = {slots}\n'
 
-    def start(self) -> None:
-        env = dict(os.environ, BLAZAR_HOME=str(self.root / "home"))
-        cache = Path.home() / ".cache" / "blazar-tests" / "wheels"
-        if "BLAZAR_WHEEL_CACHE" not in env and cache.is_dir():
-            env["BLAZAR_WHEEL_CACHE"] = str(cache)
-        exe = Path(sys.executable).with_name("blazar")
-        command = [str(exe)] if exe.exists() else [sys.executable, "-m", "blazar.cli.main"]
-        with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(
-                [*command, "serve", str(self.manifest)],
-                stdout=subprocess.PIPE,
-                stderr=log,
-                stdin=subprocess.DEVNULL,
-                env=env,
-            )
-        ready = threading.Event()
-        threading.Thread(target=self._read_stdout, args=(ready,), daemon=True).start()
-        deadline = time.monotonic() + SETUP_TIMEOUT
-        while not ready.wait(0.2):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise SetupFailed(f"blazar serve did not start:\n{self.log_tail()}")
-
-    def _read_stdout(self, ready: threading.Event) -> None:
-        assert self.proc is not None and self.proc.stdout is not None
-        for line in self.proc.stdout:  # read to the end, so serve never blocks on the pipe
-            if b"Blazar is serving on" in line:
-                ready.set()
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
-
-    def cpu_seconds(self) -> float:
-        """CPU time serve has used so far (0.0 where /proc cannot tell)."""
-        assert self.proc is not None
-        try:
-            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            return 0.0
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)  # serve stops its child
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
-@contextmanager
-def served(options: Options) -> Iterator[Serve]:
-    root = Path(tempfile.mkdtemp(prefix="blazar-bench-"))
-    try:
-        serve = Serve(root, options.slots)
-        try:
-            serve.start()
-            yield serve
-        finally:
-            serve.stop()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    return models
 
 
 # -- the client ----------------------------------------------------------------------------
@@ -541,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     load_before = os.getloadavg()[0]
     try:
-        with served(options) as serve:
+        with served("blazar-bench-", tiny_models(options.slots)) as serve:
             print(f"blazar serve is up at {serve.url} ({time.monotonic() - started:.1f} s)")
             try:
                 results = asyncio.run(measure(serve, options))

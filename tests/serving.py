@@ -14,7 +14,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from blazar.engines.process import free_port
+from blazar.testing.ports import free_port
 
 
 def processes_mentioning(text: str) -> list[int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from blazar.engines.process import EngineProcess
+from blazar.engines.process import EngineServer
 from blazar.engines.records import EngineStore
 from blazar.engines.wheel import tag_for_version
 from blazar.errors import InvalidInput
@@ -75,18 +76,22 @@ def test_two_wheels_side_by_side_update_use_rollback_rm(
         assert bench["model"] == "tiny" and bench["decode_tps"] > 0 and bench["note"] == "gate"
 
     # Both engines serve the tiny model at the same time, each from its own environment.
-    procs = [
-        EngineProcess(engines[t]["command"], ["--model", str(tiny_model)], tmp_path / f"{t}.log")
-        for t in (OLD_TAG, NEW_TAG)
-    ]
-    with procs[0], procs[1]:
-        for proc in procs:
-            assert is_tiny_text(complete(proc.url), allow=())
-        # rm refuses the active engine, and an engine a running instance uses, naming the pid.
-        r = blazar("engine", "rm", NEW_TAG, ok=False)
-        assert r.exit_code == 1 and "active" in r.output and "engine use" in r.output
-        r = blazar("engine", "rm", OLD_TAG, ok=False)
-        assert r.exit_code == 1 and f"pid {procs[0].pid}" in r.output
+    async def both_running() -> None:
+        servers = [
+            EngineServer(engines[t]["command"], ["--model", str(tiny_model)], tmp_path / f"{t}.log")
+            for t in (OLD_TAG, NEW_TAG)
+        ]
+        async with servers[0], servers[1]:
+            for server in servers:
+                assert is_tiny_text(await asyncio.to_thread(complete, server.url), allow=())
+            # rm refuses the active engine, and an engine a running instance uses, naming the
+            # pid. The CLI runs in a thread: the loop keeps draining the children's output.
+            r = await asyncio.to_thread(blazar, "engine", "rm", NEW_TAG, ok=False)
+            assert r.exit_code == 1 and "active" in r.output and "engine use" in r.output
+            r = await asyncio.to_thread(blazar, "engine", "rm", OLD_TAG, ok=False)
+            assert r.exit_code == 1 and f"pid {servers[0].pid}" in r.output
+
+    asyncio.run(both_running())
     assert Path(engines[OLD_TAG]["path"]).is_dir()
 
     # A second update finds the newest installed: nothing to do.

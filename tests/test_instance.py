@@ -4,7 +4,8 @@ only for faults the engine will not produce on demand: a hang, a child that igno
 
 pytest-asyncio is not installed: each test runs its coroutine with `run()`, which also
 fails the test if asyncio tasks are left behind. The autouse `no_orphans` fixture fails
-it if a child process is left behind.
+it if a child process is left behind. The fakes and these checks are in
+tests/fake_children.py, shared with tests/test_children.py.
 """
 
 from __future__ import annotations
@@ -14,101 +15,31 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Coroutine, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 import pytest
 
-import blazar.engines.launcher
 from blazar.serve.instance import Instance, InstanceFailed, InstanceSpec, State, stop_all
+from tests.fake_children import (
+    FAKE_DEAD_PORT,
+    FAKE_SILENT,
+    LAUNCHER,
+    child_processes,
+    dead,
+    fake_server,
+    gone,
+    no_orphans,  # noqa: F401 (a fixture, used through pytestmark)
+    run,
+)
 
-T = TypeVar("T")
-LAUNCHER = str(Path(blazar.engines.launcher.__file__))
-
-# A fake upstream that is healthy at once; with IGNORE_TERM it shrugs off SIGTERM; with
-# GRANDCHILD it starts a process of its own that shares its output pipe and process group.
-FAKE_SERVER = """# MARKER
-import http.server, signal, subprocess, sys
-if IGNORE_TERM:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-if GRANDCHILD:
-    child = subprocess.Popen([sys.executable, "-c", "# MARKER\\nimport time; time.sleep(60)"])
-    print("fake: grandchild", child.pid, flush=True)
-class Health(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200); self.end_headers(); self.wfile.write(b"{}")
-    def log_message(self, *args):
-        pass
-server = http.server.HTTPServer(("127.0.0.1", 0), Health)
-print("fake: listening on http://127.0.0.1:%d" % server.server_port, flush=True)
-server.serve_forever()
-"""
-# Names a port where nothing listens, then hangs: never healthy.
-FAKE_DEAD_PORT = """# MARKER
-import socket, time
-sock = socket.socket(); sock.bind(("127.0.0.1", 0)); port = sock.getsockname()[1]; sock.close()
-print("fake: listening on http://127.0.0.1:%d" % port, flush=True)
-time.sleep(60)
-"""
-FAKE_SILENT = "# MARKER\nimport time\ntime.sleep(60)\n"
-
-
-def fake_server(ignore_term: bool = False, grandchild: bool = False) -> str:
-    script = FAKE_SERVER.replace("IGNORE_TERM", str(ignore_term))
-    return script.replace("GRANDCHILD", str(grandchild))
-
-
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    """asyncio.run, and fail if the coroutine left tasks behind (an owner not closed)."""
-
-    async def main() -> T:
-        result = await asyncio.wait_for(coro, 10)
-        others = asyncio.all_tasks() - {asyncio.current_task()}
-        assert not others, f"tasks left behind: {others}"
-        return result
-
-    return asyncio.run(main())
-
-
-def _processes(marker: str) -> list[int]:
-    """Live processes that are our children or mention the test's marker."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            status = (entry / "status").read_text()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        ppid = int(status.split("PPid:")[1].split()[0])
-        if ppid == os.getpid() or marker in cmdline:
-            found.append(int(entry.name))
-    return found
-
-
-@pytest.fixture(autouse=True)
-def no_orphans(tmp_path: Path) -> Iterator[None]:
-    yield
-    left = _processes(str(tmp_path))
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
-    assert not left, f"child processes left behind: {left}"
+pytestmark = pytest.mark.usefixtures("no_orphans")
 
 
 def state(inst: Instance) -> State:
     """The state, read fresh (an attribute read would be narrowed by mypy across awaits)."""
     return inst.state
-
-
-def gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 def engine_spec(tmp_path: Path, model: Path, **kw: Any) -> InstanceSpec:
@@ -201,7 +132,7 @@ def test_concurrent_ensure_ready_spawns_one_process(tmp_path: Path, tiny_model: 
         urls = await asyncio.gather(*(inst.ensure_ready() for _ in range(20)))
         assert len(set(urls)) == 1
         assert events.seen == ["starting", "ready"]
-        assert _processes(str(tmp_path)) == [inst.pid]
+        assert child_processes(str(tmp_path)) == [inst.pid]
         await inst.close()
 
     run(main())
@@ -300,7 +231,7 @@ def test_stop_during_backoff_prevents_the_respawn(tmp_path: Path, tiny_model: Pa
         await asyncio.sleep(0.8)  # past the backoff delay: the retry timer was cancelled
         assert state(inst) is State.STOPPED and inst.pid is None and inst.restarts == 0
         assert events.seen == ["starting", "ready", "exited"]
-        assert _processes(str(tmp_path)) == []
+        assert child_processes(str(tmp_path)) == []
         await inst.close()
 
     run(main())
@@ -411,19 +342,6 @@ def test_loop_teardown_without_close_leaves_no_child(tmp_path: Path) -> None:
     assert gone(pid) and state(inst) is State.STOPPED
 
 
-async def dead(pid: int) -> bool:
-    """A grandchild is reaped by init, not by us: count a zombie as dead; allow it 1 s."""
-    for _ in range(100):
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except FileNotFoundError:
-            return True
-        if stat.rsplit(")", 1)[1].split()[0] == "Z":
-            return True
-        await asyncio.sleep(0.01)
-    return False
-
-
 def _grandchild(inst: Instance) -> int:
     line = next(line for line in inst.log_tail(50) if line.startswith("fake: grandchild"))
     return int(line.split()[-1])
@@ -459,17 +377,3 @@ def test_crash_sweeps_a_grandchild_that_holds_the_output_pipe(tmp_path: Path) ->
         await inst.close()
 
     run(main())
-
-
-def test_log_file_rotates_and_keeps_its_backups(tmp_path: Path) -> None:
-    from blazar.serve.instance import LogFile
-
-    log = LogFile(tmp_path / "m-0.log", max_bytes=100, backups=2)
-    for i in range(30):
-        log.write(f"line {i:02d} " + "x" * 10)  # 19 bytes a line: five lines a file
-    log.close()
-    names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == ["m-0.log", "m-0.log.1", "m-0.log.2"]  # the oldest fell off
-    assert (tmp_path / "m-0.log").read_text().splitlines()[-1].startswith("line 29")
-    assert (tmp_path / "m-0.log.1").read_text().splitlines()[0].startswith("line 20")
-    assert all(p.stat().st_size <= 100 for p in tmp_path.iterdir())

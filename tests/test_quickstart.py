@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from blazar.engines.process import free_port
+from blazar.testing.ports import free_port
 from tests.conftest import Blazar
 
 GEMMA_SHA = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"

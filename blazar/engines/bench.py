@@ -5,20 +5,26 @@ off. The figures are llama.cpp's own `timings` (prompt_per_second,
 predicted_per_second), not wall-clock guesses. Several engines are measured in
 one run with their requests interleaved, so background load hits them alike;
 each figure is the median of `runs` requests after one warm-up.
+
+`EngineService.bench` (behind `blazar bench` and the update gate) calls
+`bench_engines`, which runs the engines as `EngineServer` children on a private
+event loop; the requests themselves are blocking ones in worker threads, so the
+loop keeps draining the children's output meanwhile.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import statistics
 import urllib.request
 from collections.abc import Sequence
-from contextlib import ExitStack
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from blazar.engines.process import EngineProcess
+from blazar.engines.process import EngineServer
 from blazar.engines.records import BenchResult, EngineRecord
 from blazar.errors import BlazarError
 
@@ -81,17 +87,8 @@ def bench_engines(
         "--model", str(model_path), "--ctx-size", str(CTX), "--parallel", "1",
         "--threads", str(workload.threads), "--threads-batch", str(workload.threads),
     ]  # fmt: skip
-    samples: dict[str, list[dict[str, float]]] = {e.tag: [] for e in engines}
-    with ExitStack() as stack:
-        procs = [
-            stack.enter_context(EngineProcess(e.command, args, log_dir / f"bench-{e.tag}.log"))
-            for e in engines
-        ]
-        for proc in procs:  # warm-up: page in weights, first allocations
-            _complete(proc.url, workload)
-        for _ in range(workload.runs):
-            for engine, proc in zip(engines, procs, strict=True):
-                samples[engine.tag].append(_complete(proc.url, workload))
+    logs = [log_dir / f"bench-{e.tag}.log" for e in engines]
+    samples = asyncio.run(_measure(engines, args, logs, workload))
     results = []
     for engine in engines:
         runs = samples[engine.tag]
@@ -110,6 +107,24 @@ def bench_engines(
             )
         )
     return results
+
+
+async def _measure(
+    engines: Sequence[EngineRecord], args: list[str], logs: list[Path], workload: Workload
+) -> dict[str, list[dict[str, float]]]:
+    """Start every engine, warm each up, then send the requests round-robin."""
+    samples: dict[str, list[dict[str, float]]] = {e.tag: [] for e in engines}
+    async with AsyncExitStack() as stack:
+        servers = [
+            await stack.enter_async_context(EngineServer(e.command, args, log))
+            for e, log in zip(engines, logs, strict=True)
+        ]
+        for server in servers:  # warm-up: page in weights, first allocations
+            await asyncio.to_thread(_complete, server.url, workload)
+        for _ in range(workload.runs):
+            for engine, server in zip(engines, servers, strict=True):
+                samples[engine.tag].append(await asyncio.to_thread(_complete, server.url, workload))
+    return samples
 
 
 @dataclass(frozen=True)

@@ -1,25 +1,28 @@
-"""Run one engine server as a child process: start, wait for health, stop.
+"""An engine server child for one job: start it, use its URL, stop it.
 
-Used by `blazar bench` and the update gate (and the base of the supervisor):
-the child gets its own process group and a log file; start polls `/health` to
-a deadline and fails fast, with the log's last lines, if the child exits
-early; stop sends SIGTERM to the group, waits a grace period, then SIGKILL.
+Used by `blazar bench` and the engine update gate (`blazar.engines.bench`) and
+by tests that need a bare engine. It is `blazar.serve.instance.Instance`
+without the supervision: no mailbox, no respawn, one start and one stop. The
+mechanics are the same ones, `blazar.children`'s: `--port 0` and the listening
+line, its own process group, PDEATHSIG, health polled to a deadline with a fast
+failure (and the log's last lines) on an early exit, SIGTERM/grace/SIGKILL.
+
+It is asyncio: an `async with EngineServer(...)` inside `asyncio.run(...)`.
+The event loop must keep running while the child does, because it drains the
+child's output; blocking work (a urllib request, a CLI call) goes through
+`asyncio.to_thread`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import socket
-import subprocess
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Sequence
+import asyncio
+import shlex
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 
+from blazar import children
+from blazar.children import ChildLog
 from blazar.errors import BlazarError
 
 
@@ -27,22 +30,8 @@ class EngineStartError(BlazarError):
     """The engine's server exited or never became healthy."""
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def log_tail(path: Path, lines: int = 15) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.strip().splitlines()[-lines:])
-
-
-class EngineProcess:
-    """One child server. Use as a context manager, or call start()/stop()."""
+class EngineServer:
+    """One engine server child. `async with` it, or await start() and stop()."""
 
     def __init__(
         self,
@@ -51,81 +40,99 @@ class EngineProcess:
         log_path: Path,
         *,
         host: str = "127.0.0.1",
-        port: int | None = None,
         start_timeout: float = 120.0,
+        grace: float = 5.0,
     ) -> None:
         self.host = host
-        self.port = port or free_port(host)
-        self.argv = [*command, *args, "--host", host, "--port", str(self.port)]
-        self.log_path = log_path
-        self.start_timeout = start_timeout
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.argv = children.server_argv(command, args, host)
+        self.log = ChildLog(log_path)
+        self.start_timeout, self.grace = start_timeout, grace
+        self.port: int | None = None
+        self._proc: asyncio.subprocess.Process | None = None
+        self._helpers: list[asyncio.Task[None]] = []
 
     @property
     def url(self) -> str:
+        if self.port is None:
+            raise EngineStartError("the engine server is not running")
         return f"http://{self.host}:{self.port}"
 
     @property
     def pid(self) -> int | None:
-        return self.proc.pid if self.proc else None
+        return self._proc.pid if self._proc else None
 
-    def start(self) -> EngineProcess:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                self.argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group: stop() reaches every child
-            )
-        deadline = time.monotonic() + self.start_timeout
-        while time.monotonic() < deadline:
-            code = self.proc.poll()
-            if code is not None:
-                self.proc = None
-                raise EngineStartError(
-                    f"engine exited with code {code} while starting "
-                    f"({' '.join(self.argv)}); last lines of {self.log_path}:\n"
-                    f"{log_tail(self.log_path)}"
-                )
-            if self._healthy():
-                return self
-            time.sleep(0.02)
-        self.stop()
-        raise EngineStartError(
-            f"engine did not become healthy within {self.start_timeout:.0f} s; "
-            f"last lines of {self.log_path}:\n{log_tail(self.log_path)}"
-        )
-
-    def _healthy(self) -> bool:
+    async def start(self) -> str:
+        """Spawn the child and wait until it is healthy; its base URL."""
+        self.log.new_child()
+        self.log.note(f"starting {shlex.join(self.argv)}")
         try:
-            with urllib.request.urlopen(f"{self.url}/health", timeout=1) as resp:
-                return bool(resp.status == 200)
-        except (urllib.error.URLError, OSError):
-            return False
+            self._proc = proc = await children.spawn(self.argv)
+        except OSError as err:
+            raise EngineStartError(f"could not run {self.argv[0]}: {err}") from None
+        loop = asyncio.get_running_loop()
+        port: asyncio.Future[int] = loop.create_future()
+        exited: asyncio.Future[int] = loop.create_future()
+        assert proc.stdout is not None
+        reader = asyncio.create_task(children.read_output(proc.stdout, self.log, _once(port)))
+        watcher = asyncio.create_task(children.watch_exit(proc, reader, _once(exited)))
+        self._helpers = [reader, watcher]
 
-    def stop(self, grace: float = 5.0) -> int | None:
-        """SIGTERM the process group, wait `grace` seconds, then SIGKILL it."""
-        proc, self.proc = self.proc, None
+        async def healthy() -> int:
+            await children.poll_health(self.host, await port)
+            return port.result()
+
+        ready = asyncio.create_task(healthy())
+        try:
+            await asyncio.wait(
+                {ready, exited}, timeout=self.start_timeout, return_when="FIRST_COMPLETED"
+            )
+        except BaseException:  # cancelled while starting: leave no child behind
+            ready.cancel()
+            await self.stop()
+            raise
+        if ready.done():
+            self.port = ready.result()
+            return self.url
+        ready.cancel()
+        await asyncio.gather(ready, return_exceptions=True)
+        if exited.done():
+            reason = f"exited with code {exited.result()} before it became healthy"
+        else:
+            reason = f"did not become healthy within {self.start_timeout:g} s"
+        await self.stop()
+        raise EngineStartError(self.log.describe(f"engine {reason} ({shlex.join(self.argv)})"))
+
+    async def stop(self) -> int | None:
+        """SIGTERM the child's group, SIGKILL after the grace period; its exit code."""
+        proc, self._proc, self.port = self._proc, None, None
         if proc is None:
             return None
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            return proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            return proc.wait()
+        code = await children.terminate(proc, self.grace)
+        for task in self._helpers:
+            task.cancel()
+        await asyncio.gather(*self._helpers, return_exceptions=True)
+        self.log.note(f"exited with code {code}")
+        self.log.close()
+        return code
 
-    def __enter__(self) -> EngineProcess:
-        return self.start()
+    async def __aenter__(self) -> EngineServer:
+        await self.start()
+        return self
 
-    def __exit__(
+    async def __aexit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.stop()
+        await self.stop()
+
+
+def _once(future: asyncio.Future[int]) -> Callable[[int], None]:
+    """A callback that settles `future` with the first value it is given."""
+
+    def settle(value: int) -> None:
+        if not future.done():
+            future.set_result(value)
+
+    return settle

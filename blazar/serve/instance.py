@@ -15,7 +15,9 @@ Start: spawn with `--port 0` in a new process group (and, on Linux, with
 PR_SET_PDEATHSIG so the child gets SIGTERM if the thread that spawned it dies),
 parse the port from the "listening on" line, poll `/health` to the deadline,
 fail fast on an early exit. Stop: SIGTERM to the group, `grace` seconds, then
-SIGKILL. A READY child that exits unexpectedly is respawned with backoff.
+SIGKILL. A READY child that exits unexpectedly is respawned with backoff. The
+mechanics (spawn, output, health probe, signals) are `blazar.children`'s, shared
+with the one-job children of `blazar bench`; this module holds the decisions.
 
 `blazar serve` must end with `await stop_all(instances)`: install
 `loop.add_signal_handler(SIGTERM/SIGINT, shutdown.set)`, await `shutdown`, then
@@ -27,122 +29,22 @@ Blazar killed with SIGKILL.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import ctypes
 import logging
-import os
-import re
 import shlex
 import signal
-import sys
 import time
-from collections import deque
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
-import aiohttp
-
+from blazar import children
+from blazar.children import ChildLog, signal_group
 from blazar.errors import BlazarError
 
-LISTENING = re.compile(r"listening on http://[^:\s]+:(\d+)")
-TAIL_LINES = 50
-LOG_BYTES, LOG_BACKUPS = 5 * 2**20, 3
 STABLE_AFTER = 30.0  # seconds READY after which a crash starts the backoff afresh
-_PR_SET_PDEATHSIG = 1
 logger = logging.getLogger(__name__)
-
-
-def _load_prctl() -> Any:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:  # loaded here, in the parent: loading a library between fork and exec is unsafe
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-
-_PRCTL = _load_prctl()
-
-
-def _die_with_parent() -> Callable[[], None] | None:
-    """A preexec_fn: the child gets SIGTERM when the thread that forked it dies."""
-    if _PRCTL is None:
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return preexec
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    # The child leads its own group (start_new_session), so its pid is the group id.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-class LogFile:
-    """A child's log: lines appended, rotated at `max_bytes` with `backups` old files.
-
-    Buffered and flushed at most every FLUSH_EVERY seconds (and when the child
-    exits or the log closes): llama-server writes several lines per request,
-    and logging's RotatingFileHandler, which seeks and flushes on every line,
-    cost serve about 190 us of CPU per request. Errors quote the in-memory
-    tail, which is always current.
-    """
-
-    FLUSH_EVERY = 0.5
-
-    def __init__(self, path: Path, max_bytes: int, backups: int) -> None:
-        self.path, self.max_bytes, self.backups = path, max_bytes, backups
-        self._fh: BinaryIO | None = None
-        self._size = 0
-        self._flushed = 0.0
-
-    def write(self, line: str) -> None:
-        data = (line + "\n").encode("utf-8", "replace")
-        if self._fh is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fh = self.path.open("ab")
-            self._size = self._fh.tell()
-        if self._size + len(data) > self.max_bytes and self._size > 0:
-            self._rotate()
-        assert self._fh is not None
-        self._fh.write(data)
-        self._size += len(data)
-        now = time.monotonic()
-        if now - self._flushed >= self.FLUSH_EVERY:
-            self._fh.flush()
-            self._flushed = now
-
-    def _rotate(self) -> None:
-        self.close()
-        for index in range(self.backups - 1, 0, -1):
-            older = self.path.with_name(f"{self.path.name}.{index}")
-            if older.exists():
-                os.replace(older, self.path.with_name(f"{self.path.name}.{index + 1}"))
-        if self.backups > 0:
-            os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
-        else:
-            self.path.unlink(missing_ok=True)
-        self._fh = self.path.open("ab")
-        self._size = 0
-
-    def flush(self) -> None:
-        if self._fh is not None:
-            self._fh.flush()
-            self._flushed = time.monotonic()
-
-    def close(self) -> None:
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
 
 
 class State(StrEnum):
@@ -174,7 +76,7 @@ class InstanceSpec:
     ctx: int = 0  # informational
 
     def argv(self, host: str) -> tuple[str, ...]:
-        return (*self.command, *self.args, "--host", host, "--port", "0")
+        return children.server_argv(self.command, self.args, host)
 
 
 # The owner's mailbox: commands from callers, and events from its helpers and timers.
@@ -231,8 +133,7 @@ class Instance:
         self._mailbox: asyncio.Queue[_Event] = asyncio.Queue()
         self._owner: asyncio.Task[None] | None = None
         self._closed = False
-        self._tail: deque[str] = deque(maxlen=TAIL_LINES)
-        self._log = LogFile(spec.log_path, LOG_BYTES, LOG_BACKUPS)
+        self._log = ChildLog(spec.log_path)
         # Public views, written by the owner task only: read them, never decide on them.
         self.state = State.STOPPED
         self.port: int | None = None
@@ -264,7 +165,7 @@ class Instance:
 
     def log_tail(self, n: int = 20) -> list[str]:
         """The last `n` lines the current (or last) child printed."""
-        return list(self._tail)[-n:]
+        return self._log.tail(n)
 
     def __repr__(self) -> str:
         return f"<Instance {self.spec.key} {self.state} pid={self.pid} port={self.port}>"
@@ -312,7 +213,7 @@ class Instance:
                         self._on_stop(reply, close)
                     case _Child("listening", gen, port) if self._current(gen, State.STARTING):
                         self.port = port
-                        self._helper(self._poll_health(gen, f"http://{self.host}:{port}"))
+                        self._helper(self._report_healthy(gen, port))
                     case _Child("healthy", gen) if self._current(gen, State.STARTING):
                         self._on_healthy()
                     case _Child("start_timeout", gen) if self._current(gen, State.STARTING):
@@ -321,8 +222,8 @@ class Instance:
                         )
                         self._terminate()
                     case _Child("kill_now", gen) if self._current(gen, State.STOPPING):
-                        self._note(f"still running after {self._grace:g} s: SIGKILL")
-                        _signal_group(self._gen_pid(), signal.SIGKILL)
+                        self._log.note(f"still running after {self._grace:g} s: SIGKILL")
+                        signal_group(self._gen_pid(), signal.SIGKILL)
                     case _Child("retry", gen) if self._current(gen, State.BACKOFF):
                         self.restarts += 1
                         await self._spawn()
@@ -374,11 +275,11 @@ class Instance:
     async def _on_exited(self, code: int) -> None:
         pid, was = self._gen_pid(), self.state
         # Sweep what the child left in its group (a live group's id is never reused).
-        _signal_group(pid, signal.SIGKILL)
+        signal_group(pid, signal.SIGKILL)
         self._proc = self.port = self.started_at = None
         self.ready_event.clear()
         self._cancel_timer()
-        self._note(f"exited with code {code}")
+        self._log.note(f"exited with code {code}")
         if was is State.STOPPING and self._kill_reason is None:  # the exit we asked for
             if self._want:  # an ensure_ready arrived while it was stopping
                 self._emit("stopped")
@@ -400,15 +301,10 @@ class Instance:
             await self._start_failed(reason)
 
     async def _start_failed(self, reason: str) -> None:
-        last = next((line for line in reversed(self._tail) if line.strip()), None)
+        last = self._log.last_line()
         self.last_error = f"{reason}: {last}" if last else reason
-        tail = "\n".join(self.log_tail())
-        self._fail_waiters(
-            InstanceFailed(
-                f"instance {self.spec.key} ({self.spec.model}) {reason}; "
-                f"last lines of {self.spec.log_path}:\n{tail}"
-            )
-        )
+        described = self._log.describe(f"instance {self.spec.key} ({self.spec.model}) {reason}")
+        self._fail_waiters(InstanceFailed(described))
         if not self._want:
             self._set_stopped()
         elif self._respawning:
@@ -443,50 +339,35 @@ class Instance:
     async def _spawn(self) -> None:
         self._gen += 1
         self.state, self.port = State.STARTING, None
-        self._tail.clear()
-        self.spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log.new_child()
         argv = self.spec.argv(self.host)
-        self._note(f"starting {shlex.join(argv)}")
+        self._log.note(f"starting {shlex.join(argv)}")
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,  # its own process group: stop reaches every descendant
-                preexec_fn=_die_with_parent(),
-                limit=2**20,
-            )
+            proc = await children.spawn(argv)
         except OSError as err:
             await self._start_failed(f"could not run {argv[0]}: {err}")
             return
         self._proc, self.started_at = proc, time.time()
         self._emit("starting")
         assert proc.stdout is not None
-        reader = self._helper(self._read_output(self._gen, proc.stdout))
-        self._helper(self._watch_exit(self._gen, proc, reader))
-        self._set_timer(self.spec.health_timeout, _Child("start_timeout", self._gen))
+        gen = self._gen
+        reader = self._helper(
+            children.read_output(proc.stdout, self._log, self._event("listening", gen))
+        )
+        self._helper(children.watch_exit(proc, reader, self._event("exited", gen)))
+        self._set_timer(self.spec.health_timeout, _Child("start_timeout", gen))
 
     def _terminate(self) -> None:
         self.state = State.STOPPING
         self.ready_event.clear()
-        _signal_group(self._gen_pid(), signal.SIGTERM)
+        signal_group(self._gen_pid(), signal.SIGTERM)
         self._set_timer(self._grace, _Child("kill_now", self._gen))
 
     async def _shutdown(self) -> None:
         """The owner's last act, however it ends (close, or cancelled at loop teardown)."""
         self._closed = True
-        proc = self._proc
-        if proc is not None and proc.returncode is None:
-            _signal_group(proc.pid, signal.SIGTERM)
-            try:
-                await asyncio.wait_for(proc.wait(), self._grace)
-            except TimeoutError:
-                _signal_group(proc.pid, signal.SIGKILL)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(proc.wait(), 5.0)
-        if proc is not None:
-            _signal_group(proc.pid, signal.SIGKILL)
+        if self._proc is not None:
+            await children.terminate(self._proc, self._grace)
         self._proc = self.port = None
         self._cancel_timer()
         for task in self._helpers:
@@ -528,60 +409,14 @@ class Instance:
             except Exception:  # a listener's bug must not kill the owner
                 logger.exception("on_event(%s, %r) failed", self.spec.key, name)
 
-    def _note(self, text: str) -> None:
-        self._log.write(f"blazar: {text}")
-        self._log.flush()
+    def _event(self, kind: str, gen: int) -> Callable[[int], None]:
+        """A helper's report about child `gen`, posted to the mailbox."""
+        return lambda value: self._mailbox.put_nowait(_Child(kind, gen, value))
 
-    async def _read_output(self, gen: int, stream: asyncio.StreamReader) -> None:
-        """Helper: copy the child's output to the log and the tail; report the port once."""
-        port_seen = False
-        while True:
-            try:
-                raw = await stream.readline()
-            except ValueError:  # a line over the limit: asyncio drops it
-                continue
-            if not raw:
-                self._log.flush()
-                return
-            line = raw.decode("utf-8", "replace").rstrip()
-            self._tail.append(line)
-            self._log.write(line)
-            match = None if port_seen else LISTENING.search(line)
-            if match:
-                self._log.flush()
-                port_seen = True
-                self._mailbox.put_nowait(_Child("listening", gen, int(match[1])))
-
-    async def _watch_exit(
-        self, gen: int, proc: asyncio.subprocess.Process, reader: asyncio.Task[None]
-    ) -> None:
-        """Helper: report the child's exit once its output has been read."""
-        waiting = asyncio.ensure_future(proc.wait())
-        try:
-            # wait() also waits for the pipe to close; poll returncode in case a straggler
-            # in the group keeps it open (the owner's SIGKILL sweep closes it).
-            while not waiting.done() and proc.returncode is None:
-                await asyncio.wait({waiting}, timeout=0.25)
-            await asyncio.wait({reader}, timeout=0.25)  # at once, unless a straggler holds it
-            assert proc.returncode is not None
-            self._mailbox.put_nowait(_Child("exited", gen, proc.returncode))
-            await asyncio.wait({waiting}, timeout=5.0)
-        finally:
-            waiting.cancel()
-
-    async def _poll_health(self, gen: int, url: str) -> None:
-        """Helper: poll GET /health until 200; the owner's timer enforces the deadline."""
-        delay = 0.02
-        timeout = aiohttp.ClientTimeout(total=2.0)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            while True:
-                with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                    async with session.get(f"{url}/health") as resp:
-                        if resp.status == 200:
-                            self._mailbox.put_nowait(_Child("healthy", gen))
-                            return
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 0.25)
+    async def _report_healthy(self, gen: int, port: int) -> None:
+        """Helper: poll /health until 200; the owner's timer enforces the deadline."""
+        await children.poll_health(self.host, port)
+        self._mailbox.put_nowait(_Child("healthy", gen))
 
 
 async def stop_all(instances: Iterable[Instance]) -> None:

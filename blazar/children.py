@@ -1,0 +1,317 @@
+"""The one set of primitives for engine server children: spawn, output, health, stop.
+
+Two owners are built on them: `blazar.serve.instance.Instance`, the supervised
+child behind `blazar serve` (one owner task, a mailbox, respawn with backoff),
+and `blazar.engines.process.EngineServer`, a child for one job (`blazar bench`,
+the engine update gate, tests). Nothing else spawns or signals a child.
+
+- `spawn`: the argv in its own process group (a stop reaches every descendant)
+  and, on Linux, with PR_SET_PDEATHSIG, so the child gets SIGTERM if the thread
+  that spawned it dies; output (stdout and stderr) on one pipe.
+- `read_output`: copies that output to a `ChildLog` (a rotated, buffered file
+  and an in-memory tail) and reports the port of the first "listening on
+  http://HOST:PORT" line: children start with `--port 0`, so no port is picked
+  in advance and none can be taken by someone else in between.
+- `watch_exit`: reports the exit once the output has been read.
+- `poll_health`: GET /health until 200, at a short fixed interval.
+- `signal_group` and `terminate`: SIGTERM to the group, a grace period, SIGKILL,
+  and a sweep of whatever the child left in its group.
+
+All of it is stdlib asyncio: no HTTP client library sits below `blazar.serve`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import re
+import signal
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, BinaryIO
+
+LISTENING = re.compile(r"listening on http://[^:\s]+:(\d+)")
+TAIL_LINES = 50
+LOG_BYTES, LOG_BACKUPS = 5 * 2**20, 3
+OUTPUT_LIMIT = 2**20  # longest output line kept; asyncio drops longer ones
+_PR_SET_PDEATHSIG = 1
+
+
+# -- decisions (pure) ------------------------------------------------------------------------
+
+
+def listening_port(line: str) -> int | None:
+    """The port a "listening on http://HOST:PORT" line names, if it is one."""
+    match = LISTENING.search(line)
+    return int(match[1]) if match else None
+
+
+def health_delay(elapsed: float) -> float:
+    """Seconds to wait before the next /health probe, `elapsed` seconds into the poll.
+
+    Each probe costs a loopback connection (well under a millisecond), so the first
+    seconds are polled finely: the doubling backoff up to 0.25 s this replaced saw a
+    server that turned healthy 0.6 s into the poll only at 0.8 s. (The launcher names
+    its port once the model is loaded, so its first probe succeeds; an engine that
+    names it earlier is polled.) A long load is polled more coarsely.
+    """
+    return 0.01 if elapsed < 5.0 else 0.05
+
+
+def server_argv(command: Sequence[str], args: Sequence[str], host: str) -> tuple[str, ...]:
+    """The argv of an engine server: its command, its flags, then `--host H --port 0`."""
+    return (*command, *args, "--host", host, "--port", "0")
+
+
+# -- the log ---------------------------------------------------------------------------------
+
+
+class LogFile:
+    """A child's log: lines appended, rotated at `max_bytes` with `backups` old files.
+
+    Buffered and flushed at most every FLUSH_EVERY seconds (and when the child
+    exits or the log closes): llama-server writes several lines per request,
+    and logging's RotatingFileHandler, which seeks and flushes on every line,
+    cost serve about 190 us of CPU per request. Errors quote the in-memory
+    tail, which is always current.
+    """
+
+    FLUSH_EVERY = 0.5
+
+    def __init__(self, path: Path, max_bytes: int, backups: int) -> None:
+        self.path, self.max_bytes, self.backups = path, max_bytes, backups
+        self._fh: BinaryIO | None = None
+        self._size = 0
+        self._flushed = 0.0
+
+    def write(self, line: str) -> None:
+        data = (line + "\n").encode("utf-8", "replace")
+        if self._fh is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = self.path.open("ab")
+            self._size = self._fh.tell()
+        if self._size + len(data) > self.max_bytes and self._size > 0:
+            self._rotate()
+        assert self._fh is not None
+        self._fh.write(data)
+        self._size += len(data)
+        now = time.monotonic()
+        if now - self._flushed >= self.FLUSH_EVERY:
+            self._fh.flush()
+            self._flushed = now
+
+    def _rotate(self) -> None:
+        self.close()
+        for index in range(self.backups - 1, 0, -1):
+            older = self.path.with_name(f"{self.path.name}.{index}")
+            if older.exists():
+                os.replace(older, self.path.with_name(f"{self.path.name}.{index + 1}"))
+        if self.backups > 0:
+            os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
+        else:
+            self.path.unlink(missing_ok=True)
+        self._fh = self.path.open("ab")
+        self._size = 0
+
+    def flush(self) -> None:
+        if self._fh is not None:
+            self._fh.flush()
+            self._flushed = time.monotonic()
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+class ChildLog:
+    """What a child printed: the rotated log file and its last lines in memory.
+
+    Blazar's own notes about the child ("blazar: starting ...", "blazar: exited
+    with code 0") go to the file, flushed at once, but not to the tail, which
+    errors quote as the child's own words.
+    """
+
+    def __init__(self, path: Path, max_bytes: int = LOG_BYTES, backups: int = LOG_BACKUPS) -> None:
+        self.path = path
+        self._file = LogFile(path, max_bytes, backups)
+        self._tail: deque[str] = deque(maxlen=TAIL_LINES)
+
+    def line(self, text: str) -> None:
+        self._tail.append(text)
+        self._file.write(text)
+
+    def note(self, text: str) -> None:
+        self._file.write(f"blazar: {text}")
+        self._file.flush()
+
+    def tail(self, n: int = 20) -> list[str]:
+        return list(self._tail)[-n:]
+
+    def last_line(self) -> str | None:
+        """The last line with something on it: the most specific reason a child gives."""
+        return next((line for line in reversed(self._tail) if line.strip()), None)
+
+    def describe(self, reason: str) -> str:
+        """`reason`, then the child's last lines and where the rest is."""
+        return f"{reason}; last lines of {self.path}:\n" + "\n".join(self.tail())
+
+    def new_child(self) -> None:
+        self._tail.clear()
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+# -- spawning and signalling -----------------------------------------------------------------
+
+
+def _load_prctl() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:  # loaded here, in the parent: loading a library between fork and exec is unsafe
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _load_prctl()
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A preexec_fn: the child gets SIGTERM when the thread that forked it dies."""
+    if _PRCTL is None:
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
+async def spawn(argv: Sequence[str]) -> asyncio.subprocess.Process:
+    """Start `argv` in its own process group, dying with its parent; output on one pipe.
+
+    Raises OSError when the program cannot be run.
+    """
+    return await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        start_new_session=True,  # its own process group: a stop reaches every descendant
+        # A preexec_fn makes subprocess fork rather than vfork (a few ms more for a big
+        # parent), the price of PDEATHSIG for engines Blazar does not write (llama-server).
+        preexec_fn=_die_with_parent(),
+        limit=OUTPUT_LIMIT,
+    )
+
+
+def signal_group(pgid: int, sig: signal.Signals) -> None:
+    """Signal a child's whole process group; a group already gone is no error."""
+    # The child leads its own group (start_new_session), so its pid is the group id.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+async def terminate(proc: asyncio.subprocess.Process, grace: float) -> int | None:
+    """Stop a child and wait for it: SIGTERM to its group, `grace` seconds, then SIGKILL.
+
+    Whatever it left in its group is swept with SIGKILL either way (a live group's id
+    is never reused, so this reaches nobody else). Returns the exit code.
+    """
+    if proc.returncode is None:
+        signal_group(proc.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), grace)
+        except TimeoutError:
+            signal_group(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), 5.0)
+    signal_group(proc.pid, signal.SIGKILL)
+    return proc.returncode
+
+
+# -- observing -------------------------------------------------------------------------------
+
+
+async def read_output(
+    stream: asyncio.StreamReader, log: ChildLog, on_port: Callable[[int], None]
+) -> None:
+    """Copy a child's output to `log` until it closes; call `on_port` at the first
+    "listening on" line."""
+    port_seen = False
+    while True:
+        try:
+            raw = await stream.readline()
+        except ValueError:  # a line over the limit: asyncio drops it
+            continue
+        if not raw:
+            log.flush()
+            return
+        line = raw.decode("utf-8", "replace").rstrip()
+        log.line(line)
+        port = None if port_seen else listening_port(line)
+        if port is not None:
+            log.flush()
+            port_seen = True
+            on_port(port)
+
+
+async def watch_exit(
+    proc: asyncio.subprocess.Process, reader: asyncio.Task[None], on_exit: Callable[[int], None]
+) -> None:
+    """Call `on_exit(code)` once the child has exited and its output has been read."""
+    waiting = asyncio.ensure_future(proc.wait())
+    try:
+        # wait() also waits for the pipe to close; poll returncode in case a straggler
+        # in the group keeps it open (the owner's SIGKILL sweep closes it).
+        while not waiting.done() and proc.returncode is None:
+            await asyncio.wait({waiting}, timeout=0.25)
+        await asyncio.wait({reader}, timeout=0.25)  # at once, unless a straggler holds it
+        assert proc.returncode is not None
+        on_exit(proc.returncode)
+        await asyncio.wait({waiting}, timeout=5.0)
+    finally:
+        waiting.cancel()
+
+
+async def probe_health(host: str, port: int, timeout: float = 2.0) -> int | None:
+    """GET /health on a fresh connection: the status code, or None if nothing answered.
+
+    A bare request on a stream, not an HTTP client session: a start pays for
+    creating a session (about 1.5 ms here), and a probe needs only the status line.
+    """
+    writer: asyncio.StreamWriter | None = None
+    try:
+        async with asyncio.timeout(timeout):
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(
+                f"GET /health HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n".encode()
+            )
+            status_line = await reader.readline()
+    except (OSError, TimeoutError):
+        return None
+    finally:
+        if writer is not None:
+            writer.close()
+    parts = status_line.split()
+    return int(parts[1]) if len(parts) >= 2 and parts[1].isdigit() else None
+
+
+async def poll_health(host: str, port: int) -> None:
+    """Return once GET /health answers 200; the caller enforces the deadline."""
+    started = time.monotonic()
+    while await probe_health(host, port) != 200:
+        await asyncio.sleep(health_delay(time.monotonic() - started))
