@@ -556,3 +556,53 @@ def test_unread_body_given_back_while_paused_does_not_stall_the_next_request(
             children.close()
 
     run(main())
+
+
+# -- the read timeout ----------------------------------------------------------------------
+
+
+def chunks_every(gap: float, count: int, then_silent: float = 0.0) -> Answer:
+    """A chunked response: `count` chunks `gap` seconds apart, then (optionally) silence."""
+
+    async def answer(_r: Any, writer: asyncio.StreamWriter, _i: int, _n: int) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n")
+        writer.write(b"Transfer-Encoding: chunked\r\n\r\n")
+        for _ in range(count):
+            await asyncio.sleep(gap)
+            writer.write(b"2\r\nok\r\n")
+            await writer.drain()
+        await asyncio.sleep(then_silent)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        return False
+
+    return answer
+
+
+def test_a_steady_stream_longer_than_the_timeout_is_not_cut() -> None:
+    async def main() -> None:
+        async with Server(chunks_every(0.1, 8)) as server:  # 0.8 s in all, 0.1 s apart
+            children = ChildConnections(timeout=0.3)
+            assert await post(children, server) == b"ok" * 8
+            children.close()
+
+    run(main())
+
+
+def test_a_child_silent_past_the_timeout_fails_the_wait() -> None:
+    async def main() -> None:
+        async with Server(chunks_every(0.05, 2, then_silent=1.5)) as server:
+            children = ChildConnections(timeout=0.3)
+            exchange = await children.post(server.url, "/v1/chat/completions", b"{}")
+            began = asyncio.get_running_loop().time()
+            got = b""
+            with pytest.raises(child_http.UpstreamTimeout, match=r"nothing for 0\.3 s"):
+                while chunk := await exchange.read():
+                    got += chunk
+            waited = asyncio.get_running_loop().time() - began
+            assert got == b"okok" and 0.3 <= waited < 1.0
+            children.release(server.url, exchange)  # not finished: closed, not kept
+            assert exchange.closed
+            children.close()
+
+    run(main())

@@ -64,6 +64,10 @@ class Exchange(asyncio.Protocol):
         self.idle_since = 0.0
         self.idle_in: list[Exchange] | None = None  # the pool's list, while it waits there
         self._waiter: asyncio.Future[None] | None = None
+        # The read timeout: one timer per exchange, re-armed only when it fires early, so a
+        # stream of many chunks costs a timestamp per chunk, not a timer per wait.
+        self._timer: asyncio.TimerHandle | None = None
+        self._heard = 0.0  # when the child last sent a byte, or a wait began
         self._begin()
 
     def _begin(self) -> None:
@@ -88,6 +92,7 @@ class Exchange(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.received = True
+        self._heard = time.monotonic()
         self._buffer += data
         try:
             self._parse()
@@ -213,18 +218,34 @@ class Exchange(asyncio.Protocol):
             raise self._error
         loop = asyncio.get_running_loop()
         self._waiter = loop.create_future()
-        # One timer per wait (cheap); it fires only when the child stays silent that long.
-        timer = None if self.timeout is None else loop.call_later(self.timeout, self._time_out)
+        if self.timeout is not None:
+            # Silence counts from the start of this wait (the gateway may have been busy
+            # writing to a slow client, reading paused) or from the child's last byte.
+            self._heard = time.monotonic()
+            if self._timer is None:
+                self._timer = loop.call_at(self._heard + self.timeout, self._check_silence)
         try:
             await self._waiter
         finally:
             self._waiter = None
-            if timer is not None:
-                timer.cancel()
 
-    def _time_out(self) -> None:
-        self._fail(UpstreamTimeout(f"the model sent nothing for {self.timeout:g} s"))
-        self._wake()
+    def _check_silence(self) -> None:
+        """The timer: fail the wait if the child has been silent for the timeout, else
+        look again when it would have been."""
+        self._timer = None
+        if self._waiter is None or self.timeout is None or self.complete:
+            return  # nobody waits now; the next wait arms the timer again
+        due = self._heard + self.timeout
+        if time.monotonic() >= due:
+            self._fail(UpstreamTimeout(f"the model sent nothing for {self.timeout:g} s"))
+            self._wake()
+        else:
+            self._timer = asyncio.get_running_loop().call_at(due, self._check_silence)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     # -- the exchange ------------------------------------------------------------------
 
@@ -259,6 +280,7 @@ class Exchange(asyncio.Protocol):
 
     def close(self) -> None:
         self.closed = True
+        self._disarm()
         if self.transport is not None:
             self.transport.close()
 
@@ -319,6 +341,7 @@ class ChildConnections:
         if not exchange.complete or not exchange.keep_alive or exchange.closed or exchange.chunked:
             exchange.close()
             return
+        exchange._disarm()
         exchange.idle_since = time.monotonic()
         exchange.idle_in = self._idle.setdefault(self.address(base_url), [])
         exchange.idle_in.append(exchange)
