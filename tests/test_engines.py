@@ -144,10 +144,13 @@ def test_engine_commands_explain_an_empty_lane(blazar: Blazar) -> None:
 
 
 def slow_server() -> bytes:
-    """A llama-server that really is slower: the real launcher with its threads pinned to one
-    core, so they contend for it (a genuine oversubscription regression, measured, not faked)."""
+    """A llama-server that really is slower: the real launcher with eight threads pinned to
+    one core, so they contend for it (a genuine oversubscription regression, measured, not
+    faked). Eight, not the bench's own count: llama.cpp's threads spin at each barrier, so
+    the drop is large enough to hold when other work loads the machine too."""
     script = launcher_script().decode()
-    return script.replace("exec ", "exec taskset -c 0 ", 1).encode()
+    script = script.replace("exec ", "exec taskset -c 0 ", 1)
+    return script.replace('"$@"', '"$@" --threads 8 --threads-batch 8', 1).encode()
 
 
 @pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset (util-linux)")
