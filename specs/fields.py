@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 from pydantic import AfterValidator, Field
 
 from specs.chat_templates import check_chat_template
-from specs.names import InvalidName, parse_name
+from specs.names import NO_ADAPTERS, InvalidName, parse_name
 from specs.problems import Invalid
 from specs.sources import HttpsSource, InvalidSource, Source, parse_source
 
@@ -52,6 +52,17 @@ def _simple(what: str) -> AfterValidator:
         return text
 
     return AfterValidator(check)
+
+
+def check_lora_name(text: str) -> str:
+    """`none` is reserved: a request for `model+none` turns every adapter off."""
+    if text == NO_ADAPTERS:
+        raise Invalid(
+            f"the LoRA adapter name {NO_ADAPTERS!r} is reserved (a request for "
+            f"'model+{NO_ADAPTERS}' turns every adapter off)",
+            "choose another name",
+        )
+    return text
 
 
 def check_source(text: str) -> str:
@@ -121,7 +132,12 @@ def _doc(**schema: Any) -> Any:
 
 ModelName = Annotated[str, AfterValidator(check_model_name), _doc(pattern=MODEL_NAME_PATTERN)]
 EngineName = Annotated[str, _simple("engine"), _doc(pattern=SIMPLE_NAME_PATTERN)]
-LoraName = Annotated[str, _simple("LoRA adapter"), _doc(pattern=SIMPLE_NAME_PATTERN)]
+LoraName = Annotated[
+    str,
+    _simple("LoRA adapter"),
+    AfterValidator(check_lora_name),
+    _doc(pattern=SIMPLE_NAME_PATTERN),
+]
 KeyName = Annotated[str, _simple("key"), _doc(pattern=SIMPLE_NAME_PATTERN)]
 RemoteName = Annotated[str, _simple("remote"), _doc(pattern=SIMPLE_NAME_PATTERN)]
 SourceText = Annotated[str, AfterValidator(check_source), _doc(minLength=1)]

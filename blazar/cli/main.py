@@ -36,6 +36,7 @@ COMMANDS: dict[str, str] = {
     "import": "blazar.cli.models:import_",
     "launch": "blazar.cli.serve:launch",
     "list": "blazar.cli.models:list_",
+    "lora": "blazar.cli.lora:lora",
     "ps": "blazar.cli.serve:ps",
     "pull": "blazar.cli.imperative:pull",
     "rm": "blazar.cli.imperative:rm",

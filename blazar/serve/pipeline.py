@@ -11,7 +11,8 @@ here and the same for all three:
    embeddings for embeddings), or one 400 that says how to fix it.
 3. `lease`: a slot from the scheduler (`x-blazar-priority` read here), with
    the load time measured the way ollama reports it; a start failure is a 502.
-4. `engine_body`: the body with the adapter of a `model#adapter` request on.
+4. `engine_body`: the body with the adapters the request chose (`model+adapter`,
+   `model+none`; the model's always-on ones otherwise) on, for that request only.
 5. `failure`: every exception a route may raise -> (status, message, code,
    Retry-After). The `errors` middleware in `blazar.serve.app` answers with it
    in the route's envelope (`blazar.serve.envelopes`), so routes only raise.
@@ -143,9 +144,15 @@ async def lease(
 
 
 def engine_body(lease: Lease, body: dict[str, Any]) -> dict[str, Any]:
-    """The body to send, with the LoRA adapter turned on for a `model#adapter` request."""
-    if lease.adapter is None:
+    """The body to send: with llama-server's per-request `lora` list when the request chose
+    adapters (`model+adapter`, `model+none`) or its model has always-on ones; else `body`
+    itself, the same object (the OpenAI route then forwards the client's bytes as they
+    came). A client's own `lora` field is left alone unless the name chose adapters.
+
+    Scales are per request, so concurrent requests to one instance each get their own
+    adapters (llama-server batches only slots whose adapters match); see docs/serve.md.
+    """
+    lora = lease.lora
+    if lora is None or (lease.adapters is None and "lora" in body):
         return body
-    index = lease.runtime.adapter_index(lease.adapter)
-    scale = lease.runtime.adapters[index].scale if index is not None else 1.0
-    return {**body, "lora": [{"id": index, "scale": scale}]}
+    return {**body, "lora": lora}
