@@ -31,7 +31,14 @@ from reconcilers.plan import Action
 from reconcilers.ports import Progress
 from specs.loader import load_manifest_text
 from specs.names import InvalidName, parse_name
-from specs.sources import InvalidSource, default_name, parse_source
+from specs.sources import (
+    PULL_FORMS,
+    InvalidSource,
+    RegistrySource,
+    default_name,
+    expand_shorthand,
+    parse_source,
+)
 
 __all__ = [
     "Removed",
@@ -211,11 +218,22 @@ def source_declaration(
     source: str, name: str | None = None, sha256: str | None = None
 ) -> tuple[str, dict[str, Any]]:
     """The model name (given, or derived from the source as ollama would) and the fields
-    that declare a model fetched from `source`."""
+    that declare a model fetched from `source`; `owner/repo[:QUANT]` is recorded as
+    `hf://owner/repo[:QUANT]`, and a name that is neither a short name Blazar knows nor
+    owner/repo is refused with the forms that work."""
+    source = expand_shorthand(source)
     try:
         parsed = parse_source(source)
     except InvalidSource as exc:
-        raise InvalidInput(str(exc)) from None
+        raise InvalidInput(f"{exc} (or owner/repo:QUANT for a Hugging Face repo)") from None
+    if isinstance(parsed, RegistrySource):
+        from blazar.sources import REGISTRY
+
+        if parsed.name.partition(":")[0] not in REGISTRY:
+            raise InvalidInput(
+                f"{source!r} is neither one of Blazar's short names ({', '.join(sorted(REGISTRY))})"
+                f" nor owner/repo: use {PULL_FORMS}"
+            )
     model = parse_name(name or default_name(parsed)).short
     fields: dict[str, Any] = {"source": source}
     if sha256:

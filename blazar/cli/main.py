@@ -46,6 +46,7 @@ COMMANDS: dict[str, str] = {
     "rm": "blazar.cli.imperative:rm",
     "run": "blazar.cli.serve:run_",
     "schema": "blazar.cli.manifest:schema",
+    "search": "blazar.cli.hub:search",
     "serve": "blazar.cli.serve:serve",
     "show": "blazar.cli.models:show",
     "signin": "blazar.cli.shell:signin",

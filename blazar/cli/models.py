@@ -1,4 +1,5 @@
-"""Model commands: import, list, show, rm, fit."""
+"""Model commands: import, list, show, fit (of a held model, or of one on the hub before
+pulling it: `blazar.cli.hub`)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ import click
 
 from blazar.cli.context import Context, pass_context
 from blazar.cli.format import echo_json, human_bytes, human_count, table
+from blazar.errors import NotFound
 from blazar.fit import CACHE_TYPES, estimate
 from blazar.hardware import memory_devices
 from blazar.store import ModelRecord
-from specs.names import parse_name
+from specs.names import InvalidName, parse_name
 
 if TYPE_CHECKING:  # kept out of `blazar list`'s start: it loads the manifest models
     from blazar.chat_templates import AppliedTemplate
@@ -156,7 +158,7 @@ def _template_line(template: AppliedTemplate) -> str:
 
 
 @click.command("fit")
-@click.argument("name")
+@click.argument("target")
 @click.option("--ctx", "ctx_size", type=int, default=None, help="Context length (default 4096).")
 @click.option(
     "--cache-type",
@@ -167,9 +169,28 @@ def _template_line(template: AppliedTemplate) -> str:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the estimate and its terms.")
 @pass_context
-def fit(ctx: Context, name: str, ctx_size: int | None, cache_type: str, as_json: bool) -> None:
-    """Estimate the memory a model needs and whether this machine has it."""
-    record = ctx.store.get_model(parse_name(name))
+def fit(ctx: Context, target: str, ctx_size: int | None, cache_type: str, as_json: bool) -> None:
+    """Estimate the memory a model needs and whether this machine has it.
+
+    TARGET is a model Blazar holds, or one on Hugging Face before it is pulled:
+    owner/repo[:QUANT], hf://owner/repo[:QUANT] or a short name such as
+    qwen3-0.6b. For those, file sizes come from the hub and the layers, heads
+    and context from the GGUF header (range requests: its first megabytes
+    only); every quantization is shown and the largest that fits suggested.
+    """
+    record = _held(ctx, target)
+    if record is None:
+        from blazar.cli.hub import fit_remote, hub_target
+
+        source = hub_target(target)
+        if source is None:
+            raise NotFound(
+                f"model '{target}' is not in the store (`blazar list` shows what is), nor a "
+                "model on Hugging Face: give owner/repo[:QUANT], hf://owner/repo[:QUANT] or a "
+                "short name such as qwen3-0.6b"
+            )
+        fit_remote(source, target, ctx_size=ctx_size, cache_type=cache_type, as_json=as_json)
+        return
     report = estimate(
         record.ref.short, record.facts, memory_devices(), ctx=ctx_size, cache_type=cache_type
     )
@@ -186,6 +207,14 @@ def fit(ctx: Context, name: str, ctx_size: int | None, cache_type: str, as_json:
     click.echo(f"  largest ctx that fits: {report.max_ctx}")
     for note in report.notes:
         click.echo(f"  note: {note}")
+
+
+def _held(ctx: Context, name: str) -> ModelRecord | None:
+    try:
+        ref = parse_name(name)
+    except InvalidName:
+        return None
+    return ctx.store.find_model(ref)
 
 
 COMMANDS = [import_, list_, show, fit]
