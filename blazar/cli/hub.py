@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # huggingface_hub loads with it: only for the commands that c
 def pulled_quants(ctx: Context) -> set[tuple[str, str]]:
     """(repo, quantization) pairs, lower case, of the models Blazar holds from the hub."""
     from blazar.sources import UnknownModelName, resolve_registry
-    from blazar.sources.hub import quant_of
+    from blazar.sources.base import quant_of
 
     found = set()
     for record in ctx.store.list_models():
@@ -70,14 +70,25 @@ def search(ctx: Context, query: str, limit: int, as_json: bool) -> None:
     pulled = pulled_quants(ctx)
 
     def is_pulled(repo: str, quant: Quant) -> bool:
-        return bool({(repo.lower(), quant.name.lower()), (repo.lower(), quant.files[0].lower())}
-                    & pulled)  # fmt: skip
+        return bool(
+            {(repo.lower(), quant.name.lower()), (repo.lower(), quant.files[0].lower())} & pulled
+        )
 
     if as_json:
         for repo in repos:
-            quants = [{**q.to_json(), "pulled": is_pulled(repo.repo, q)} for q in repo.quants]
-            echo_json({"repo": repo.repo, "revision": repo.revision, "downloads": repo.downloads,
-                       "likes": repo.likes, "quants": quants})  # fmt: skip
+            quants = [
+                {**q.to_json(), "pulled": is_pulled(repo.repo, q), "pull": q.source(repo.repo)}
+                for q in repo.quants
+            ]
+            echo_json(
+                {
+                    "repo": repo.repo,
+                    "revision": repo.revision,
+                    "downloads": repo.downloads,
+                    "likes": repo.likes,
+                    "quants": quants,
+                }
+            )
         return
     if not repos:
         click.echo(f"No GGUF repos match {query!r}.")
@@ -85,13 +96,15 @@ def search(ctx: Context, query: str, limit: int, as_json: bool) -> None:
     rows = []
     for repo in repos:
         for i, q in enumerate(repo.quants):
-            rows.append([
-                repo.repo if i == 0 else "",
-                q.name,
-                human_bytes(q.size) if q.size is not None else None,
-                "pulled" if is_pulled(repo.repo, q) else "",
-                f"blazar pull {q.source(repo.repo)}",
-            ])  # fmt: skip
+            rows.append(
+                [
+                    repo.repo if i == 0 else "",
+                    q.name,
+                    human_bytes(q.size) if q.size is not None else None,
+                    "pulled" if is_pulled(repo.repo, q) else "",
+                    f"blazar pull {q.source(repo.repo)}",
+                ]
+            )
         if not repo.quants:
             rows.append([repo.repo, "(no GGUF model file)", None, "", ""])
     click.echo(table(["REPO", "QUANT", "SIZE", "HELD", "PULL WITH"], rows))

@@ -28,24 +28,114 @@ def model_json(record: ModelRecord) -> dict[str, Any]:
 
 
 @click.command("import")
-@click.argument("path", type=click.Path(path_type=Path))
-@click.option("--name", "name", required=True, help="Name to serve it as: name[:tag].")
+@click.argument("path", required=False, type=click.Path(path_type=Path))
+@click.option("--name", "name", default=None, help="Name to serve it as: name[:tag].")
 @click.option("--copy", is_flag=True, help="Copy the file into the store instead of linking it.")
 @click.option("--force", is_flag=True, help="Replace a model that already has this name.")
+@click.option("--sha256", default=None, help="Refuse the file unless it has this sha256.")
+@click.option(
+    "--scan",
+    is_flag=True,
+    help="List the GGUF models ollama, the Hugging Face cache and LM Studio keep here, "
+    "with the command that adopts each.",
+)
+@click.option("--json", "as_json", is_flag=True, help="With --scan: JSON Lines, one a model.")
 @pass_context
-def import_(ctx: Context, path: Path, name: str, copy: bool, force: bool) -> None:
-    """Register a local GGUF file as model NAME.
+def import_(
+    ctx: Context,
+    path: Path | None,
+    name: str | None,
+    copy: bool,
+    force: bool,
+    sha256: str | None,
+    scan: bool,
+    as_json: bool,
+) -> None:
+    """Register a local GGUF file as model NAME, or find the models other runtimes have.
 
     By default the file is hardlinked into Blazar's store when it is on the same
-    filesystem, and referenced in place otherwise; --copy copies it. The source
-    file is never modified, moved or deleted.
+    filesystem, and referenced in place otherwise; --copy copies it. Its size and
+    sha256 are verified; the source file is never modified, moved or deleted. The
+    first shard of a split model (x-00001-of-00003.gguf) imports all its shards.
     """
+    if scan:
+        if path is not None or name is not None:
+            raise click.UsageError("--scan takes no PATH or --name: it lists what it finds")
+        _scan(ctx, as_json)
+        return
+    if path is None or name is None:
+        raise click.UsageError("give PATH and --name NAME (or --scan to find models)")
     ref = parse_name(name)
-    record = ctx.registry.import_file(path, ref, copy=copy, force=force)
+    shards = _shards(path)
+    if shards and copy:
+        raise click.UsageError("--copy does not apply to a split model: its shards are linked")
+    if shards:
+        record = ctx.registry.import_files(
+            shards, ref, force=force, names=[s.name for s in shards], sha256=sha256
+        )
+    else:
+        record = ctx.registry.import_file(path, ref, copy=copy, force=force, sha256=sha256)
     click.echo(
         f"imported {record.ref.short}: {record.architecture} {human_count(record.parameters)} "
         f"{record.quantization}, {human_bytes(record.size)} ({record.held})"
     )
+
+
+def _shards(path: Path) -> list[Path]:
+    """Every shard of the split model whose first shard is `path`; [] for a single file."""
+    from blazar.sources.base import SHARD
+
+    shard = SHARD.match(path.name)
+    if shard is None or int(shard["index"]) != 1:
+        return []
+    total = int(shard["total"])
+    files = [
+        path.with_name(f"{shard['prefix']}-{i:05d}-of-{total:05d}.gguf")
+        for i in range(1, total + 1)
+    ]
+    missing = [f.name for f in files if not f.exists()]
+    if missing:
+        raise NotFound(f"{path} is shard 1 of {total}, but {', '.join(missing)} are missing")
+    return files
+
+
+def _scan(ctx: Context, as_json: bool) -> None:
+    import os
+
+    from blazar.sources.local_stores import scan
+
+    found = scan(os.environ, ctx.store.list_models())
+    if as_json:
+        for item in found:
+            echo_json(item.to_json())
+        return
+    if not found:
+        click.echo(
+            "No GGUF models found in ollama's store, the Hugging Face cache or LM Studio's "
+            "folders (OLLAMA_MODELS, HF_HUB_CACHE and HF_HOME are honoured)."
+        )
+        return
+    click.echo(
+        table(
+            ["RUNTIME", "NAME", "QUANT", "SIZE", "HELD", "FROM"],
+            [
+                [
+                    f.runtime,
+                    f.name,
+                    f.quantization,
+                    human_bytes(f.size),
+                    f"as {f.held}" if f.held else "",
+                    f.origin,
+                ]
+                for f in found
+            ],
+        )
+    )
+    todo = [f for f in found if not f.held]
+    if todo:
+        click.echo("\nAdopt one (hardlinked when it can be; the original is left as it is):")
+        for f in todo:
+            click.echo(f"  {f.command}")
 
 
 @click.command("list")

@@ -12,7 +12,6 @@ way `blazar.sources.hf` does (passed explicitly to every call).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -23,17 +22,12 @@ from huggingface_hub import HfApi, get_session, hf_hub_url, hf_raise_for_status
 from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]  # public API
 
 from blazar.gguf_info import GGUFFacts, HeaderIncomplete, inspect_prefix
-from blazar.sources.base import SHARD, FetchError
+from blazar.sources.base import SHARD, FetchError, quant_of
 from blazar.sources.hf import TIMEOUT, _hub, hub_endpoint, hub_token
 from specs.sources import HFSource
 
 FIRST_READ = 1 << 20  # the first MiB holds most headers (Gemma 3's 262k-token one: ~4 MiB)
 MAX_HEADER = 64 << 20
-# A quantization as model files name it: Q4_K_M, IQ3_XXS, Q8_0, F16, BF16, MXFP4, TQ1_0, ...
-_QUANT = re.compile(
-    r"(?:^|[-_.])((?:I?Q|TQ)\d(?:_[A-Z0-9]+)*|BF16|F16|F32|MXFP4(?:_MOE)?)(?=$|[-_.])",
-    re.IGNORECASE,
-)
 
 
 @dataclass(frozen=True)
@@ -61,15 +55,6 @@ class HubRepo:
     downloads: int | None = None
     likes: int | None = None
     tags: tuple[str, ...] = field(default=())
-
-
-def quant_of(filename: str) -> str | None:
-    """The quantization a GGUF file name names, upper case; None when it names none."""
-    stem = PurePosixPath(filename).name
-    shard = SHARD.match(stem)
-    stem = shard["prefix"] if shard else stem.removesuffix(".gguf")
-    found = _QUANT.findall(stem)
-    return found[-1].upper() if found else None
 
 
 def group_quants(sizes: Mapping[str, int | None]) -> list[Quant]:
