@@ -47,6 +47,7 @@ __all__ = [
     "apply_lora",
     "apply_model",
     "declaration",
+    "declare_and_reconcile",
     "declared_key",
     "open_manifest",
     "remove_lora",
@@ -130,7 +131,7 @@ def apply_model(
             manifest.add_resource("models", name, fields)
         return [f"models.{declared_key(manifest, name) or name}"]
 
-    return _declare_and_reconcile(
+    return declare_and_reconcile(
         paths, manifest_path, declare, f"pull of {name}", fields is not None,
         progress_for=progress_for, on_event=on_event, notify=notify,
     )  # fmt: skip
@@ -163,13 +164,13 @@ def apply_lora(
         manifest.add_resource("loras", name, {**fields, "model": key})
         return [f"loras.{name}", f"models.{key}"]
 
-    return _declare_and_reconcile(
+    return declare_and_reconcile(
         paths, manifest_path, declare, f"lora add {name}", True,
         progress_for=progress_for, on_event=on_event, notify=notify,
     )  # fmt: skip
 
 
-def _declare_and_reconcile(
+def declare_and_reconcile(
     paths: Paths,
     manifest_path: Path,
     declare: Callable[[ManifestFile], list[str]],

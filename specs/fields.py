@@ -125,6 +125,47 @@ def check_key_models(names: list[str]) -> list[str]:
     return names
 
 
+# ollama's Modelfile PARAMETERs a model may set as defaults (`params`): applied to each
+# request that does not set them itself. num_ctx is the model's `ctx` instead.
+MODEL_PARAMS: dict[str, type] = {
+    "temperature": float,
+    "top_k": int,
+    "top_p": float,
+    "min_p": float,
+    "typical_p": float,
+    "seed": int,
+    "repeat_penalty": float,
+    "repeat_last_n": int,
+    "presence_penalty": float,
+    "frequency_penalty": float,
+    "mirostat": int,
+    "mirostat_tau": float,
+    "mirostat_eta": float,
+    "num_keep": int,
+    "num_predict": int,
+    "stop": list,
+}
+
+
+def check_model_params(params: dict[str, Any]) -> dict[str, Any]:
+    """Known keys only, each of its type (an int is a fine float; stop is a list of strings)."""
+    for key, value in params.items():
+        kind = MODEL_PARAMS.get(key)
+        if kind is None:
+            hint = "num_ctx is the model's ctx" if key == "num_ctx" else None
+            raise Invalid(f"unknown parameter {key!r}: use {', '.join(sorted(MODEL_PARAMS))}", hint)
+        if kind is list:
+            ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+        elif kind is float:
+            ok = isinstance(value, int | float) and not isinstance(value, bool)
+        else:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        if not ok:
+            what = {list: "a list of strings", float: "a number", int: "an integer"}[kind]
+            raise Invalid(f"parameter {key!r} must be {what}, got {value!r}")
+    return params
+
+
 def _doc(**schema: Any) -> Any:
     """Constraints shown in the JSON Schema only: the validators above say what is wrong."""
     return Field(json_schema_extra=schema)
@@ -147,3 +188,4 @@ EnvName = Annotated[str, AfterValidator(check_env_name), _doc(pattern=r"^[A-Za-z
 KeyModels = Annotated[list[str], AfterValidator(check_key_models)]
 NonEmpty = Annotated[str, AfterValidator(check_nonempty), _doc(minLength=1)]
 ChatTemplate = Annotated[str, AfterValidator(check_chat_template), _doc(minLength=1)]
+ModelParams = Annotated[dict[str, Any], AfterValidator(check_model_params)]

@@ -28,6 +28,7 @@ from specs.fields import (
     KeyName,
     LoraName,
     ModelName,
+    ModelParams,
     NonEmpty,
     RemoteName,
     Sha256,
@@ -253,6 +254,17 @@ class Model(_Table):
     )
     aliases: list[ModelName] = Field(
         default=[], description="Other names clients may use for this model."
+    )
+    system: NonEmpty | None = Field(
+        default=None,
+        description="A system prompt for chat requests that send none (ollama's SYSTEM).",
+    )
+    params: ModelParams | None = Field(
+        default=None,
+        description="Sampling defaults for requests that do not set them, by ollama's "
+        "PARAMETER names: temperature, top_k, top_p, min_p, typical_p, seed, repeat_penalty, "
+        "repeat_last_n, presence_penalty, frequency_penalty, mirostat, mirostat_tau, "
+        "mirostat_eta, num_keep, num_predict, stop (a list).",
     )
     args: list[str] = Field(
         default=[],

@@ -31,6 +31,8 @@ COMMANDS: dict[str, str] = {
     "bench": "blazar.cli.engines:bench",
     "completions": "blazar.cli.shell:completions",
     "config": "blazar.cli.config:config",
+    "cp": "blazar.cli.imperative:cp",
+    "create": "blazar.cli.imperative:create",
     "diff": "blazar.cli.manifest:diff",
     "engine": "blazar.cli.engines:engine",
     "fit": "blazar.cli.models:fit",

@@ -69,9 +69,12 @@ class AnthropicAPI:
         target = pipeline.resolve(scheduler, model)
         pipeline.require(target.runtime, pipeline.CHAT)
         timed = await pipeline.lease(scheduler, request, target, started=started)
-        # With LoRA adapters on, the engine's /v1/messages would drop their `lora` list:
-        # such requests go to its chat endpoint instead (`anthropic_chat`).
-        bridged = not count and timed.lease.lora is not None
+        # The engine's /v1/messages would drop a `lora` list and most sampling defaults:
+        # requests that need them go to its chat endpoint instead (`anthropic_chat`).
+        bridged = not count and (
+            timed.lease.lora is not None
+            or any(k not in pipeline.MESSAGES_PARAMS for k in target.runtime.params)
+        )
         if bridged:
             req = anthropic_chat.chat_request(req)
         try:

@@ -82,8 +82,8 @@ class OpenAIAPI:
         pipeline.require(target.runtime, need, alternative=NO_TEMPLATE_HINT)
         timed = await pipeline.lease(scheduler, request, target)
         try:
-            sent = pipeline.engine_body(timed.lease, data)
-            if sent is not data:  # adapters chosen: re-encoded with their `lora` field
+            sent = pipeline.engine_body(timed.lease, data, path)
+            if sent is not data:  # adapters or model defaults added: re-encoded
                 body = json.dumps(sent).encode()
             return await self._forward(request, timed.lease.url, target.runtime.name, path, body)
         finally:

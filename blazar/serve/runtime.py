@@ -13,6 +13,7 @@ an edited template file changes the arguments too.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,8 @@ class ModelRuntime:
     extra_args: tuple[str, ...]
     adapters: tuple[Adapter, ...] = ()
     template_problem: str | None = None  # why the declared template cannot be used
+    system: str | None = None  # a system prompt for chat requests that send none
+    params: Mapping[str, Any] = field(default_factory=dict, hash=False)  # request defaults
     facts: dict[str, object] = field(default_factory=dict, compare=False, hash=False)
 
     @property
@@ -226,6 +229,8 @@ def _runtime(
         extra_args=tuple(model.args) if model else (),
         adapters=adapters,
         template_problem=template.problem,
+        system=model.system if model else None,
+        params=dict(model.params or {}) if model else {},
         facts=dict(facts),
     )
 
