@@ -161,7 +161,8 @@ def message_from_chat(payload: Mapping[str, Any]) -> dict[str, Any]:
     message = choice.get("message") or {}
     content: list[dict[str, Any]] = []
     if message.get("reasoning_content"):
-        content.append({"type": "thinking", "thinking": message["reasoning_content"]})
+        thinking = message["reasoning_content"]
+        content.append({"type": "thinking", "thinking": thinking, "signature": ""})
     if message.get("content"):
         content.append({"type": "text", "text": message["content"]})
     for call in message.get("tool_calls") or []:
@@ -215,7 +216,8 @@ class ChatEvents:
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta") or {}
             if delta.get("reasoning_content"):
-                out += self._open("thinking", {"type": "thinking", "thinking": ""})
+                block = {"type": "thinking", "thinking": "", "signature": ""}
+                out += self._open("thinking", block)
                 thinking = {"type": "thinking_delta", "thinking": delta["reasoning_content"]}
                 out.append(self._delta(thinking))
             if delta.get("content"):
