@@ -17,6 +17,7 @@ from blazar.serve.pipeline import engine_body, with_defaults
 from blazar.serve.runtime import Adapter, ModelRuntime
 from blazar.serve.scheduler import Lease, Member, Pool
 from specs.names import AdapterChoice
+from tests.gateway_harness import runtime as harness_runtime
 
 
 def test_request_converts_as_the_engine_converts_it() -> None:
@@ -195,24 +196,7 @@ def test_a_stream_cut_short_ends_in_an_error() -> None:
 
 
 def runtime(**fields: Any) -> ModelRuntime:
-    base: dict[str, Any] = dict(
-        name="m",
-        path="/m.gguf",
-        aliases=(),
-        ctx=512,
-        slots=1,
-        replicas=0,
-        pin=False,
-        keep_alive=300.0,
-        engine_tag="t",
-        command=("x",),
-        has_template=True,
-        chat_template=None,
-        embeddings=False,
-        pooling=None,
-        extra_args=(),
-    )
-    return ModelRuntime(**{**base, **fields})
+    return harness_runtime("m", **fields)
 
 
 def lease(rt: ModelRuntime, adapters: tuple[AdapterChoice, ...] | None = None) -> Lease:
