@@ -147,47 +147,60 @@ class _Reader:
             self.fh.seek(struct.calcsize(_SCALARS[etype]) * length, 1)
 
 
+class HeaderIncomplete(NotGGUF):
+    """The bytes read so far end inside the header: read more of the file."""
+
+
 def read_header(path: Path) -> tuple[int, dict[str, Any], list[TensorInfo], int]:
     """Parse a GGUF header: (version, metadata, tensors, data start offset).
 
     Raises NotGGUF for a file that is not GGUF, is truncated or is malformed.
     """
-    size = path.stat().st_size
     with path.open("rb") as raw:
-        reader = _Reader(raw)
-        try:
-            magic = struct.unpack("<I", reader.take(4))[0]
-        except _Truncated:
-            magic = None
-        if magic != GGUF_MAGIC:
-            raise NotGGUF(
-                f"{path} is not a GGUF model (its first bytes are not 'GGUF'); "
-                "Blazar serves GGUF files: convert it with llama.cpp's convert_hf_to_gguf.py"
-            )
-        try:
-            version = reader.u32()
-            if version not in (2, 3):
-                raise ValueError(f"unsupported GGUF version {version}")
-            n_tensors, n_kv = reader.u64(), reader.u64()
-            meta: dict[str, Any] = {}
-            for _ in range(n_kv):
-                key = reader.string()
-                meta[key] = reader.value(GGUFValueType(reader.u32()))
-            tensors = [_tensor_info(reader) for _ in range(n_tensors)]
-            header_end = raw.tell()
-        except _Truncated:
-            raise NotGGUF(
-                f"{path} is a truncated GGUF file (its header ends early); "
-                "the download or copy did not finish: fetch it again"
-            ) from None
-        except (ValueError, struct.error, UnicodeDecodeError, KeyError) as exc:
-            raise NotGGUF(f"{path} is a damaged GGUF file ({exc}); fetch it again") from None
+        return _parse(raw, path.stat().st_size, str(path), prefix=False)
+
+
+def _parse(
+    raw: BinaryIO, size: int, where: str, *, prefix: bool
+) -> tuple[int, dict[str, Any], list[TensorInfo], int]:
+    """Parse from `raw`, the file's first bytes (`prefix`) or all of them; `size` is the
+    whole file's size, so the tensors are checked against it either way."""
+    reader = _Reader(raw)
+    try:
+        magic = struct.unpack("<I", reader.take(4))[0]
+    except _Truncated:
+        magic = None
+    if magic != GGUF_MAGIC:
+        raise NotGGUF(
+            f"{where} is not a GGUF model (its first bytes are not 'GGUF'); "
+            "Blazar serves GGUF files: convert it with llama.cpp's convert_hf_to_gguf.py"
+        )
+    try:
+        version = reader.u32()
+        if version not in (2, 3):
+            raise ValueError(f"unsupported GGUF version {version}")
+        n_tensors, n_kv = reader.u64(), reader.u64()
+        meta: dict[str, Any] = {}
+        for _ in range(n_kv):
+            key = reader.string()
+            meta[key] = reader.value(GGUFValueType(reader.u32()))
+        tensors = [_tensor_info(reader) for _ in range(n_tensors)]
+        header_end = raw.tell()
+    except _Truncated:
+        if prefix:
+            raise HeaderIncomplete(f"the first bytes of {where} end inside its header") from None
+        raise NotGGUF(
+            f"{where} is a truncated GGUF file (its header ends early); "
+            "the download or copy did not finish: fetch it again"
+        ) from None
+    except (ValueError, struct.error, UnicodeDecodeError, KeyError) as exc:
+        raise NotGGUF(f"{where} is a damaged GGUF file ({exc}); fetch it again") from None
     alignment = int(meta.get("general.alignment", GGUF_DEFAULT_ALIGNMENT))
     data_start = -(-header_end // alignment) * alignment
     end = max((data_start + t.offset + t.n_bytes for t in tensors), default=header_end)
     if end > size:
         raise NotGGUF(
-            f"{path} is a truncated GGUF file ({size} bytes; its tensors need {end}); "
+            f"{where} is a truncated GGUF file ({size} bytes; its tensors need {end}); "
             "the download or copy did not finish: fetch it again"
         )
     return version, meta, tensors, data_start
@@ -242,6 +255,19 @@ def quantization_name(meta: dict[str, Any], tensors: list[TensorInfo]) -> str:
 def inspect_gguf(path: Path) -> GGUFFacts:
     """Read a GGUF file's facts; raise NotGGUF if it is not a whole GGUF file."""
     version, meta, tensors, _ = read_header(path)
+    return _facts(version, meta, tensors, path.stat().st_size)
+
+
+def inspect_prefix(data: bytes, size: int, where: str) -> GGUFFacts:
+    """The facts of a GGUF file of `size` bytes from its first bytes `data` (a ranged
+    download: `blazar fit` before pulling); HeaderIncomplete when `data` is too short."""
+    import io
+
+    version, meta, tensors, _ = _parse(io.BytesIO(data), size, where, prefix=True)
+    return _facts(version, meta, tensors, size)
+
+
+def _facts(version: int, meta: dict[str, Any], tensors: list[TensorInfo], size: int) -> GGUFFacts:
     arch = str(meta.get("general.architecture", "unknown"))
     template = meta.get("tokenizer.chat_template")
     template = template if isinstance(template, str) else None
@@ -272,5 +298,5 @@ def inspect_gguf(path: Path) -> GGUFFacts:
         has_chat_template=template is not None,
         chat_template=template,
         tensor_count=len(tensors),
-        size=path.stat().st_size,
+        size=size,
     )

@@ -1,15 +1,16 @@
 """Imperative manifest edits, each followed by a reconcile of just what it touched.
 
 The one declare -> targeted reconcile -> restore-on-failure flow, used by the
-CLI (`blazar pull`, `blazar rm` in `blazar.cli.imperative`) and by the
-gateway's management routes (`/api/pull`, `/api/create`, `/api/delete`,
-`/api/copy` in `blazar.serve.ollama_admin` and `ollama_pull`). Edits go
-through `ManifestFile` (comments and order kept, validated whole before
-writing); only the model named is reconciled; when that fails the manifest is
-put back, so nothing is half-applied. `x` and `x:latest` are one model, and an
-alias names its model. The functions block (downloads, hashing, the apply
-lock): the gateway runs them in a worker thread, each with its own store
-connection, then asks the daemon for a pass so the scheduler serves the result.
+CLI (`blazar pull`, `blazar rm` in `blazar.cli.imperative`, `blazar lora` in
+`blazar.cli.lora`) and by the gateway's management routes (`/api/pull`,
+`/api/create`, `/api/delete`, `/api/copy` in `blazar.serve.ollama_admin` and
+`ollama_pull`). Edits go through `ManifestFile` (comments and order kept,
+validated whole before writing); only the model (or the adapter, with its
+model) named is reconciled; when that fails the manifest is put back, so
+nothing is half-applied. `x` and `x:latest` are one model, and an alias names
+its model. The functions block (downloads, hashing, the apply lock): the
+gateway runs them in a worker thread, each with its own store connection, then
+asks the daemon for a pass so the scheduler serves the result.
 """
 
 from __future__ import annotations
@@ -30,16 +31,26 @@ from reconcilers.plan import Action
 from reconcilers.ports import Progress
 from specs.loader import load_manifest_text
 from specs.names import InvalidName, parse_name
-from specs.sources import InvalidSource, default_name, parse_source
+from specs.sources import (
+    PULL_FORMS,
+    InvalidSource,
+    RegistrySource,
+    default_name,
+    expand_shorthand,
+    parse_source,
+)
 
 __all__ = [
     "Removed",
     "add_alias",
     "alias_owner",
+    "apply_lora",
     "apply_model",
     "declaration",
+    "declare_and_reconcile",
     "declared_key",
     "open_manifest",
+    "remove_lora",
     "remove_model",
     "source_declaration",
 ]
@@ -55,9 +66,13 @@ def open_manifest(path: Path) -> ManifestFile:
     return ManifestFile(path)
 
 
-def _models(manifest: ManifestFile) -> dict[str, Any]:
-    table = manifest.doc.get("models")
+def _table(manifest: ManifestFile, section: str) -> dict[str, Any]:
+    table = manifest.doc.get(section)
     return table if isinstance(table, dict) else {}
+
+
+def _models(manifest: ManifestFile) -> dict[str, Any]:
+    return _table(manifest, "models")
 
 
 def _short(name: str) -> str | None:
@@ -109,11 +124,69 @@ def apply_model(
     """Declare model `name` with `fields` (replacing its declaration; None keeps the one
     there) and reconcile it; the manifest is restored if the reconcile fails. Returns the
     pass (its report is None when nothing had to change)."""
+
+    def declare(manifest: ManifestFile) -> list[str]:
+        if fields is not None:
+            manifest.remove_resource("models", declared_key(manifest, name) or name)
+            manifest.add_resource("models", name, fields)
+        return [f"models.{declared_key(manifest, name) or name}"]
+
+    return declare_and_reconcile(
+        paths, manifest_path, declare, f"pull of {name}", fields is not None,
+        progress_for=progress_for, on_event=on_event, notify=notify,
+    )  # fmt: skip
+
+
+def apply_lora(
+    paths: Paths,
+    manifest_path: Path,
+    name: str,
+    fields: dict[str, Any],
+    *,
+    progress_for: Callable[[Action], Progress | None] | None = None,
+    on_event: Event | None = None,
+    notify: Callable[[str], None] | None = None,
+) -> Pass:
+    """`blazar lora add`: declare `[loras.NAME]` with `fields` (replacing a declaration of
+    that name) and reconcile it, with its model when that is not fetched yet; the manifest
+    is restored if the reconcile fails."""
+
+    def declare(manifest: ManifestFile) -> list[str]:
+        model = str(fields.get("model", ""))
+        key = declared_key(manifest, model) or alias_owner(manifest, model)
+        if key is None:
+            raise NotFound(
+                f"model '{model}' is not declared in {manifest_path}, so it cannot have a "
+                "LoRA adapter there: declare it first (`blazar pull SOURCE --name "
+                f"{model}`), then add the adapter"
+            )
+        manifest.remove_resource("loras", name)
+        manifest.add_resource("loras", name, {**fields, "model": key})
+        return [f"loras.{name}", f"models.{key}"]
+
+    return declare_and_reconcile(
+        paths, manifest_path, declare, f"lora add {name}", True,
+        progress_for=progress_for, on_event=on_event, notify=notify,
+    )  # fmt: skip
+
+
+def declare_and_reconcile(
+    paths: Paths,
+    manifest_path: Path,
+    declare: Callable[[ManifestFile], list[str]],
+    what: str,
+    edits: bool,
+    *,
+    progress_for: Callable[[Action], Progress | None] | None,
+    on_event: Event | None,
+    notify: Callable[[str], None] | None,
+) -> Pass:
+    """The one flow: edit (`declare` returns the addresses to reconcile), save (validated
+    whole), reconcile only those, and put the manifest back when anything fails."""
     manifest = open_manifest(manifest_path)
-    if fields is not None:
-        manifest.remove_resource("models", declared_key(manifest, name) or name)
-        manifest.add_resource("models", name, fields)
-        _save(manifest, f"{name} not declared")
+    targets = declare(manifest)
+    if edits:
+        _save(manifest, f"{what}: nothing declared")
     try:
         try:
             loaded = supported(load_manifest_text(manifest.text(), str(manifest_path)))
@@ -125,20 +198,20 @@ def apply_model(
                 paths,
                 loaded,
                 apply=True,
-                targets=[declared_key(manifest, name) or name],
+                targets=targets,
                 notify=notify,
                 on_event=on_event,
                 progress_for=progress_for,
             )
     except BaseException:
-        if fields is not None:
+        if edits:
             manifest.restore()
         raise
     if result.report is not None and not result.report.ok:
-        if fields is not None:
+        if edits:
             manifest.restore()
         errors = "; ".join(o.error or "" for o in result.report.failed)
-        raise BlazarError(f"pull of {name} failed, the manifest is unchanged: {errors}")
+        raise BlazarError(f"{what} failed, the manifest is unchanged: {errors}")
     return result
 
 
@@ -146,11 +219,22 @@ def source_declaration(
     source: str, name: str | None = None, sha256: str | None = None
 ) -> tuple[str, dict[str, Any]]:
     """The model name (given, or derived from the source as ollama would) and the fields
-    that declare a model fetched from `source`."""
+    that declare a model fetched from `source`; `owner/repo[:QUANT]` is recorded as
+    `hf://owner/repo[:QUANT]`, and a name that is neither a short name Blazar knows nor
+    owner/repo is refused with the forms that work."""
+    source = expand_shorthand(source)
     try:
         parsed = parse_source(source)
     except InvalidSource as exc:
-        raise InvalidInput(str(exc)) from None
+        raise InvalidInput(f"{exc} (or owner/repo:QUANT for a Hugging Face repo)") from None
+    if isinstance(parsed, RegistrySource):
+        from blazar.sources import REGISTRY
+
+        if parsed.name.partition(":")[0] not in REGISTRY:
+            raise InvalidInput(
+                f"{source!r} is neither one of Blazar's short names ({', '.join(sorted(REGISTRY))})"
+                f" nor owner/repo: use {PULL_FORMS}"
+            )
     model = parse_name(name or default_name(parsed)).short
     fields: dict[str, Any] = {"source": source}
     if sha256:
@@ -200,6 +284,30 @@ def remove_model(paths: Paths, manifest_path: Path, name: str) -> Removed:
             Registry(store, paths).remove(ref)
             store.delete_conditions("model", ref.short)
     return Removed(ref.short, declared=key is not None, held=held.held if held else None)
+
+
+def remove_lora(paths: Paths, manifest_path: Path, name: str) -> Removed:
+    """`blazar lora rm`: drop `[loras.NAME]` and what Blazar holds of the adapter (its own
+    link or copy). A running `blazar serve` sees the model's adapters change and starts
+    new instances without it; requests in flight finish on the old ones, which keep the
+    adapter loaded until then (`Scheduler.update` drains before it stops)."""
+    manifest = open_manifest(manifest_path)
+    declared = manifest.declares("loras", name)
+    with Store(paths.db) as store:
+        held = store.find_lora(name)
+        if not declared and held is None:
+            known = sorted({*(_table(manifest, "loras")), *(r.name for r in store.list_loras())})
+            raise NotFound(
+                f"LoRA adapter '{name}' not found: it is neither declared nor in the store "
+                f"(adapters: {', '.join(known) or 'none'}; `blazar lora list` shows them)"
+            )
+        if declared:
+            manifest.remove_resource("loras", name)
+            _save(manifest, f"adapter {name} not removed")
+        if held is not None:
+            Registry(store, paths).remove_lora(name)
+            store.delete_conditions("lora", name)
+    return Removed(name, declared=declared, held="adapter" if held else None)
 
 
 def add_alias(manifest_path: Path, model: str, alias: str) -> None:

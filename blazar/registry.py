@@ -64,12 +64,15 @@ class Registry:
         source: str | None = None,
         managed: bool = False,
         settings: dict[str, Any] | None = None,
+        sha256: str | None = None,
     ) -> ModelRecord:
         """Register a local GGUF under `ref`. Never modifies, moves or deletes `src`.
 
         `source` records where the bytes came from (default: the file's URI);
-        `managed` marks a model a manifest owns.
+        `managed` marks a model a manifest owns; `sha256`, when given, is what the
+        file must hash to (another runtime's digest for it), or nothing is kept.
         """
+        expected = sha256
         src = Path(os.path.abspath(src.expanduser()))
         if not src.exists():
             raise InvalidInput(f"no such file: {src}")
@@ -87,6 +90,7 @@ class Registry:
                 f"{src} is a LoRA adapter, not a model; declare it under [loras] in the manifest"
             )
         sha256, size = sha256_file(src)
+        _expect(src, sha256, expected)
         placed = self._place(src, sha256, size, copy=copy)
         record = _record(ref, placed, size, sha256, source or src.as_uri(), facts)
         record = replace(record, managed=managed, settings=dict(settings or {}))
@@ -105,6 +109,7 @@ class Registry:
         managed: bool = False,
         settings: dict[str, Any] | None = None,
         names: list[str] | None = None,
+        sha256: str | None = None,
     ) -> ModelRecord:
         """Register one GGUF, or a sharded model (first shard first) as one model.
 
@@ -117,7 +122,13 @@ class Registry:
         """
         if len(files) == 1:
             return self.import_file(
-                files[0], ref, force=force, source=source, managed=managed, settings=settings
+                files[0],
+                ref,
+                force=force,
+                source=source,
+                managed=managed,
+                settings=settings,
+                sha256=sha256,
             )
         existing = self.store.find_model(ref)
         if existing and not force:
@@ -125,6 +136,7 @@ class Registry:
         facts = inspect_gguf(files[0])
         names = names or [f.name for f in files]
         hashes = [sha256_file(f) for f in files]
+        _expect(files[0], hashes[0][0], sha256)
         shard_dir = self.paths.blobs / f"sha256-{hashes[0][0]}.shards"
         if not shard_dir.is_dir():
             tmp = self.paths.blobs / f".tmp-{uuid.uuid4().hex}"
@@ -133,7 +145,7 @@ class Registry:
                 for src, name, (sha256, size) in zip(files, names, hashes, strict=True):
                     target = tmp / name
                     try:
-                        os.link(src, target)
+                        os.link(src.resolve(), target)  # link() would link a symlink itself
                     except OSError as exc:
                         if exc.errno not in _NO_LINK:
                             raise
@@ -239,7 +251,9 @@ class Registry:
             held = "copy"
             if not copy:
                 try:
-                    os.link(src, tmp)
+                    # the file itself: Linux's link() links a symlink (a Hugging Face cache's
+                    # snapshot entry), not what it points at
+                    os.link(src.resolve(), tmp)
                     held = "hardlink"
                 except OSError as exc:
                     if exc.errno not in _NO_LINK:
@@ -259,6 +273,13 @@ def _same_inode(a: Path, b: Path) -> bool:
         return os.path.samefile(a, b)
     except OSError:
         return False
+
+
+def _expect(path: Path, actual: str, expected: str | None) -> None:
+    if expected is not None and actual != expected.lower():
+        raise VerificationFailed(
+            f"{path} has sha256 {actual}, not the {expected.lower()} expected; nothing was kept"
+        )
 
 
 def _verify(path: Path, sha256: str, size: int) -> None:

@@ -135,6 +135,16 @@ class StoreModels:
         settings: dict[str, Any],
         progress: Progress | None,
     ) -> None:
+        held = self.paths.blobs / f"sha256-{sha256}" if sha256 else None
+        if held is not None and held.is_file():
+            # The same bytes are held already (another name for them, a model `blazar
+            # create` derived): verified and linked again, nothing is fetched.
+            with classified():
+                self.registry.import_file(
+                    held, parse_name(name), force=True, source=source, managed=True,
+                    settings=settings, sha256=sha256,
+                )  # fmt: skip
+            return
         with classified(), fetched_bytes(source, sha256, self.paths.downloads, progress) as got:
             shards = got.detail.get("shards")
             self.registry.import_files(

@@ -85,11 +85,10 @@ def desired_from_manifest(manifest: Manifest) -> Desired:
     loras = []
     for key, lora in manifest.loras.items():
         base = manifest.resolve_model(lora.model) or lora.model
-        loras.append(
-            DesiredLora(
-                key, parse_name(base).short, lora.source, lora.sha256, {"scale": lora.scale}
-            )
-        )
+        chosen: dict[str, Any] = {"scale": lora.scale}
+        if lora.always_on:  # only when set: adapters recorded before it existed stay unchanged
+            chosen["always_on"] = True
+        loras.append(DesiredLora(key, parse_name(base).short, lora.source, lora.sha256, chosen))
     keys = tuple(
         DesiredKey(name, key.sha256, tuple(key.models)) for name, key in manifest.keys.items()
     )

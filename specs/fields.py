@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 from pydantic import AfterValidator, Field
 
 from specs.chat_templates import check_chat_template
-from specs.names import InvalidName, parse_name
+from specs.names import NO_ADAPTERS, InvalidName, parse_name
 from specs.problems import Invalid
 from specs.sources import HttpsSource, InvalidSource, Source, parse_source
 
@@ -52,6 +52,17 @@ def _simple(what: str) -> AfterValidator:
         return text
 
     return AfterValidator(check)
+
+
+def check_lora_name(text: str) -> str:
+    """`none` is reserved: a request for `model+none` turns every adapter off."""
+    if text == NO_ADAPTERS:
+        raise Invalid(
+            f"the LoRA adapter name {NO_ADAPTERS!r} is reserved (a request for "
+            f"'model+{NO_ADAPTERS}' turns every adapter off)",
+            "choose another name",
+        )
+    return text
 
 
 def check_source(text: str) -> str:
@@ -114,6 +125,47 @@ def check_key_models(names: list[str]) -> list[str]:
     return names
 
 
+# ollama's Modelfile PARAMETERs a model may set as defaults (`params`): applied to each
+# request that does not set them itself. num_ctx is the model's `ctx` instead.
+MODEL_PARAMS: dict[str, type] = {
+    "temperature": float,
+    "top_k": int,
+    "top_p": float,
+    "min_p": float,
+    "typical_p": float,
+    "seed": int,
+    "repeat_penalty": float,
+    "repeat_last_n": int,
+    "presence_penalty": float,
+    "frequency_penalty": float,
+    "mirostat": int,
+    "mirostat_tau": float,
+    "mirostat_eta": float,
+    "num_keep": int,
+    "num_predict": int,
+    "stop": list,
+}
+
+
+def check_model_params(params: dict[str, Any]) -> dict[str, Any]:
+    """Known keys only, each of its type (an int is a fine float; stop is a list of strings)."""
+    for key, value in params.items():
+        kind = MODEL_PARAMS.get(key)
+        if kind is None:
+            hint = "num_ctx is the model's ctx" if key == "num_ctx" else None
+            raise Invalid(f"unknown parameter {key!r}: use {', '.join(sorted(MODEL_PARAMS))}", hint)
+        if kind is list:
+            ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+        elif kind is float:
+            ok = isinstance(value, int | float) and not isinstance(value, bool)
+        else:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        if not ok:
+            what = {list: "a list of strings", float: "a number", int: "an integer"}[kind]
+            raise Invalid(f"parameter {key!r} must be {what}, got {value!r}")
+    return params
+
+
 def _doc(**schema: Any) -> Any:
     """Constraints shown in the JSON Schema only: the validators above say what is wrong."""
     return Field(json_schema_extra=schema)
@@ -121,7 +173,12 @@ def _doc(**schema: Any) -> Any:
 
 ModelName = Annotated[str, AfterValidator(check_model_name), _doc(pattern=MODEL_NAME_PATTERN)]
 EngineName = Annotated[str, _simple("engine"), _doc(pattern=SIMPLE_NAME_PATTERN)]
-LoraName = Annotated[str, _simple("LoRA adapter"), _doc(pattern=SIMPLE_NAME_PATTERN)]
+LoraName = Annotated[
+    str,
+    _simple("LoRA adapter"),
+    AfterValidator(check_lora_name),
+    _doc(pattern=SIMPLE_NAME_PATTERN),
+]
 KeyName = Annotated[str, _simple("key"), _doc(pattern=SIMPLE_NAME_PATTERN)]
 RemoteName = Annotated[str, _simple("remote"), _doc(pattern=SIMPLE_NAME_PATTERN)]
 SourceText = Annotated[str, AfterValidator(check_source), _doc(minLength=1)]
@@ -131,3 +188,4 @@ EnvName = Annotated[str, AfterValidator(check_env_name), _doc(pattern=r"^[A-Za-z
 KeyModels = Annotated[list[str], AfterValidator(check_key_models)]
 NonEmpty = Annotated[str, AfterValidator(check_nonempty), _doc(minLength=1)]
 ChatTemplate = Annotated[str, AfterValidator(check_chat_template), _doc(minLength=1)]
+ModelParams = Annotated[dict[str, Any], AfterValidator(check_model_params)]

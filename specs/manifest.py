@@ -28,6 +28,7 @@ from specs.fields import (
     KeyName,
     LoraName,
     ModelName,
+    ModelParams,
     NonEmpty,
     RemoteName,
     Sha256,
@@ -254,6 +255,17 @@ class Model(_Table):
     aliases: list[ModelName] = Field(
         default=[], description="Other names clients may use for this model."
     )
+    system: NonEmpty | None = Field(
+        default=None,
+        description="A system prompt for chat requests that send none (ollama's SYSTEM).",
+    )
+    params: ModelParams | None = Field(
+        default=None,
+        description="Sampling defaults for requests that do not set them, by ollama's "
+        "PARAMETER names: temperature, top_k, top_p, min_p, typical_p, seed, repeat_penalty, "
+        "repeat_last_n, presence_penalty, frequency_penalty, mirostat, mirostat_tau, "
+        "mirostat_eta, num_keep, num_predict, stop (a list).",
+    )
     args: list[str] = Field(
         default=[],
         description="Extra llama-server flags, such as ['--flash-attn', 'on'].",
@@ -272,14 +284,26 @@ class Model(_Table):
 
 
 class Lora(_Table):
-    """A LoRA adapter for a declared model, served as `model#adapter`."""
+    """A LoRA adapter for a declared model: a request for `model+NAME` turns it on for that
+    request only; the model's instances load it and nothing restarts per request."""
 
     model: ModelName = Field(description="The declared model (name or alias) it adapts.")
     source: SourceText = Field(description="Where the adapter GGUF comes from (as for models).")
     sha256: Sha256 | None = Field(
         default=None, description="Expected sha256; required for https:// sources."
     )
-    scale: float = Field(default=1.0, description="Adapter scale (llama-server --lora-scaled).")
+    scale: float = Field(
+        default=1.0,
+        allow_inf_nan=False,
+        description="Scale the adapter is applied at when a request turns it on "
+        "(`model+NAME`); a request may ask for another (`model+NAME:0.5`).",
+    )
+    always_on: bool = Field(
+        default=False,
+        description="Applied (at `scale`) to every request for the model, not only to "
+        "`model+NAME`; a request turns it off with `model+none`, or names the adapters it "
+        "wants (`model+other`, `model+NAME:0.3`).",
+    )
 
     @model_validator(mode="after")
     def _digest(self) -> Lora:

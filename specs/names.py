@@ -1,13 +1,22 @@
-"""Model names: `name[:tag]`.
+"""Model names: `name[:tag]`, and the names a request may use for a model's variants.
 
 A name is lowercase letters, digits, `.`, `-` and `_`, starting with a letter
-or digit; so is a tag. The tag defaults to `latest`, as in ollama. `#` is
-reserved: Blazar uses `model#adapter` to name a model served with a LoRA
-adapter, so no model name may contain it.
+or digit; so is a tag. The tag defaults to `latest`, as in ollama. `+` and `#`
+are reserved, so no model name may contain them: a request's `model` may be
+
+    MODEL                      the model with its always-on adapters (if any)
+    MODEL+ADAPTER[+ADAPTER]    only those LoRA adapters on, each at its declared scale
+    MODEL+ADAPTER:SCALE        ... at that scale instead (0 turns an adapter off)
+    MODEL+none                 no adapter at all, always-on ones included
+    MODEL#N                    replica N of the model (0-based, as `blazar ps` numbers them)
+    MODEL#ADAPTER              an older spelling of MODEL+ADAPTER, kept as an alias
+
+`parse_requested` splits such a name (pure; the gateway's scheduler calls it).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -60,10 +69,11 @@ def _check_part(part: str, what: str, whole: str) -> None:
 
 def parse_name(text: str) -> ModelName:
     """Parse `name[:tag]`, raising InvalidName with a message that says what to fix."""
-    if "#" in text:
+    if "#" in text or "+" in text:
         raise InvalidName(
-            f"invalid model name {text!r}: '#' is reserved (Blazar writes 'model#adapter' "
-            "for a model served with a LoRA adapter); choose a name without it"
+            f"invalid model name {text!r}: '+' and '#' are reserved (requests name "
+            "'model+adapter' for a model with a LoRA adapter and 'model#N' for one replica); "
+            "choose a name without them"
         )
     if text.count(":") > 1:
         raise InvalidName(f"invalid model name {text!r}: use name or name:tag, with one ':'")
@@ -72,3 +82,84 @@ def parse_name(text: str) -> ModelName:
     if ":" in text:
         _check_part(tag, "tag", text)
     return ModelName(name, tag or DEFAULT_TAG)
+
+
+NO_ADAPTERS = "none"  # MODEL+none: every adapter off, always-on ones included
+REQUEST_FORMS = "MODEL, MODEL+ADAPTER, MODEL+ADAPTER:SCALE, MODEL+none or MODEL#REPLICA"
+
+
+@dataclass(frozen=True)
+class AdapterChoice:
+    """One adapter a request turns on, at its declared scale (None) or at `scale`."""
+
+    name: str
+    scale: float | None = None
+
+
+@dataclass(frozen=True)
+class Requested:
+    """A request's `model` split into the model, the adapters and the replica it asks for."""
+
+    model: str  # name, name:tag or alias, as written
+    adapters: tuple[AdapterChoice, ...] | None = None  # None: the model's always-on ones
+    replica: int | None = None
+
+    def __str__(self) -> str:
+        text = self.model + (f"#{self.replica}" if self.replica is not None else "")
+        if self.adapters is None:
+            return text
+        if not self.adapters:
+            return f"{text}+{NO_ADAPTERS}"
+        return text + "".join(
+            f"+{a.name}" + ("" if a.scale is None else f":{a.scale:g}") for a in self.adapters
+        )
+
+
+def parse_requested(text: str) -> Requested:
+    """Split a requested name (see the module docstring); InvalidName says what to fix.
+
+    Whether the model and its adapters exist is the caller's question."""
+    if "+" not in text and "#" not in text:
+        return Requested(text)  # the common case: a plain name, nothing to split
+    head, *parts = text.split("+")
+    model, hashed, after = head.partition("#")
+    replica = None
+    if hashed:
+        if after.isdigit():
+            replica = int(after)
+        elif after and not parts:
+            parts = [after]  # MODEL#ADAPTER: the older spelling of MODEL+ADAPTER
+        else:
+            raise InvalidName(
+                f"bad model {text!r}: after '#' comes a replica number (MODEL#0); "
+                f"use {REQUEST_FORMS}"
+            )
+    if not model:
+        raise InvalidName(f"bad model {text!r}: it names no model; use {REQUEST_FORMS}")
+    if not parts:
+        return Requested(model, None, replica)
+    if parts == [NO_ADAPTERS]:
+        return Requested(model, (), replica)
+    choices: list[AdapterChoice] = []
+    for part in parts:
+        name, colon, scale = part.partition(":")
+        if not name or name == NO_ADAPTERS:
+            why = "an empty adapter name" if not name else f"'{NO_ADAPTERS}' among adapters"
+            raise InvalidName(f"bad model {text!r}: {why}; use {REQUEST_FORMS}")
+        if any(c.name == name for c in choices):
+            raise InvalidName(f"bad model {text!r}: adapter {name!r} is named twice")
+        choices.append(AdapterChoice(name, _scale(text, scale) if colon else None))
+    return Requested(model, tuple(choices), replica)
+
+
+def _scale(text: str, scale: str) -> float:
+    try:
+        value = float(scale)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise InvalidName(
+            f"bad model {text!r}: {scale!r} is not a scale; write a number such as "
+            "MODEL+ADAPTER:0.5 (0 turns the adapter off)"
+        )
+    return value

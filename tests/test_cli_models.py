@@ -120,7 +120,7 @@ BAD_INPUTS = [
     ("not gguf", lambda d: _write(d / "x.bin", b"PK\x03\x04" + b"\0" * 100), "tiny", "not a GGUF"),
     ("empty file", lambda d: _write(d / "e.gguf", b""), "tiny", "not a GGUF"),
     ("truncated", lambda d: _truncated(d), "tiny", "truncated GGUF"),
-    ("reserved #", lambda d: write_tiny_model(d / "t.gguf"), "tiny#fox", "'#' is reserved"),
+    ("reserved #", lambda d: write_tiny_model(d / "t.gguf"), "tiny#fox", "'#' are reserved"),
     ("upper case", lambda d: write_tiny_model(d / "t.gguf"), "Tiny", "try 'tiny'"),
     ("bad tag", lambda d: write_tiny_model(d / "t.gguf"), "tiny:", "tag is empty"),
 ]

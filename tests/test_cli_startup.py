@@ -20,7 +20,7 @@ import click
 import pytest
 
 from blazar import gguf_info, hashing, registry
-from blazar.cli.main import COMMANDS, cli
+from blazar.cli.main import COMMANDS, cli, load_command
 from blazar.paths import Paths
 from tests.conftest import Blazar
 
@@ -66,6 +66,8 @@ def test_version_imports_no_command_and_no_heavy_library() -> None:
         pytest.param(("list",), {"sqlite_utils"}, id="list"),  # it opens the store
         pytest.param(("status",), {"sqlite_utils"}, id="status"),
         pytest.param(("config", "path"), set(), id="config-path"),
+        pytest.param(("completions", "bash"), set(), id="completions"),
+        pytest.param(("push", "x"), set(), id="push-refused"),
         # nothing answers there: it exits 1, having imported no HTTP server or client library
         pytest.param(("ps", "--url", "http://127.0.0.1:9"), set(), id="ps"),
     ],
@@ -137,4 +139,5 @@ def test_help_lists_every_command_and_python_m_runs_the_cli() -> None:
     )
     assert done.returncode == 0, done.stderr
     listed = done.stdout.split("Commands:\n", 1)[1].split()
-    assert all(name in listed for name in COMMANDS)
+    shown = [name for name in COMMANDS if not load_command(name).hidden]  # refusals are hidden
+    assert all(name in listed for name in shown) and "push" not in shown

@@ -147,3 +147,26 @@ def test_hot_reload_restarts_only_changed_models() -> None:
         assert (await s.update({"a": runtime("a", ctx=1024)})) == {"b": "removed", "c": "removed"}
 
     asyncio.run(scenario())
+
+
+def test_model_hash_n_addresses_one_replica_and_blocks_no_one_else() -> None:
+    async def scenario() -> None:
+        s = make(runtime("m", replicas=2))
+        pool = s.pools["m"]
+        one = await s.acquire(s.resolve("m#1"))
+        assert one.member is pool.members[1]  # replica 0 was free: #1 still means #1
+        waiting = asyncio.create_task(s.acquire(s.resolve("m#1")))
+        await asyncio.sleep(0)
+        assert len(pool.waiters) == 1
+        other = await asyncio.wait_for(s.acquire(s.resolve("m")), 1)  # not stuck behind it
+        assert other.member is pool.members[0]
+        s.release(other)  # replica 0 frees up: not what the waiter asked for
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        s.release(one)
+        second = await asyncio.wait_for(waiting, 1)
+        assert second.member is pool.members[1]
+        s.release(second)
+        assert pool.in_flight == 0 and not pool.waiters
+
+    asyncio.run(scenario())

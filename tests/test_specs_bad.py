@@ -66,7 +66,7 @@ def test_the_corpus_covers_the_kinds_of_mistakes() -> None:
         "expected a string, got a table",
         "missing required field 'source'",
         "invalid model name 'Gemma'",
-        "'#' is reserved",
+        "'+' and '#' are reserved",
         "models.gemma declared twice: dup-across-files/a.toml:2 and dup-across-files/b.yaml:4",
         "lora 'fox' names model 'gemm', which is not declared; did you mean 'gemma'?",
         "names engine 'llamacp', which is not declared; did you mean 'llamacpp'?",
@@ -120,7 +120,8 @@ def test_a_file_that_does_not_parse_hides_no_other_problem_but_invents_none() ->
         )
     assert [str(p) for p in info.value.problems] == [
         "a.toml:1: invalid TOML: expected ']' at the end of a table declaration",
-        "b.toml:4: unknown field 'x' in loras.fox; known fields: model, source, sha256, scale",
+        "b.toml:4: unknown field 'x' in loras.fox; known fields: model, source, sha256, scale, "
+        "always_on",
     ]
 
 

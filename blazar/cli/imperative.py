@@ -1,13 +1,17 @@
 """Imperative commands that edit the manifest, then reconcile just what they touched.
 
 `blazar pull SOURCE` declares a model and applies it; `blazar rm NAME` drops a
-model's declaration (if any) and what Blazar holds of it. Both are thin: the
+model's declaration (if any) and what Blazar holds of it; `blazar create`
+declares a model derived from another (`blazar.derive`, with ollama's Modelfile
+read by `blazar.modelfile`); `blazar cp` gives a model another name (an alias). Both are thin: the
 declare -> targeted reconcile -> restore-on-failure flow is `blazar.manifest_ops`,
 which the gateway's `/api/pull` and `/api/delete` share. A pull that fails puts
 the manifest back as it was: nothing is half-applied.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import click
 
@@ -52,4 +56,85 @@ def rm(ctx: Context, name: str) -> None:
     click.echo(f"removed {removed.name}{where}{kept}")
 
 
-COMMANDS = [pull, rm]
+@click.command("create")
+@click.argument("name")
+@click.option("--from", "base", default=None, help="The model (or GGUF file) to start from.")
+@click.option(
+    "--modelfile",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    default=None,
+    help="An ollama Modelfile: FROM, PARAMETER, SYSTEM, ADAPTER (TEMPLATE with --chat-template).",
+)
+@click.option("--chat-template", default=None, help="A template Blazar ships, Jinja, or a file.")
+@click.option("--system", default=None, help="A system prompt for requests that send none.")
+@click.option("--param", "params", multiple=True, metavar="K=V", help="A sampling default.")
+@click.option("--force", is_flag=True, help="Replace a model already declared with NAME.")
+@pass_context
+def create(
+    ctx: Context,
+    name: str,
+    base: str | None,
+    modelfile: Path | None,
+    chat_template: str | None,
+    system: str | None,
+    params: tuple[str, ...],
+    force: bool,
+) -> None:
+    """Declare model NAME derived from another, as `ollama create` does, and apply it.
+
+    It starts from MODEL's declaration (or a GGUF file) and changes what is given:
+    --param k=v (ollama's PARAMETER names; num_ctx sets the context), --system,
+    --chat-template. Flags win over the Modelfile. Bytes Blazar holds already are
+    linked, not fetched again.
+    """
+    from blazar.derive import Derived, create_model
+    from blazar.modelfile import Modelfile, add_param, param_value, parse_modelfile
+
+    read = parse_modelfile(modelfile.read_text(), modelfile) if modelfile else Modelfile()
+    if read.template is not None and chat_template is None:
+        raise click.ClickException(
+            f"{modelfile}:{read.template}: TEMPLATE is a Go template, and Blazar applies "
+            "Jinja chat templates: pass --chat-template (a template Blazar ships such as "
+            "chatml, Jinja text or a .jinja file) to replace it"
+        )
+    for item in params:
+        key, equals, value = item.partition("=")
+        if not equals:
+            raise click.UsageError(f"--param {item!r}: write KEY=VALUE, e.g. temperature=0.2")
+        key = key.strip().lower()
+        add_param(read, key, param_value(key, value, f"--param {key}"))
+    origin = base or read.base
+    if origin is None:
+        raise click.UsageError("give --from MODEL, or a --modelfile with a FROM line")
+    from_file = read.base_file if base is None else base.endswith(".gguf")
+    if base is not None and from_file:
+        origin = str(Path(base).expanduser().resolve())
+    derived = Derived(
+        chat_template=chat_template,
+        system=system if system is not None else read.system,
+        params=read.params or None,
+        ctx=read.ctx,
+        adapters=tuple(read.adapters),
+    )
+    adapters = create_model(
+        ctx.paths, ctx.paths.manifest, name, origin, derived, base_file=from_file, force=force,
+        notify=lambda m: click.echo(m, err=True),
+    )  # fmt: skip
+    extra = f", with always-on adapters {', '.join(adapters)}" if adapters else ""
+    click.echo(f"created {name} from {origin}{extra} (declared in {ctx.paths.manifest})")
+
+
+@click.command("cp")
+@click.argument("source")
+@click.argument("destination")
+@pass_context
+def cp(ctx: Context, source: str, destination: str) -> None:
+    """Give model SOURCE another name, DESTINATION (an alias in your manifest).
+
+    Both names then serve the same model; `blazar rm DESTINATION` drops the alias.
+    """
+    manifest_ops.add_alias(ctx.paths.manifest, source, destination)
+    click.echo(f"copied {source} to {destination} (an alias of it in {ctx.paths.manifest})")
+
+
+COMMANDS = [pull, rm, create, cp]

@@ -1,4 +1,5 @@
-"""Model commands: import, list, show, rm, fit."""
+"""Model commands: import, list, show, fit (of a held model, or of one on the hub before
+pulling it: `blazar.cli.hub`)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ import click
 
 from blazar.cli.context import Context, pass_context
 from blazar.cli.format import echo_json, human_bytes, human_count, table
+from blazar.errors import NotFound
 from blazar.fit import CACHE_TYPES, estimate
 from blazar.hardware import memory_devices
 from blazar.store import ModelRecord
-from specs.names import parse_name
+from specs.names import InvalidName, parse_name
 
 if TYPE_CHECKING:  # kept out of `blazar list`'s start: it loads the manifest models
     from blazar.chat_templates import AppliedTemplate
@@ -26,24 +28,114 @@ def model_json(record: ModelRecord) -> dict[str, Any]:
 
 
 @click.command("import")
-@click.argument("path", type=click.Path(path_type=Path))
-@click.option("--name", "name", required=True, help="Name to serve it as: name[:tag].")
+@click.argument("path", required=False, type=click.Path(path_type=Path))
+@click.option("--name", "name", default=None, help="Name to serve it as: name[:tag].")
 @click.option("--copy", is_flag=True, help="Copy the file into the store instead of linking it.")
 @click.option("--force", is_flag=True, help="Replace a model that already has this name.")
+@click.option("--sha256", default=None, help="Refuse the file unless it has this sha256.")
+@click.option(
+    "--scan",
+    is_flag=True,
+    help="List the GGUF models ollama, the Hugging Face cache and LM Studio keep here, "
+    "with the command that adopts each.",
+)
+@click.option("--json", "as_json", is_flag=True, help="With --scan: JSON Lines, one a model.")
 @pass_context
-def import_(ctx: Context, path: Path, name: str, copy: bool, force: bool) -> None:
-    """Register a local GGUF file as model NAME.
+def import_(
+    ctx: Context,
+    path: Path | None,
+    name: str | None,
+    copy: bool,
+    force: bool,
+    sha256: str | None,
+    scan: bool,
+    as_json: bool,
+) -> None:
+    """Register a local GGUF file as model NAME, or find the models other runtimes have.
 
     By default the file is hardlinked into Blazar's store when it is on the same
-    filesystem, and referenced in place otherwise; --copy copies it. The source
-    file is never modified, moved or deleted.
+    filesystem, and referenced in place otherwise; --copy copies it. Its size and
+    sha256 are verified; the source file is never modified, moved or deleted. The
+    first shard of a split model (x-00001-of-00003.gguf) imports all its shards.
     """
+    if scan:
+        if path is not None or name is not None:
+            raise click.UsageError("--scan takes no PATH or --name: it lists what it finds")
+        _scan(ctx, as_json)
+        return
+    if path is None or name is None:
+        raise click.UsageError("give PATH and --name NAME (or --scan to find models)")
     ref = parse_name(name)
-    record = ctx.registry.import_file(path, ref, copy=copy, force=force)
+    shards = _shards(path)
+    if shards and copy:
+        raise click.UsageError("--copy does not apply to a split model: its shards are linked")
+    if shards:
+        record = ctx.registry.import_files(
+            shards, ref, force=force, names=[s.name for s in shards], sha256=sha256
+        )
+    else:
+        record = ctx.registry.import_file(path, ref, copy=copy, force=force, sha256=sha256)
     click.echo(
         f"imported {record.ref.short}: {record.architecture} {human_count(record.parameters)} "
         f"{record.quantization}, {human_bytes(record.size)} ({record.held})"
     )
+
+
+def _shards(path: Path) -> list[Path]:
+    """Every shard of the split model whose first shard is `path`; [] for a single file."""
+    from blazar.sources.base import SHARD
+
+    shard = SHARD.match(path.name)
+    if shard is None or int(shard["index"]) != 1:
+        return []
+    total = int(shard["total"])
+    files = [
+        path.with_name(f"{shard['prefix']}-{i:05d}-of-{total:05d}.gguf")
+        for i in range(1, total + 1)
+    ]
+    missing = [f.name for f in files if not f.exists()]
+    if missing:
+        raise NotFound(f"{path} is shard 1 of {total}, but {', '.join(missing)} are missing")
+    return files
+
+
+def _scan(ctx: Context, as_json: bool) -> None:
+    import os
+
+    from blazar.sources.local_stores import scan
+
+    found = scan(os.environ, ctx.store.list_models())
+    if as_json:
+        for item in found:
+            echo_json(item.to_json())
+        return
+    if not found:
+        click.echo(
+            "No GGUF models found in ollama's store, the Hugging Face cache or LM Studio's "
+            "folders (OLLAMA_MODELS, HF_HUB_CACHE and HF_HOME are honoured)."
+        )
+        return
+    click.echo(
+        table(
+            ["RUNTIME", "NAME", "QUANT", "SIZE", "HELD", "FROM"],
+            [
+                [
+                    f.runtime,
+                    f.name,
+                    f.quantization,
+                    human_bytes(f.size),
+                    f"as {f.held}" if f.held else "",
+                    f.origin,
+                ]
+                for f in found
+            ],
+        )
+    )
+    todo = [f for f in found if not f.held]
+    if todo:
+        click.echo("\nAdopt one (hardlinked when it can be; the original is left as it is):")
+        for f in todo:
+            click.echo(f"  {f.command}")
 
 
 @click.command("list")
@@ -156,7 +248,7 @@ def _template_line(template: AppliedTemplate) -> str:
 
 
 @click.command("fit")
-@click.argument("name")
+@click.argument("target")
 @click.option("--ctx", "ctx_size", type=int, default=None, help="Context length (default 4096).")
 @click.option(
     "--cache-type",
@@ -167,9 +259,28 @@ def _template_line(template: AppliedTemplate) -> str:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the estimate and its terms.")
 @pass_context
-def fit(ctx: Context, name: str, ctx_size: int | None, cache_type: str, as_json: bool) -> None:
-    """Estimate the memory a model needs and whether this machine has it."""
-    record = ctx.store.get_model(parse_name(name))
+def fit(ctx: Context, target: str, ctx_size: int | None, cache_type: str, as_json: bool) -> None:
+    """Estimate the memory a model needs and whether this machine has it.
+
+    TARGET is a model Blazar holds, or one on Hugging Face before it is pulled:
+    owner/repo[:QUANT], hf://owner/repo[:QUANT] or a short name such as
+    qwen3-0.6b. For those, file sizes come from the hub and the layers, heads
+    and context from the GGUF header (range requests: its first megabytes
+    only); every quantization is shown and the largest that fits suggested.
+    """
+    record = _held(ctx, target)
+    if record is None:
+        from blazar.cli.hub import fit_remote, hub_target
+
+        source = hub_target(target)
+        if source is None:
+            raise NotFound(
+                f"model '{target}' is not in the store (`blazar list` shows what is), nor a "
+                "model on Hugging Face: give owner/repo[:QUANT], hf://owner/repo[:QUANT] or a "
+                "short name such as qwen3-0.6b"
+            )
+        fit_remote(source, target, ctx_size=ctx_size, cache_type=cache_type, as_json=as_json)
+        return
     report = estimate(
         record.ref.short, record.facts, memory_devices(), ctx=ctx_size, cache_type=cache_type
     )
@@ -186,6 +297,14 @@ def fit(ctx: Context, name: str, ctx_size: int | None, cache_type: str, as_json:
     click.echo(f"  largest ctx that fits: {report.max_ctx}")
     for note in report.notes:
         click.echo(f"  note: {note}")
+
+
+def _held(ctx: Context, name: str) -> ModelRecord | None:
+    try:
+        ref = parse_name(name)
+    except InvalidName:
+        return None
+    return ctx.store.find_model(ref)
 
 
 COMMANDS = [import_, list_, show, fit]

@@ -388,8 +388,10 @@ def stream_events(event: Any, state: StreamState) -> list[dict[str, Any]]:
         delta = dict(event.get("delta") or {})
         delta["stop_reason"] = _stop_reason(delta.get("stop_reason"), delta.get("stop_sequence"))
         delta.setdefault("stop_sequence", None)
-        output_tokens = int((event.get("usage") or {}).get("output_tokens") or 0)
-        usage = _usage(state.usage, output_tokens)
+        given = event.get("usage") or {}
+        output_tokens = int(given.get("output_tokens") or 0)
+        counted = {k: v for k, v in given.items() if k != "output_tokens" and v}  # bridged
+        usage = _usage({**state.usage, **counted}, output_tokens)
         return [*out, {"type": "message_delta", "delta": delta, "usage": usage}]
     if kind == "message_stop":
         state.stopped = True

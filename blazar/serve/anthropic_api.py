@@ -1,7 +1,9 @@
 """Anthropic's Messages API on the gateway: `POST /v1/messages` and `/v1/messages/count_tokens`.
 
 As decided in docs/compatibility.md, requests pass through to the instance's
-native `/v1/messages` (llama-server speaks Anthropic's shapes there):
+native `/v1/messages` (llama-server speaks Anthropic's shapes there), except
+those with LoRA adapters on, which that endpoint would ignore: they go to its
+chat endpoint through `blazar.protocols.anthropic_chat`.
 `blazar.protocols.anthropic` validates them as Anthropic's API does (refusing
 what the engine would accept wrongly, such as a request without `max_tokens`)
 and normalizes what comes back, whole or event by event. Each request takes the
@@ -23,7 +25,7 @@ from typing import Any
 
 from aiohttp import web
 
-from blazar.protocols import EngineRequest, anthropic
+from blazar.protocols import EngineRequest, anthropic, anthropic_chat
 from blazar.serve import engine, pipeline
 from blazar.serve.child_http import UpstreamError
 from blazar.serve.envelopes import ANTHROPIC
@@ -67,22 +69,36 @@ class AnthropicAPI:
         target = pipeline.resolve(scheduler, model)
         pipeline.require(target.runtime, pipeline.CHAT)
         timed = await pipeline.lease(scheduler, request, target, started=started)
+        # The engine's /v1/messages would drop a `lora` list and most sampling defaults:
+        # requests that need them go to its chat endpoint instead (`anthropic_chat`).
+        bridged = not count and (
+            timed.lease.lora is not None
+            or any(k not in pipeline.MESSAGES_PARAMS for k in target.runtime.params)
+        )
+        if bridged:
+            req = anthropic_chat.chat_request(req)
         try:
-            return await self._answer(request, timed, req, model, count)
+            return await self._answer(request, timed, req, model, count, bridged)
         finally:
             scheduler.release(timed.lease)
 
     async def _answer(
-        self, request: web.Request, timed: Timed, req: EngineRequest, model: str, count: bool
+        self,
+        request: web.Request,
+        timed: Timed,
+        req: EngineRequest,
+        model: str,
+        count: bool,
+        bridged: bool,
     ) -> web.StreamResponse:
         if req.stream:
-            return await self._stream(request, timed, req, model)
+            return await self._stream(request, timed, req, model, bridged)
         status, payload = await engine.call(self.services.children, timed.lease, req)
         if status != 200 or not isinstance(payload, dict):
             return self._engine_error(request, status, payload)
-        out: dict[str, Any] = payload
+        out: dict[str, Any] = anthropic_chat.message_from_chat(payload) if bridged else payload
         if not count:
-            out = anthropic.message_response(payload, model=model, message_id=message_id())
+            out = anthropic.message_response(out, model=model, message_id=message_id())
         return web.json_response(out, headers=ANTHROPIC.headers(request))
 
     def _engine_error(self, request: web.Request, status: int, payload: Any) -> web.Response:
@@ -90,9 +106,10 @@ class AnthropicAPI:
         return web.json_response(body, status=status, headers=ANTHROPIC.headers(request))
 
     async def _stream(
-        self, request: web.Request, timed: Timed, req: EngineRequest, model: str
+        self, request: web.Request, timed: Timed, req: EngineRequest, model: str, bridged: bool
     ) -> web.StreamResponse:
         state = anthropic.StreamState(model=model, message_id=message_id())
+        bridge = anthropic_chat.ChatEvents() if bridged else None
         async with engine.stream(self.services.children, timed.lease, req) as exchange:
             if not engine.is_event_stream(exchange):
                 payload = await engine.error_body(exchange)
@@ -102,8 +119,9 @@ class AnthropicAPI:
             await response.prepare(request)
             try:
                 async for data in engine.events(exchange):
-                    for event in anthropic.stream_events(data, state):
-                        await response.write(anthropic.sse(event))
+                    for item in bridge.feed(data) if bridge is not None else [data]:
+                        for event in anthropic.stream_events(item, state):
+                            await response.write(anthropic.sse(event))
                 for event in anthropic.finish_stream(state):
                     await response.write(anthropic.sse(event))
             except UpstreamError as exc:  # the engine failed mid-stream

@@ -47,7 +47,7 @@ def decode(payload: bytes) -> Any:
 
 async def call(children: ChildConnections, lease: Lease, req: EngineRequest) -> tuple[int, Any]:
     """Post a whole (non-streamed) request; return the engine's status and decoded body."""
-    body = json.dumps(engine_body(lease, req.body)).encode()
+    body = json.dumps(engine_body(lease, req.body, req.path)).encode()
     exchange: Exchange | None = None
     try:
         exchange = await children.post(lease.url, req.path, body)
@@ -65,7 +65,7 @@ async def stream(
 ) -> AsyncIterator[Exchange]:
     """Post a streamed request; the exchange is given back (closed, unless finished)
     however the caller leaves, a client that went away included."""
-    body = json.dumps(engine_body(lease, req.body)).encode()
+    body = json.dumps(engine_body(lease, req.body, req.path)).encode()
     try:
         exchange = await children.post(lease.url, req.path, body)
     except (UpstreamError, ConnectionError) as exc:

@@ -1,6 +1,7 @@
 """ollama's model listings and simple edits on the gateway: tags, ps, show, version, copy, delete.
 
-`GET /api/tags`, `GET /api/ps`, `POST /api/show` and `GET /api/version` read the
+`GET /api/tags` (each model, its aliases, and `name:tag+adapter` for each of its
+LoRA adapters), `GET /api/ps`, `POST /api/show` and `GET /api/version` read the
 store and the scheduler and answer through the builders in
 `blazar.protocols.ollama`. `POST /api/copy` adds the destination name to the
 source model's `aliases` in the manifest; `DELETE /api/delete` is `blazar rm`
@@ -75,6 +76,9 @@ class OllamaAdmin:
             for alias in runtime.aliases:  # names given by /api/copy or the manifest
                 ref = parse_name(alias)
                 infos.append(replace(base, name=ref.name, tag=ref.tag))
+            own = parse_name(runtime.name)
+            for adapter in runtime.adapters:  # `name:tag+adapter`: the model with it on
+                infos.append(replace(base, tag=f"{own.tag}+{adapter.name}"))
         return web.json_response(ollama.tags(infos))
 
     async def ps(self, request: web.Request) -> web.StreamResponse:

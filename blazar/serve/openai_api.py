@@ -2,8 +2,9 @@
 `/v1/responses` and `/v1/models`.
 
 Requests are passed through to the instance the scheduler picks, bytes
-untouched: the body is parsed once to read `model`, and re-encoded only when a
-`model#adapter` request needs its `lora` field (`pipeline.engine_body`). They
+untouched: the body is parsed once to read `model`, and re-encoded only when
+LoRA adapters are on for the request (`model+adapter`, or the model's always-on
+ones) and need its `lora` field (`pipeline.engine_body`). They
 travel on `ChildConnections` (`blazar.serve.child_http`), kept for this hot
 path: keep-alive connections to each child, and a response parsed as it
 arrives. Streams are copied chunk by chunk as they arrive; a client that
@@ -58,7 +59,7 @@ class OpenAIAPI:
         data = [
             {"id": name, "object": "model", "created": created, "owned_by": "blazar"}
             for runtime in self.services.scheduler.runtimes.values()
-            for name in (runtime.name, *runtime.aliases)
+            for name in (runtime.name, *runtime.aliases, *runtime.variants)
         ]
         return web.json_response({"object": "list", "data": data})
 
@@ -81,8 +82,9 @@ class OpenAIAPI:
         pipeline.require(target.runtime, need, alternative=NO_TEMPLATE_HINT)
         timed = await pipeline.lease(scheduler, request, target)
         try:
-            if timed.lease.adapter is not None:
-                body = json.dumps(pipeline.engine_body(timed.lease, data)).encode()
+            sent = pipeline.engine_body(timed.lease, data, path)
+            if sent is not data:  # adapters or model defaults added: re-encoded
+                body = json.dumps(sent).encode()
             return await self._forward(request, timed.lease.url, target.runtime.name, path, body)
         finally:
             scheduler.release(timed.lease)

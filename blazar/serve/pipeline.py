@@ -11,7 +11,9 @@ here and the same for all three:
    embeddings for embeddings), or one 400 that says how to fix it.
 3. `lease`: a slot from the scheduler (`x-blazar-priority` read here), with
    the load time measured the way ollama reports it; a start failure is a 502.
-4. `engine_body`: the body with the adapter of a `model#adapter` request on.
+4. `engine_body`: the body with the adapters the request chose (`model+adapter`,
+   `model+none`; the model's always-on ones otherwise) on, for that request only,
+   and the model's `system` prompt and `params` where the request sets none.
 5. `failure`: every exception a route may raise -> (status, message, code,
    Retry-After). The `errors` middleware in `blazar.serve.app` answers with it
    in the route's envelope (`blazar.serve.envelopes`), so routes only raise.
@@ -22,7 +24,7 @@ here and the same for all three:
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +32,7 @@ from aiohttp import web
 
 from blazar.errors import BlazarError, InvalidInput, NotFound
 from blazar.protocols import ProtocolError
+from blazar.protocols.ollama_options import SAMPLING_OPTIONS
 from blazar.reconcile import InvalidManifest
 from blazar.serve.http import wants_priority
 from blazar.serve.instance import InstanceFailed
@@ -142,10 +145,58 @@ async def lease(
     return Timed(leased, begin if started is None else started, load_ns)
 
 
-def engine_body(lease: Lease, body: dict[str, Any]) -> dict[str, Any]:
-    """The body to send, with the LoRA adapter turned on for a `model#adapter` request."""
-    if lease.adapter is None:
-        return body
-    index = lease.runtime.adapter_index(lease.adapter)
-    scale = lease.runtime.adapters[index].scale if index is not None else 1.0
-    return {**body, "lora": [{"id": index, "scale": scale}]}
+def engine_body(lease: Lease, body: dict[str, Any], path: str = "") -> dict[str, Any]:
+    """The body to send to `path`: with llama-server's per-request `lora` list when the
+    request chose adapters (`model+adapter`, `model+none`) or its model has always-on
+    ones, and the model's `system` prompt and `params` where the request sets none; else
+    `body` itself, the same object (the OpenAI route then forwards the client's bytes as
+    they came). A client's own `lora` field is left alone unless the name chose adapters.
+
+    Scales are per request, so concurrent requests to one instance each get their own
+    adapters (llama-server batches only slots whose adapters match); see docs/serve.md.
+    """
+    runtime = lease.runtime
+    lora = lease.lora
+    if lora is None and runtime.system is None and not runtime.params:
+        return body  # the common case: nothing to add
+    out = dict(body)
+    if lora is not None and (lease.adapters is not None or "lora" not in body):
+        out["lora"] = lora
+    if path != "/v1/embeddings":
+        with_defaults(out, path, runtime.system, runtime.params)
+    return out if out != body else body
+
+
+# Where a Modelfile PARAMETER goes in llama-server's request bodies.
+PARAM_FIELDS = {**SAMPLING_OPTIONS, "num_predict": "n_predict", "stop": "stop"}
+LIMITS = ("n_predict", "max_tokens", "max_completion_tokens", "max_output_tokens")
+# What llama-server's /v1/messages keeps of a request: any other default needs its chat
+# endpoint (`anthropic_chat`), as adapters do.
+MESSAGES_PARAMS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
+                   "stop": "stop_sequences"}  # fmt: skip
+
+
+def with_defaults(
+    body: dict[str, Any], path: str, system: str | None, params: Mapping[str, Any]
+) -> None:
+    """Fill in (in place) the model's system prompt and parameters the request left unset."""
+    messages_api = path.startswith("/v1/messages")
+    if system is not None:
+        if messages_api:
+            body.setdefault("system", system)
+        elif path == "/v1/responses":
+            body.setdefault("instructions", system)
+        elif isinstance(body.get("messages"), list):
+            roles = {m.get("role") for m in body["messages"] if isinstance(m, dict)}
+            if not roles & {"system", "developer"}:
+                body["messages"] = [{"role": "system", "content": system}, *body["messages"]]
+    if path.endswith("count_tokens"):
+        return
+    fields = MESSAGES_PARAMS if messages_api else PARAM_FIELDS
+    for key, value in params.items():
+        name = fields.get(key)
+        if name is None or name in body:
+            continue
+        if key == "num_predict" and any(limit in body for limit in LIMITS):
+            continue  # the request's own token limit (n_predict would override it)
+        body[name] = value

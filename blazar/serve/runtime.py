@@ -13,6 +13,7 @@ an edited template file changes the arguments too.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,14 +22,17 @@ from blazar.chat_templates import AppliedTemplate, model_template
 from blazar.engines.records import EngineRecord, EngineStore
 from blazar.store import LoraRecord, Store
 from specs.manifest import Manifest, Model, Serving
-from specs.names import parse_name
+from specs.names import AdapterChoice, Requested, parse_name, parse_requested
 
 
 @dataclass(frozen=True)
 class Adapter:
+    """A LoRA adapter the model's instances load (at scale 0: off until a request asks)."""
+
     name: str
     path: str
-    scale: float
+    scale: float  # applied when a request turns it on without a scale of its own
+    always_on: bool = False  # on for every request that does not choose its adapters
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,8 @@ class ModelRuntime:
     extra_args: tuple[str, ...]
     adapters: tuple[Adapter, ...] = ()
     template_problem: str | None = None  # why the declared template cannot be used
+    system: str | None = None  # a system prompt for chat requests that send none
+    params: Mapping[str, Any] = field(default_factory=dict, hash=False)  # request defaults
     facts: dict[str, object] = field(default_factory=dict, compare=False, hash=False)
 
     @property
@@ -102,7 +108,7 @@ class ModelRuntime:
             out.append("--embeddings")
             if self.pooling:
                 out += ["--pooling", self.pooling]
-        for adapter in self.adapters:  # loaded off; a request for model#adapter turns it on
+        for adapter in self.adapters:  # loaded off; each request says which are on (lora_field)
             out += ["--lora-scaled", f"{adapter.path}:0"]
         if not any(a.split("=")[0] in ("--threads", "-t") for a in self.extra_args):
             threads = str(default_threads())
@@ -115,6 +121,34 @@ class ModelRuntime:
             if adapter.name == name:
                 return index
         return None
+
+    def lora_field(self, chosen: tuple[AdapterChoice, ...] | None) -> list[dict[str, Any]] | None:
+        """llama-server's per-request `lora` list for the adapters a request chose (None:
+        the always-on ones), or None when the body needs none.
+
+        The engine applies exactly the adapters listed, at their scales, to that request
+        only, and every other adapter at scale 0; so the list is sent whenever an adapter
+        may be on. A model without adapters, or a plain request to a model without
+        always-on ones, sends none, and its body passes through untouched.
+        """
+        if not self.adapters:
+            return None
+        if chosen is None:
+            on = [{"id": i, "scale": a.scale} for i, a in enumerate(self.adapters) if a.always_on]
+            return on or None
+        out = []
+        for choice in chosen:
+            index = self.adapter_index(choice.name)
+            if index is None:
+                raise KeyError(choice.name)  # the scheduler checked; a bug if it happens
+            scale = self.adapters[index].scale if choice.scale is None else choice.scale
+            out.append({"id": index, "scale": scale})
+        return out
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        """The names of the model with each adapter on (`model+adapter`), for listings."""
+        return tuple(f"{self.name}+{a.name}" for a in self.adapters)
 
 
 def default_threads() -> int:
@@ -168,7 +202,12 @@ def _runtime(
     if isinstance(train_ctx, int) and train_ctx > 0:
         ctx = min(ctx, train_ctx)
     adapters = tuple(
-        Adapter(lo.name, lo.path, float(lo.settings.get("scale", 1.0)))
+        Adapter(
+            lo.name,
+            lo.path,
+            float(lo.settings.get("scale", 1.0)),
+            bool(lo.settings.get("always_on", False)),
+        )
         for lo in loras
         if lo.model == name
     )
@@ -190,17 +229,22 @@ def _runtime(
         extra_args=tuple(model.args) if model else (),
         adapters=adapters,
         template_problem=template.problem,
+        system=model.system if model else None,
+        params=dict(model.params or {}) if model else {},
         facts=dict(facts),
     )
 
 
-def resolve(runtimes: dict[str, ModelRuntime], requested: str) -> tuple[ModelRuntime, str | None]:
-    """(runtime, adapter name) for a requested `model`, `model:tag`, alias, or `model#adapter`."""
-    base, _, adapter = requested.partition("#")
+def resolve(runtimes: dict[str, ModelRuntime], requested: str) -> tuple[ModelRuntime, Requested]:
+    """(runtime, what was asked of it) for a requested `model`, `model:tag` or alias, with
+    `+adapter` and `#replica` parts (`specs.names.parse_requested`); KeyError when no model
+    has that name, InvalidName when the name is malformed."""
+    asked = parse_requested(requested)
+    base = asked.model
     candidates = [base, base.removesuffix(":latest")]
     for runtime in runtimes.values():
         if runtime.name in candidates or any(a in candidates for a in runtime.aliases):
-            return runtime, adapter or None
+            return runtime, asked
     raise KeyError(requested)
 
 

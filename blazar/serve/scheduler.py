@@ -9,8 +9,9 @@ the requests an instance runs at once, and the rest wait in a bounded queue,
 `x-blazar-priority: high` at its front. A full queue or an expired wait is
 `Busy` (503 all_slots_busy with Retry-After); nothing is dropped silently.
 
-A request's model is resolved once (`resolve`, to a `Target`: the pool and the
-adapter asked for) and that target is what `acquire` leases a slot of. The
+A request's model is resolved once (`resolve`, to a `Target`: the pool, the
+adapters asked for, and the replica when `model#N` addressed one) and that
+target is what `acquire` leases a slot of. The
 instances are made by an injected factory (`make_instance`), so tests schedule
 stand-ins without processes.
 """
@@ -28,6 +29,7 @@ from typing import Any
 
 from blazar.serve.instance import Instance, InstanceSpec, State
 from blazar.serve.runtime import ModelRuntime, resolve
+from specs.names import AdapterChoice
 
 InstanceFactory = Callable[[InstanceSpec], Instance]
 
@@ -60,13 +62,25 @@ class Member:
     in_flight: int = 0
 
 
+@dataclass(frozen=True)
+class Waiter:
+    """A queued request: handed a member (with its slot counted) when one frees up; only
+    `member` when it addressed one replica (`model#N`)."""
+
+    future: asyncio.Future[Member]
+    member: Member | None = None
+
+    def accepts(self, member: Member) -> bool:
+        return self.member is None or self.member is member
+
+
 @dataclass
 class Pool:
     """The instances of one model (one per replica) and its queue."""
 
     runtime: ModelRuntime
     members: list[Member]
-    waiters: deque[asyncio.Future[Member]] = field(default_factory=deque)
+    waiters: deque[Waiter] = field(default_factory=deque)
     loaded: bool = False
     last_used: float = 0.0
     expires_at: float | None = None  # None: no expiry while loaded
@@ -92,10 +106,12 @@ class Pool:
 
 @dataclass(frozen=True)
 class Target:
-    """What a requested name resolved to: a model's pool, and the adapter asked for."""
+    """What a requested name resolved to: a model's pool, the adapters asked for (None:
+    the model's always-on ones) and the replica, when one was addressed (`model#N`)."""
 
     pool: Pool
-    adapter: str | None
+    adapters: tuple[AdapterChoice, ...] | None = None
+    replica: int | None = None
 
     @property
     def runtime(self) -> ModelRuntime:
@@ -112,7 +128,12 @@ class Target:
 class Lease:
     pool: Pool
     member: Member
-    adapter: str | None
+    adapters: tuple[AdapterChoice, ...] | None = None  # as in Target
+
+    @property
+    def lora(self) -> list[dict[str, Any]] | None:
+        """The engine's per-request `lora` list for this request (None: the body needs none)."""
+        return self.pool.runtime.lora_field(self.adapters)
 
     @property
     def url(self) -> str:
@@ -204,39 +225,52 @@ class Scheduler:
     # -- acquiring a slot -----------------------------------------------------
 
     def resolve(self, requested: str) -> Target:
-        """The model (and adapter) a requested name means; ModelNotFound if none."""
+        """The model, adapters and replica a requested name means; ModelNotFound (404) for
+        an unknown model, adapter or replica, InvalidName (400) for a malformed name."""
         try:
-            runtime, adapter = resolve(self.runtimes, requested)
+            runtime, asked = resolve(self.runtimes, requested)
         except KeyError:
             names = ", ".join(sorted(self.runtimes)) or "none"
             raise ModelNotFound(
                 f"model '{requested}' not found; models served here: {names}. "
                 "Declare it in the manifest (or `blazar pull`) first."
             ) from None
-        if adapter is not None and runtime.adapter_index(adapter) is None:
-            known = ", ".join(a.name for a in runtime.adapters) or "none"
+        for choice in asked.adapters or ():
+            if runtime.adapter_index(choice.name) is None:
+                known = ", ".join(runtime.variants) or "none: `blazar lora add` declares one"
+                raise ModelNotFound(
+                    f"model '{runtime.name}' has no adapter '{choice.name}'; its adapters: {known}"
+                )
+        pool = self.pools[runtime.name]
+        if asked.replica is not None and asked.replica >= len(pool.members):
+            count = len(pool.members)
+            which = "#0" if count == 1 else f"#0 to #{count - 1}"
             raise ModelNotFound(
-                f"model '{runtime.name}' has no adapter '{adapter}' (adapters: {known})"
+                f"model '{runtime.name}' has no replica #{asked.replica}: it runs {count} "
+                f"instance{'s' if count != 1 else ''} ({which}; `blazar ps` lists them)"
             )
-        return Target(self.pools[runtime.name], adapter)
+        return Target(pool, asked.adapters, asked.replica)
 
     async def acquire(
         self, target: Target, *, priority: bool = False, keep_alive: float | None = None
     ) -> Lease:
         """A slot on an instance of the target's model, loading it and waiting in its
         queue as needed. Raises SchedulerError (Busy, NoCapacity) or InstanceFailed."""
-        pool, adapter = target.pool, target.adapter
+        pool = target.pool
         if keep_alive is not None:
             pool.expires_at = None  # decided again when the request is done
         if not pool.loaded:
             await self._load(pool)
-        member = self._free_member(pool) if not pool.waiters or priority else None
+        wanted = pool.members[target.replica] if target.replica is not None else None
+        member = self._free_member(pool, wanted)
+        if member is not None and not priority and any(w.accepts(member) for w in pool.waiters):
+            member = None  # a request queued first could take it: nothing overtakes the queue
         if member is None:
-            member = await self._wait(pool, priority)  # handed over with its slot counted
+            member = await self._wait(pool, priority, wanted)  # handed over, slot counted
         else:
             member.in_flight += 1
         pool.last_used = self.clock()
-        lease = Lease(pool, member, adapter)
+        lease = Lease(pool, member, target.adapters)
         try:
             await member.instance.ensure_ready()
         except BaseException:
@@ -245,11 +279,12 @@ class Scheduler:
         return lease
 
     @staticmethod
-    def _free_member(pool: Pool) -> Member | None:
-        free = [m for m in pool.members if m.in_flight < pool.runtime.slots]
+    def _free_member(pool: Pool, wanted: Member | None = None) -> Member | None:
+        candidates = pool.members if wanted is None else [wanted]
+        free = [m for m in candidates if m.in_flight < pool.runtime.slots]
         return min(free, key=lambda m: m.in_flight) if free else None
 
-    async def _wait(self, pool: Pool, priority: bool) -> Member:
+    async def _wait(self, pool: Pool, priority: bool, wanted: Member | None = None) -> Member:
         if len(pool.waiters) >= self.max_queue:
             raise Busy(
                 f"model '{pool.runtime.name}' is busy: all {pool.capacity} slots are in use "
@@ -257,10 +292,11 @@ class Scheduler:
                 retry_after=1,
             )
         future: asyncio.Future[Member] = asyncio.get_running_loop().create_future()
+        waiter = Waiter(future, wanted)
         if priority:
-            pool.waiters.appendleft(future)
+            pool.waiters.appendleft(waiter)
         else:
-            pool.waiters.append(future)
+            pool.waiters.append(waiter)
         try:
             return await asyncio.wait_for(asyncio.shield(future), self.queue_timeout)
         except TimeoutError:
@@ -276,18 +312,20 @@ class Scheduler:
                 self.release(Lease(pool, future.result(), None))
             raise
         finally:
-            if future in pool.waiters:
-                pool.waiters.remove(future)
+            if waiter in pool.waiters:
+                pool.waiters.remove(waiter)
             if not future.done():
                 future.cancel()
 
     def release(self, lease: Lease, *, keep_alive: float | None = None) -> None:
         pool, member = lease.pool, lease.member
         pool.last_used = self.clock()
-        while pool.waiters:
-            future = pool.waiters.popleft()
-            if not future.done():
-                future.set_result(member)  # the slot passes to the waiter, still counted
+        for waiter in list(pool.waiters):
+            if waiter.future.done():
+                pool.waiters.remove(waiter)
+            elif waiter.accepts(member):
+                pool.waiters.remove(waiter)
+                waiter.future.set_result(member)  # the slot passes to the waiter, still counted
                 return
         member.in_flight -= 1
         if pool.in_flight == 0:
@@ -394,8 +432,8 @@ class Scheduler:
         """Drain, then stop: in-flight requests finish on the old instances."""
         pool.retired = True
         for waiter in pool.waiters:
-            if not waiter.done():
-                waiter.cancel()
+            if not waiter.future.done():
+                waiter.future.cancel()
         self.retired.append(pool)
         if pool.in_flight == 0:
             self._spawn(self._unload(pool))

@@ -25,6 +25,20 @@ Progress = Callable[[int, int | None], None]
 GGUF_MAGIC = b"GGUF"
 # A split model's shard file name, as llama.cpp's gguf-split names them.
 SHARD = re.compile(r"^(?P<prefix>.+)-(?P<index>\d{5})-of-(?P<total>\d{5})\.gguf$")
+# A quantization as model files name it: Q4_K_M, IQ3_XXS, Q8_0, F16, BF16, MXFP4, TQ1_0, ...
+_QUANT = re.compile(
+    r"(?:^|[-_.])((?:I?Q|TQ)\d(?:_[A-Z0-9]+)*|BF16|F16|F32|MXFP4(?:_MOE)?)(?=$|[-_.])",
+    re.IGNORECASE,
+)
+
+
+def quant_of(filename: str) -> str | None:
+    """The quantization a GGUF file name names, upper case; None when it names none."""
+    stem = filename.rsplit("/", 1)[-1]
+    shard = SHARD.match(stem)
+    stem = shard["prefix"] if shard else stem.removesuffix(".gguf")
+    found = _QUANT.findall(stem)
+    return found[-1].upper() if found else None
 
 
 class FetchError(BlazarError):

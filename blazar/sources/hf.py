@@ -3,10 +3,11 @@
 Called by `blazar.sources.fetch`. One `model_info(files_metadata=True)` call
 lists the repo at the revision (its commit sha, every file's size and LFS
 sha256); `select_files` picks the GGUF file(s) of the asked quantization (or
-the named file); `huggingface_hub.hf_hub_download` downloads each one, pinned
-to that commit, into Blazar's own HF cache (`<downloads>/hf`). Every file is
-then hashed and compared with the hub's sha256 (its git blob id for non-LFS
-files); a mismatch evicts it from the cache so that nothing unverified stays.
+the named file; with neither, the repo's only model or its Q4_K_M);
+`huggingface_hub.hf_hub_download` downloads each one, pinned to that commit,
+into Blazar's own HF cache (`<downloads>/hf`). Every file is then hashed and
+compared with the hub's sha256 (its git blob id for non-LFS files); a mismatch
+evicts it from the cache so that nothing unverified stays.
 
 The environment passed in is honoured, not only `os.environ`: huggingface_hub
 reads `HF_ENDPOINT` once at import, so the endpoint is passed explicitly to
@@ -51,6 +52,7 @@ from blazar.sources.base import (
 from specs.sources import HFSource
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
+DEFAULT_QUANT = "Q4_K_M"  # when a repo holds several and none is named, as ollama picks
 TIMEOUT = 30.0
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 T = TypeVar("T")
@@ -81,13 +83,11 @@ def select_files(source: HFSource, names: list[str]) -> list[str]:
         if source.filename not in names:
             raise FetchError(f"{source.repo} has no file {source.filename!r}; {listing}")
         return _shard_set(source, source.filename, ggufs)
-    assert source.quant is not None
+    models = [n for n in ggufs if not PurePosixPath(n).name.lower().startswith("mmproj")]
+    if source.quant is None:
+        return _shard_set(source, _default_file(source, models, listing), ggufs)
     pattern = quant_pattern(source.quant)
-    matches = [
-        n
-        for n in ggufs
-        if pattern.search(n) and not PurePosixPath(n).name.lower().startswith("mmproj")
-    ]
+    matches = [n for n in models if pattern.search(n)]
     if not matches:
         raise FetchError(f"{source.repo} has no {source.quant} GGUF file; {listing}")
     groups = {_group(n) for n in matches}
@@ -97,6 +97,22 @@ def select_files(source: HFSource, names: list[str]) -> list[str]:
             f"name one with hf://{source.repo}/<file>.gguf"
         )
     return _shard_set(source, matches[0], ggufs)
+
+
+def _default_file(source: HFSource, models: list[str], listing: str) -> str:
+    """No quantization named: the repo's only model, else its Q4_K_M (ollama's default)."""
+    groups = sorted({_group(n) for n in models})
+    if len(groups) == 1:
+        return models[0]
+    default = [n for n in models if quant_pattern(DEFAULT_QUANT).search(n)]
+    if default and len({_group(n) for n in default}) == 1:
+        return default[0]
+    if not models:
+        raise FetchError(f"{source.repo} has no GGUF model file; {listing}")
+    raise FetchError(
+        f"{source.repo} holds several models and none is {DEFAULT_QUANT}: name one, as "
+        f"{source.repo}:QUANT or hf://{source.repo}/<file>.gguf; {listing}"
+    )
 
 
 def _group(name: str) -> str:
