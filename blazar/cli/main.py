@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from blazar import __version__
-from blazar.cli import config, engines, imperative, manifest, models, serve
+from blazar.cli import config, doctor, engines, imperative, manifest, models, observe, serve
 from blazar.errors import BlazarError
 from specs.names import InvalidName
 
@@ -39,6 +39,8 @@ for command in [
     *manifest.COMMANDS,
     *engines.COMMANDS,
     *serve.COMMANDS,
+    *observe.COMMANDS,
+    *doctor.COMMANDS,
 ]:
     cli.add_command(command)
 

@@ -12,6 +12,7 @@ here and the same for all three:
 3. `lease`: a slot from the scheduler (`x-blazar-priority` read here), with
    the load time measured the way ollama reports it; a start failure is a 502.
 4. `engine_body`: the body with the adapter of a `model#adapter` request on.
+   Steps 1 and 3 note what they did on the request's trace (`blazar.observe.trace`).
 5. `failure`: every exception a route may raise -> (status, message, code,
    Retry-After). The `errors` middleware in `blazar.serve.app` answers with it
    in the route's envelope (`blazar.serve.envelopes`), so routes only raise.
@@ -29,6 +30,7 @@ from typing import Any
 from aiohttp import web
 
 from blazar.errors import BlazarError, InvalidInput, NotFound
+from blazar.observe.trace import current
 from blazar.protocols import ProtocolError
 from blazar.reconcile import InvalidManifest
 from blazar.serve.http import wants_priority
@@ -73,7 +75,13 @@ def resolve(scheduler: Scheduler, requested: Any) -> Target:
         raise ProtocolError(
             400, "'model' is required: a string naming a model", "invalid_request_error"
         )
-    return scheduler.resolve(requested)
+    trace = current()
+    if trace is not None:  # observe: the name asked for, even if it is unknown
+        trace.requested = requested
+    target = scheduler.resolve(requested)
+    if trace is not None:
+        trace.model, trace.adapter = target.runtime.name, target.adapter
+    return target
 
 
 def free_name(scheduler: Scheduler, name: str, target: Target) -> None:
@@ -139,6 +147,8 @@ async def lease(
             502, f"model '{target.runtime.name}' failed to start: {exc}", "upstream_error"
         ) from None
     load_ns = 0 if ready else time.perf_counter_ns() - begin
+    if (trace := current()) is not None:  # observe: the instance and how it was chosen
+        trace.leased(leased, begin)
     return Timed(leased, begin if started is None else started, load_ns)
 
 
