@@ -36,8 +36,8 @@ SYSTEM_ROLES = frozenset({"system", "developer"})
 class Turn:
     """One request's conversation, as hashes: never the text."""
 
-    system: str | None
-    rest: tuple[str, ...]
+    system: int | None
+    rest: tuple[int, ...]
 
 
 def digest(value: Any) -> str:
@@ -58,16 +58,23 @@ def turn(body: Mapping[str, Any]) -> Turn | None:
         messages = body.get("input") if isinstance(body.get("input"), list) else None
     if messages is None:
         return None
-    rest = []
+    rest: list[int] = []
     for message in messages:
         if not isinstance(message, Mapping):
-            rest.append(digest(message))
+            rest.append(_hash(message))
         elif message.get("role") in SYSTEM_ROLES and not rest:
             system_parts.append(message.get("content"))
         else:
-            rest.append(digest([message.get("role"), message.get("content")]))
-    system = digest(system_parts) if system_parts else None
+            rest.append(hash((message.get("role"), _hash(message.get("content")))))
+    system = _hash(system_parts) if system_parts else None
     return Turn(system, tuple(rest))
+
+
+def _hash(value: Any) -> int:
+    """Python's own hash: turns are compared in memory only, within one process."""
+    if isinstance(value, str):
+        return hash(value)
+    return hash(json.dumps(value, sort_keys=True, default=str))
 
 
 def busts(
