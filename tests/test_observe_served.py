@@ -67,18 +67,20 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
     root = tmp_path_factory.mktemp("observe")
     tiny = write_tiny_model(root / "tiny.gguf")
     other = write_tiny_model(root / "other.gguf", seed=4)
-    text = "[serving]\nmax_loaded_models = 3\n\n" + ENGINE
+    manifest = root / "manifest" / "blazar.toml"
+    manifest.parent.mkdir()
+    home = root / "home"
+    served = Served(manifest, home)
+    # The daemon's own port in the manifest too: `blazar doctor` checks it is held by it.
+    text = f"[serving]\nport = {served.port}\nmax_loaded_models = 3\n\n" + ENGINE
     text += f'[models.tiny]\nsource = "{tiny.as_uri()}"\naliases = ["mini"]\nctx = 1024\n\n'
     text += f'[models.other]\nsource = "{other.as_uri()}"\nctx = 1024\n\n'
     text += f'[models.chatty]\nsource = "{tiny.as_uri()}"\nctx = 1024\n\n'
-    manifest = root / "manifest" / "blazar.toml"
-    manifest.parent.mkdir()
     manifest.write_text(text)
-    home = root / "home"
     with pytest.MonkeyPatch.context() as env:
         env.setenv("BLAZAR_HOME", str(home))
         env.setenv("BLAZAR_WHEEL_CACHE", str(WHEEL_CACHE / "wheels"))
-        with Served(manifest, home) as served:
+        with served:
             yield Host(served, manifest, home)
 
 
@@ -258,7 +260,9 @@ def conversation(system: str, turns: list[str]) -> list[dict[str, str]]:
     return messages
 
 
-def test_a_client_mutating_its_system_prompt_is_reported(host: Host, blazar: Blazar) -> None:
+def test_a_client_mutating_its_system_prompt_is_reported(
+    host: Host, blazar: Blazar, monkeypatch: pytest.MonkeyPatch
+) -> None:
     system = "You are a helpful assistant who answers in short plain words."
     turns: list[str] = []
     ids = []
@@ -297,6 +301,12 @@ def test_a_client_mutating_its_system_prompt_is_reported(host: Host, blazar: Bla
     assert records[2]["cached_tokens"] / records[2]["prompt_tokens"] > 0.5
     busters = host.served.get("/api/blazar/stats")["cache_busters"]
     assert [(b["client"], b["model"], b["count"]) for b in busters] == [("127.0.0.1", "chatty", 2)]
+    monkeypatch.setenv("BLAZAR_HOME", str(host.home))
+    doctor = blazar("doctor", str(host.manifest), "--url", host.served.url, ok=False)
+    assert doctor.exit_code == 0, doctor.output  # a warning, not an error
+    assert "!! client 127.0.0.1 busts the prompt cache of model 'chatty' (2 times)" in doctor.output
+    assert "fix: keep the system prompt byte-stable" in doctor.output
+    assert f"ok port {host.served.port} on 127.0.0.1: held by this daemon" in doctor.output
 
 
 def test_watch_shows_each_model(host: Host, blazar: Blazar) -> None:

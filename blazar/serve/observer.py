@@ -3,10 +3,11 @@
 `Observer.middleware` (installed first by `blazar.serve.app`) starts a `Trace`
 for each inference request (the paths in `TRACED`) and makes it current for the
 request's task; the one request path fills it in (`blazar.observe.trace`). When
-the handler returns, `finish` is scheduled with `call_soon`, so the answer goes
-out first: it reads the answer (outcome, sentinels), checks for cache-busting,
-counts the request in `Metrics`, keeps the record in a bounded ring, queues it
-for the store and exports its spans (serving.otlp_endpoint).
+the handler returns, the trace waits for `drain` (every FINISH_EVERY, or before
+any read of traces or metrics), so the answer goes out first and done requests
+are finished in batches. `finish` reads the answer (outcome, sentinels), checks
+for cache-busting, counts the request in `Metrics`, keeps the record in a bounded
+ring, queues it for the store and exports its spans (serving.otlp_endpoint).
 
 The store is written by `run` (a task of the daemon) about once a second, in one
 worker thread with its own connection, and pruned by serving.trace_retention.
@@ -58,6 +59,9 @@ TRACED = {
 }
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 RING = 2000  # traces kept in memory
+# Done requests are finished in batches: one after another, the code stays in the CPU's
+# caches (finishing each at once, between aiohttp's work, measured twice the CPU).
+FINISH_EVERY = 0.05
 FLUSH_EVERY = 1.0  # seconds between writes to the store
 PRUNE_EVERY = 60.0
 logger = logging.getLogger("blazar.serve")
@@ -99,6 +103,7 @@ class Observer:
         self._executor = ThreadPoolExecutor(1, "blazar-traces") if db_path else None
         self._store: Store | None = None  # opened, used and closed in the executor's thread
         self._pending: list[dict[str, Any]] = []
+        self._finishing: list[Trace] = []
         self._pruned = 0.0
         self._exporter: SpanExporter | None = None
         self._starting: dict[str, int] = {}
@@ -173,7 +178,15 @@ class Observer:
         trace.duration_ns = time.perf_counter_ns() - trace.started
         trace.client = request.remote
         trace.key = request.get(KEY_NAME)
-        asyncio.get_running_loop().call_soon(self.finish, trace)
+        self._finishing.append(trace)
+        if len(self._finishing) == 1:
+            asyncio.get_running_loop().call_later(FINISH_EVERY, self.drain)
+
+    def drain(self) -> None:
+        """Finish the requests done since the last batch (reads of traces call it first)."""
+        batch, self._finishing = self._finishing, []
+        for trace in batch:
+            self.finish(trace)
 
     def finish(self, trace: Trace) -> None:
         """Read, check, count and keep a request that is done (never raises)."""
@@ -235,6 +248,7 @@ class Observer:
             await self.flush()
 
     async def flush(self) -> None:
+        self.drain()
         if not self._pending or self._executor is None:
             return
         batch, self._pending = self._pending, []
@@ -283,6 +297,7 @@ class Observer:
 
     async def find(self, wanted: str) -> dict[str, Any] | None:
         """The newest trace with this id: from memory, else from the store."""
+        self.drain()
         record: dict[str, Any]
         for record in reversed(self.ring):
             if record["id"] == wanted:
@@ -293,6 +308,7 @@ class Observer:
 
     async def recent(self, model: str | None, limit: int) -> list[dict[str, Any]]:
         """The newest traces (of one model), newest first."""
+        self.drain()
         if self._executor is not None:
             await self.flush()
             rows = await self._in_store(lambda s: traces_db.recent(s, model=model, limit=limit))
@@ -305,11 +321,13 @@ class Observer:
 
     async def metrics_text(self) -> bytes:
         """The Prometheus exposition: Blazar's families and every ready child's own."""
+        self.drain()
         self._scraped = relabel(await live.scrape_children(live.pools(self.scheduler)))
         return generate_latest(self.metrics.registry)
 
     def stats(self) -> dict[str, Any]:
         """The live summary `blazar watch` and `blazar doctor` read (`live.stats`)."""
+        self.drain()
         return live.stats(self.scheduler, self.metrics.registry, self.ring, self.tracker)
 
 
