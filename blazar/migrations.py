@@ -189,3 +189,23 @@ def m004_manifest_state(db: sqlite_utils.Database) -> None:
         pk=("kind", "name", "type"),
         not_null={"kind", "name", "type", "status", "last_transition", "updated_at"},
     )
+
+
+@migration
+def m005_traces(db: sqlite_utils.Database) -> None:
+    """Request traces (`blazar why`): one row per request, pruned by serving.trace_retention."""
+    db["traces"].create(  # type: ignore[union-attr]
+        {
+            "id": int,  # insertion order; trace ids may repeat (a client's x-request-id)
+            "trace_id": str,
+            "time": float,  # seconds since the epoch
+            "model": str,  # NULL when the name did not resolve
+            "status": int,
+            "record": str,  # JSON: the whole trace (blazar.observe.trace.Trace.record)
+        },
+        pk="id",
+        not_null={"trace_id", "time", "record"},
+    )
+    db["traces"].create_index(["trace_id"])  # type: ignore[union-attr]
+    db["traces"].create_index(["model", "id"])  # type: ignore[union-attr]
+    db["traces"].create_index(["time"])  # type: ignore[union-attr]

@@ -122,9 +122,12 @@ class StoreModels:
         self.paths = paths
 
     def observe(self) -> list[ObservedModel]:
+        # A record whose file is gone is a model the host does not have: the plan fetches
+        # it again (level-triggered; `blazar doctor` names `blazar apply` as the fix).
         return [
             ObservedModel(r.ref.short, r.sha256, r.source, r.size, r.managed, r.settings)
             for r in self.store.list_models()
+            if Path(r.path).is_file()
         ]
 
     def fetch(

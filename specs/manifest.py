@@ -38,7 +38,17 @@ from specs.fields import (
 from specs.problems import FieldError, FindingsError, Location, Path
 from specs.references import DEFAULT_ENGINE, canonical, reference_findings, resolve_engine
 
-__all__ = ["DEFAULT_ENGINE", "Engine", "Key", "Lora", "Manifest", "Model", "Remote", "Serving"]
+__all__ = [
+    "DEFAULT_ENGINE",
+    "Engine",
+    "Key",
+    "Lora",
+    "Manifest",
+    "Model",
+    "Remote",
+    "Serving",
+    "TraceRetention",
+]
 
 _RESERVED_ARGS = {
     "-m": "Blazar passes the model",
@@ -57,6 +67,19 @@ _RESERVED_ARGS = {
 
 class _Table(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class TraceRetention(_Table):
+    """How many request traces the store keeps, and for how long (`blazar why`)."""
+
+    age: Duration = Field(
+        default="168h",
+        validate_default=True,
+        description="Traces older than this are deleted (-1: any age is kept).",
+    )
+    count: int = Field(
+        default=100_000, ge=1, description="At most this many traces are kept, the newest."
+    )
 
 
 class Serving(_Table):
@@ -114,6 +137,33 @@ class Serving(_Table):
         description="(not supported yet: a manifest that sets it is refused) PEM private key "
         "file; set with tls_cert.",
     )
+
+    # -- observability (docs/observability.md) --
+    pii_scrub: bool = Field(
+        default=False,
+        description="Request traces keep no message text, only the lengths and hashes of "
+        "prompts and outputs.",
+    )
+    sentinel_enforce: bool = Field(
+        default=False,
+        description="A whole (not streamed) answer that fails a sentinel check (empty, "
+        "truncated, invalid_json, schema_mismatch) is answered with a 422 that names it; "
+        "streamed answers are only recorded.",
+    )
+    trace_retention: TraceRetention = Field(
+        default_factory=TraceRetention,
+        description="How long and how many request traces the store keeps.",
+    )
+    otlp_endpoint: HttpUrl | None = Field(
+        default=None,
+        description="An OTLP/HTTP collector (such as http://127.0.0.1:4318) that gets one span "
+        "per request, with child spans for queue wait, load and generation. Needs the otlp "
+        "extra: pip install 'blazar[otlp]'.",
+    )
+    otlp_service: NonEmpty = Field(
+        default="blazar", description="The service.name of the spans exported over OTLP."
+    )
+    # -- end of observability --
 
     @model_validator(mode="after")
     def _tls_pair(self) -> Serving:

@@ -26,6 +26,7 @@ DOCS_FILE = Path(__file__).resolve().parent.parent / "docs" / "manifest.md"
 # Sections in the order the reference shows them: (property, heading, definition).
 SECTIONS = [
     ("serving", "[serving]", "Serving"),
+    ("serving.trace_retention", "[serving.trace_retention]", "TraceRetention"),
     ("engines", "[engines.NAME]", "Engine"),
     ("models", "[models.NAME]", "Model"),
     ("loras", "[loras.NAME]", "Lora"),

@@ -34,6 +34,7 @@ COMMANDS: dict[str, str] = {
     "cp": "blazar.cli.imperative:cp",
     "create": "blazar.cli.imperative:create",
     "diff": "blazar.cli.manifest:diff",
+    "doctor": "blazar.cli.doctor:doctor",
     "engine": "blazar.cli.engines:engine",
     "fit": "blazar.cli.models:fit",
     "import": "blazar.cli.models:import_",
@@ -55,6 +56,8 @@ COMMANDS: dict[str, str] = {
     "signout": "blazar.cli.shell:signout",
     "status": "blazar.cli.manifest:status",
     "stop": "blazar.cli.serve:stop",
+    "watch": "blazar.cli.observe:watch",
+    "why": "blazar.cli.observe:why",
 }
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from aiohttp import web
 
+from blazar.observe.trace import current
 from blazar.protocols import EngineRequest, anthropic, anthropic_chat
 from blazar.serve import engine, pipeline
 from blazar.serve.child_http import UpstreamError
@@ -126,6 +127,8 @@ class AnthropicAPI:
                     await response.write(anthropic.sse(event))
             except UpstreamError as exc:  # the engine failed mid-stream
                 failed = engine.child_failed(model, exc)
+                if (trace := current()) is not None:
+                    trace.failed(failed.status, failed.message, failed.code)
                 error = ANTHROPIC.body(failed.status, failed.message, None)
                 with contextlib.suppress(ConnectionError):
                     await response.write(anthropic.sse(error))

@@ -2,7 +2,8 @@
 
 `build_app` registers every protocol's routes (OpenAI, ollama, Anthropic,
 Blazar's own) on one application and installs the middleware every request
-passes through: `errors` gives each response its trace id and answers what a
+passes through: `observe` (`blazar.serve.observer`) traces each inference
+request; `errors` gives each response its trace id and answers what a
 route raised in the route's protocol envelope (`pipeline.failure`,
 `envelopes.for_path`): a client's mistake as a 4xx, a bug as a 500 in the same
 shape with the traceback only in serve's log. The route modules depend on
@@ -15,9 +16,11 @@ import logging
 
 from aiohttp import web
 
+from blazar.observe.trace import current
 from blazar.serve import (
     anthropic_api,
     blazar_api,
+    observe_api,
     ollama_admin,
     ollama_api,
     ollama_pull,
@@ -44,6 +47,8 @@ async def errors(request: web.Request, handler: pipeline.Handler) -> web.StreamR
         if known is None:  # a bug: the client still gets its protocol's shape, not a traceback
             logger.exception("%s %s failed", request.method, request.path)
             known = pipeline.Failure(500, f"internal error ({type(exc).__name__}); see serve's log")
+        if (trace := current()) is not None:  # observe: the failure, on the request's trace
+            trace.failed(known.status, known.message, known.code)
         envelope = for_path(request.path)
         return envelope.response(
             request, known.status, known.message, known.code, known.retry_after
@@ -55,8 +60,11 @@ async def errors(request: web.Request, handler: pipeline.Handler) -> web.StreamR
 
 def build_app(services: Services) -> web.Application:
     """Every route of the gateway on one application, behind the middleware."""
-    app = web.Application(client_max_size=MAX_BODY, middlewares=[errors])
+    # observe first: it sees every answer, the errors middleware's included.
+    middlewares = [services.observer.middleware(), errors]
+    app = web.Application(client_max_size=MAX_BODY, middlewares=middlewares)
     blazar_api.register(app, services)
+    observe_api.register(app, services)
     openai_api.register(app, services)
     ollama_api.register(app, services)
     ollama_admin.register(app, services)

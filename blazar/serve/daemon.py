@@ -30,6 +30,7 @@ from blazar.reconcile import InvalidManifest, load, reconcile
 from blazar.serve.app import build_app
 from blazar.serve.child_http import ChildConnections
 from blazar.serve.instance import Instance
+from blazar.serve.observer import Observer, Settings
 from blazar.serve.runtime import build_runtimes
 from blazar.serve.scheduler import Scheduler
 from blazar.serve.services import Control, Services
@@ -78,6 +79,7 @@ class Daemon:
         self.stopping = asyncio.Event()
         self.scheduler: Scheduler | None = None
         self.children = ChildConnections(timeout=read_timeout(self.manifest))
+        self.observer = Observer(Settings.from_serving(self.manifest.serving), db_path=paths.db)
         self.passing = asyncio.Lock()  # one pass at a time, whoever asks for it
 
     def _load(self) -> Manifest | None:
@@ -119,9 +121,16 @@ class Daemon:
         self.scheduler.max_queue = manifest.serving.max_queue
         self.scheduler.queue_timeout = manifest.serving.queue_timeout
         self.children.timeout = read_timeout(manifest)
+        self._observe(manifest)
         changes = await self.scheduler.update(runtimes)
         for model, change in sorted(changes.items()):
             log(f"{model}: {change} ({reason})")
+
+    def _observe(self, manifest: Manifest) -> None:
+        try:
+            self.observer.configure(Settings.from_serving(manifest.serving))
+        except BlazarError as exc:  # the OTLP extra is missing: serve on, and say so
+            log(str(exc))
 
     async def refresh(self, reason: str) -> None:
         """Run a pass once no other runs (the loop's, or one a gateway route asked for)."""
@@ -129,6 +138,7 @@ class Daemon:
             await self.run_pass(reason)
 
     def _on_instance(self, instance: Instance, event: str) -> None:
+        self.observer.instance_event(instance, event)
         if event == "exited":
             log(f"{instance.spec.key} exited; it is being restarted")
             self.wake.set()
@@ -187,7 +197,7 @@ class Daemon:
             on_event=self._on_instance,
         )
         control = Control(self.paths, self.options.manifest, self.store, self.refresh)
-        services = Services(self.scheduler, self.children, control)
+        services = Services(self.scheduler, self.children, control, observer=self.observer)
         runner = web.AppRunner(build_app(services), handler_cancellation=True, access_log=None)
         await runner.setup()
         tasks: list[asyncio.Task[None]] = []
@@ -213,6 +223,7 @@ class Daemon:
                 asyncio.create_task(self._reaper()),
                 asyncio.create_task(self._timer()),
                 asyncio.create_task(self._watch()),
+                asyncio.create_task(self.observer.run()),
             ]
             print(f"Blazar is serving on http://{host}:{port}", flush=True)
             stop = asyncio.create_task(self.stopping.wait())
@@ -227,6 +238,7 @@ class Daemon:
             await asyncio.gather(*tasks, return_exceptions=True)
             await self.scheduler.close()
             await runner.cleanup()
+            await self.observer.close()
             self.children.close()
             with contextlib.suppress(OSError):
                 daemon_file(self.paths).unlink()

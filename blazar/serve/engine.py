@@ -7,7 +7,9 @@ directly (`blazar.serve.openai_api`). Either way a child that fails is a
 `ProtocolError`: 502 when it refused, closed or garbled the connection, 504
 when it stayed silent past `serving.upstream_timeout` (a limit between chunks).
 A stream is closed however the caller leaves it, which makes llama-server stop
-generating for a client that went away.
+generating for a client that went away. What is sent and what comes back is noted
+on the request's trace (`blazar.observe.trace`); `gate` applies
+serving.sentinel_enforce to a whole answer.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+from blazar.observe import sentinels
+from blazar.observe.trace import current
 from blazar.protocols import EngineRequest, ProtocolError
 from blazar.protocols.sse import SSEDecoder
 from blazar.serve.child_http import ChildConnections, Exchange, UpstreamError, UpstreamTimeout
@@ -45,18 +49,33 @@ def decode(payload: bytes) -> Any:
         return payload.decode(errors="replace")
 
 
+def gate(status: int) -> None:
+    """With serving.sentinel_enforce, a whole answer that fails the sentinels is a 422 that
+    names what they found (in the route's protocol shape, by the errors middleware)."""
+    trace = current()
+    if status == 200 and trace is not None and trace.enforce and (found := trace.gate()):
+        raise ProtocolError(422, sentinels.gate_message(found), "sentinel_failed")
+
+
 async def call(children: ChildConnections, lease: Lease, req: EngineRequest) -> tuple[int, Any]:
     """Post a whole (non-streamed) request; return the engine's status and decoded body."""
     body = json.dumps(engine_body(lease, req.body, req.path)).encode()
     exchange: Exchange | None = None
+    trace = current()
+    if trace is not None:
+        trace.sending(req.path, req.body)
     try:
         exchange = await children.post(lease.url, req.path, body)
-        return exchange.status, decode(await exchange.read_all())
+        status, payload = exchange.status, decode(await exchange.read_all())
     except (UpstreamError, ConnectionError) as exc:
         raise child_failed(lease.runtime.name, exc) from None
     finally:
         if exchange is not None:
             children.release(lease.url, exchange)
+    if trace is not None:
+        trace.answered(payload, status)
+        gate(status)
+    return status, payload
 
 
 @asynccontextmanager
@@ -66,6 +85,8 @@ async def stream(
     """Post a streamed request; the exchange is given back (closed, unless finished)
     however the caller leaves, a client that went away included."""
     body = json.dumps(engine_body(lease, req.body, req.path)).encode()
+    if (trace := current()) is not None:
+        trace.sending(req.path, req.body)
     try:
         exchange = await children.post(lease.url, req.path, body)
     except (UpstreamError, ConnectionError) as exc:
@@ -82,7 +103,10 @@ def is_event_stream(exchange: Exchange) -> bool:
 
 async def error_body(exchange: Exchange) -> Any:
     """The decoded body of an engine response that is not a stream (an error, usually)."""
-    return decode(await exchange.read_all())
+    payload = decode(await exchange.read_all())
+    if (trace := current()) is not None:
+        trace.answered(payload, exchange.status)
+    return payload
 
 
 async def events(exchange: Exchange) -> AsyncIterator[Any]:
@@ -91,8 +115,13 @@ async def events(exchange: Exchange) -> AsyncIterator[Any]:
     Raises UpstreamError when the child fails mid-stream; the caller, whose headers
     are gone by then, ends its own stream with an error event."""
     decoder = SSEDecoder()
+    trace = current()
     while chunk := await exchange.read():
         for event in decoder.feed(chunk):
+            if trace is not None:
+                trace.event(event.data)
             yield event.data
     for event in decoder.close():
+        if trace is not None:
+            trace.event(event.data)
         yield event.data

@@ -24,6 +24,7 @@ from typing import Any
 
 from aiohttp import web
 
+from blazar.observe.trace import current
 from blazar.protocols import EngineRequest, LoadOnly, ollama
 from blazar.serve import engine, pipeline
 from blazar.serve.child_http import UpstreamError
@@ -192,6 +193,8 @@ class OllamaAPI:
                     await response.write(ollama.ndjson(obj))
             except UpstreamError as exc:  # the engine failed mid-stream
                 failed = engine.child_failed(state.model, exc)
+                if (trace := current()) is not None:
+                    trace.failed(failed.status, failed.message, failed.code)
                 with contextlib.suppress(ConnectionError):
                     error = OLLAMA.body(failed.status, failed.message, None)
                     await response.write(ollama.ndjson(error))

@@ -12,6 +12,10 @@ disconnects cancels the handler (`handler_cancellation`), which closes the
 upstream connection, which makes llama-server stop generating.
 docs/performance.md says what this costs and why it is built this way.
 
+The request's trace (`blazar.observe.trace`) gets references to the body and
+the answer's bytes, and a clock reading per chunk; they are read once the answer
+is gone (`blazar.serve.observer`), or at once for serving.sentinel_enforce.
+
 Failures before any byte is sent are raised and answered in OpenAI's envelope
 by the gateway's error middleware; a child that fails mid-stream gets an error
 event, since the headers are gone.
@@ -23,10 +27,11 @@ import json
 
 from aiohttp import web
 
+from blazar.observe.trace import current
 from blazar.protocols import ProtocolError
 from blazar.serve import pipeline
 from blazar.serve.child_http import Exchange, UpstreamError
-from blazar.serve.engine import child_failed
+from blazar.serve.engine import child_failed, gate
 from blazar.serve.envelopes import OPENAI
 from blazar.serve.http import TRACE, trace_id
 from blazar.serve.services import Services
@@ -81,6 +86,8 @@ class OpenAIAPI:
         target = pipeline.resolve(scheduler, data.get("model"))
         pipeline.require(target.runtime, need, alternative=NO_TEMPLATE_HINT)
         timed = await pipeline.lease(scheduler, request, target)
+        if (trace := current()) is not None:
+            trace.sending(path, data)
         try:
             sent = pipeline.engine_body(timed.lease, data, path)
             if sent is not data:  # adapters or model defaults added: re-encoded
@@ -95,11 +102,15 @@ class OpenAIAPI:
         children = self.services.children
         exchange: Exchange | None = None
         response: web.StreamResponse | None = None
+        trace = current()
         try:
             exchange = await children.post(base, path, body)
             content_type = exchange.content_type or "application/json"
             if not content_type.startswith("text/event-stream"):
                 payload = await exchange.read_all()
+                if trace is not None:  # read when the answer is gone, or now to enforce
+                    trace.answered(payload, exchange.status)
+                    gate(exchange.status)
                 return web.Response(
                     body=payload,
                     status=exchange.status,
@@ -116,12 +127,16 @@ class OpenAIAPI:
             await response.prepare(request)
             while chunk := await exchange.read():
                 await response.write(chunk)
+                if trace is not None:
+                    trace.chunk(chunk)
             await response.write_eof()
             return response
         except (UpstreamError, ConnectionError) as exc:
             failed = child_failed(model, exc)
             if response is None or not response.prepared:
                 raise failed from None
+            if trace is not None:
+                trace.failed(failed.status, failed.message, failed.code)
             # Headers are gone: end the stream with an error event clients raise on.
             event = json.dumps(OPENAI.body(failed.status, failed.message, failed.code))
             try:

@@ -14,6 +14,7 @@ here and the same for all three:
 4. `engine_body`: the body with the adapters the request chose (`model+adapter`,
    `model+none`; the model's always-on ones otherwise) on, for that request only,
    and the model's `system` prompt and `params` where the request sets none.
+   Steps 1 and 3 note what they did on the request's trace (`blazar.observe.trace`).
 5. `failure`: every exception a route may raise -> (status, message, code,
    Retry-After). The `errors` middleware in `blazar.serve.app` answers with it
    in the route's envelope (`blazar.serve.envelopes`), so routes only raise.
@@ -31,6 +32,7 @@ from typing import Any
 from aiohttp import web
 
 from blazar.errors import BlazarError, InvalidInput, NotFound
+from blazar.observe.trace import current
 from blazar.protocols import ProtocolError
 from blazar.protocols.ollama_options import SAMPLING_OPTIONS
 from blazar.reconcile import InvalidManifest
@@ -76,7 +78,23 @@ def resolve(scheduler: Scheduler, requested: Any) -> Target:
         raise ProtocolError(
             400, "'model' is required: a string naming a model", "invalid_request_error"
         )
-    return scheduler.resolve(requested)
+    trace = current()
+    if trace is not None:  # observe: the name asked for, even if it is unknown
+        trace.requested = requested
+    target = scheduler.resolve(requested)
+    if trace is not None:
+        trace.model, trace.adapter = target.runtime.name, adapters_text(target)
+    return target
+
+
+def adapters_text(target: Target) -> str | None:
+    """The adapters a request chose, as written (`fox`, `fox:0.5+owl`, `none`); None when
+    it chose none and the model's always-on ones apply."""
+    if target.adapters is None:
+        return None
+    if not target.adapters:
+        return "none"
+    return "+".join(c.name if c.scale is None else f"{c.name}:{c.scale:g}" for c in target.adapters)
 
 
 def free_name(scheduler: Scheduler, name: str, target: Target) -> None:
@@ -142,6 +160,8 @@ async def lease(
             502, f"model '{target.runtime.name}' failed to start: {exc}", "upstream_error"
         ) from None
     load_ns = 0 if ready else time.perf_counter_ns() - begin
+    if (trace := current()) is not None:  # observe: the instance and how it was chosen
+        trace.leased(leased, begin)
     return Timed(leased, begin if started is None else started, load_ns)
 
 

@@ -125,10 +125,23 @@ class Target:
 
 
 @dataclass(frozen=True)
+class Decision:
+    """How `acquire` chose the instance, for the request's trace (`blazar why`)."""
+
+    how: str = "warm"  # warm | least_loaded | spawned | queued
+    evicted: tuple[str, ...] = ()  # models unloaded to make room
+    queue_ns: int = 0  # waiting in the model's queue for a slot
+    load_ns: int = 0  # loading the model and starting the instance
+    in_flight: int = 0  # requests already on the chosen instance
+    replicas: int = 1
+
+
+@dataclass(frozen=True)
 class Lease:
     pool: Pool
     member: Member
     adapters: tuple[AdapterChoice, ...] | None = None  # as in Target
+    decision: Decision = Decision()
 
     @property
     def lora(self) -> list[dict[str, Any]] | None:
@@ -175,6 +188,7 @@ class Scheduler:
         self.runtimes = dict(runtimes)
         self.pools: dict[str, Pool] = {}
         self.retired: list[Pool] = []
+        self.evictions: dict[str, int] = {}  # models evicted so far, for /metrics
         self._capacity = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
         for runtime in runtimes.values():
@@ -259,24 +273,38 @@ class Scheduler:
         pool = target.pool
         if keep_alive is not None:
             pool.expires_at = None  # decided again when the request is done
+        begin = time.perf_counter_ns()
+        evicted: list[str] = []
         if not pool.loaded:
-            await self._load(pool)
+            await self._load(pool, evicted)
+        loaded = time.perf_counter_ns()
         wanted = pool.members[target.replica] if target.replica is not None else None
         member = self._free_member(pool, wanted)
         if member is not None and not priority and any(w.accepts(member) for w in pool.waiters):
             member = None  # a request queued first could take it: nothing overtakes the queue
         if member is None:
             member = await self._wait(pool, priority, wanted)  # handed over, slot counted
+            how = "queued"
         else:
+            how = "least_loaded" if len(pool.members) > 1 else "warm"
             member.in_flight += 1
+        waited = time.perf_counter_ns()
         pool.last_used = self.clock()
+        in_flight = member.in_flight - 1
         lease = Lease(pool, member, target.adapters)
+        starting = member.instance.state != State.READY
         try:
             await member.instance.ensure_ready()
         except BaseException:
             self.release(lease)
             raise
-        return lease
+        if starting:
+            how = "spawned"
+        load_ns = (loaded - begin) + (time.perf_counter_ns() - waited if starting else 0)
+        decision = Decision(
+            how, tuple(evicted), waited - loaded, load_ns, in_flight, len(pool.members)
+        )
+        return Lease(pool, member, target.adapters, decision)
 
     @staticmethod
     def _free_member(pool: Pool, wanted: Member | None = None) -> Member | None:
@@ -345,7 +373,7 @@ class Scheduler:
 
     # -- loading and unloading ------------------------------------------------
 
-    async def _load(self, pool: Pool) -> None:
+    async def _load(self, pool: Pool, evicted: list[str] | None = None) -> None:
         async with self._capacity:
             if pool.loaded:
                 return
@@ -361,6 +389,9 @@ class Scheduler:
                     )
                 await self._unload(victim, lock=False)
                 loaded.remove(victim)
+                self.evictions[victim.runtime.name] = self.evictions.get(victim.runtime.name, 0) + 1
+                if evicted is not None:
+                    evicted.append(victim.runtime.name)
             pool.loaded = True
             pool.expires_at = None
 

@@ -1,7 +1,8 @@
 """What the gateway's routes work with, as one small value the daemon builds.
 
-`Services` holds the scheduler, the one HTTP client to the children, and the
-daemon's hooks for routes that edit the manifest (`Control`). Route modules
+`Services` holds the scheduler, the one HTTP client to the children, the
+daemon's hooks for routes that edit the manifest (`Control`), and the
+observer (traces and metrics, `blazar.serve.observer`). Route modules
 (`openai_api`, `ollama_api`, `ollama_admin`, `ollama_pull`, `anthropic_api`,
 `blazar_api`) receive it from `blazar.serve.app` and import nothing of the
 daemon; the daemon (`blazar.serve.daemon`) assembles both.
@@ -17,6 +18,7 @@ from pathlib import Path
 from blazar.paths import Paths
 from blazar.protocols import ProtocolError
 from blazar.serve.child_http import ChildConnections
+from blazar.serve.observer import Observer
 from blazar.serve.scheduler import Scheduler
 from blazar.store import Store
 
@@ -44,6 +46,10 @@ class Services:
     children: ChildConnections = field(default_factory=ChildConnections)
     control: Control | None = None
     started: float = field(default_factory=time.time)
+    observer: Observer = field(default_factory=Observer)  # traces and metrics
+
+    def __post_init__(self) -> None:
+        self.observer.bind(self.scheduler)
 
     def need_control(self) -> Control:
         """The daemon's hooks; routes that edit the manifest need `blazar serve`."""

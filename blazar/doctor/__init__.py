@@ -1,0 +1,73 @@
+"""`blazar doctor`: what is wrong with this host, each finding with the command that fixes it.
+
+Findings are grouped SYSTEM (Python, free disk under the store, the XDG fallback),
+GPU (NVML devices and driver, or none), ENGINES (each lane's active engine runs and
+reports the build the store recorded), MODELS (each declared model's file is there
+with its recorded size; `deep` re-hashes it), CHANNELS (the gateway's port is free or
+held by this daemon, TLS files readable, keys declared when bound beyond loopback)
+and RUNTIME (the daemon's live summary, `/api/blazar/stats`: failing or restarting
+instances, a low prompt-cache hit ratio, cache-busting clients, refused requests).
+
+`host` checks the machine (SYSTEM, GPU, ENGINES) and `serving` what is served
+(MODELS, CHANNELS, RUNTIME). The checks that read the machine gather facts; the
+judgments (`system_findings`, `runtime_findings`, ...) are functions of those facts,
+tested with tables. The CLI (`blazar.cli.doctor`) asks the daemon for its view,
+calls `examine` and prints; `exit_code` is 1 when any finding is an error, else 0.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from blazar.doctor.findings import ERROR, GROUPS, DaemonView, Finding, exit_code
+from blazar.doctor.host import engine_findings, gpu_findings, system_findings
+from blazar.doctor.serving import channel_findings, model_findings, runtime_findings
+from blazar.engines.records import EngineStore
+from blazar.errors import BlazarError
+from blazar.paths import Paths
+from blazar.reconcile import load
+from blazar.store import Store
+from specs.manifest import Manifest
+
+__all__ = ["GROUPS", "DaemonView", "Finding", "examine", "exit_code"]
+
+
+def examine(
+    paths: Paths, manifest_path: Path, daemon: DaemonView, *, deep: bool = False
+) -> list[Finding]:
+    """Every finding about this host."""
+    findings = system_findings(
+        python=sys.version_info[:3],
+        free_bytes=shutil.disk_usage(_existing(paths.data)).free,
+        data=paths.data,
+        fallback=paths.config.parent.name == ".blazar-home" and not os.environ.get("BLAZAR_HOME"),
+    )
+    manifest = Manifest()
+    if manifest_path.exists():
+        try:
+            manifest = load(manifest_path)
+        except BlazarError as exc:
+            findings.append(
+                Finding(
+                    "SYSTEM",
+                    ERROR,
+                    f"the manifest cannot be used: {exc}",
+                    "fix it and run `blazar diff` to check",
+                )
+            )
+    findings += gpu_findings()
+    with Store(paths.db) as store:
+        findings += engine_findings(EngineStore(store), manifest)
+        findings += model_findings(store, manifest, deep=deep)
+    findings += channel_findings(manifest, daemon)
+    findings += runtime_findings(daemon)
+    return findings
+
+
+def _existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path

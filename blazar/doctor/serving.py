@@ -1,0 +1,229 @@
+"""`blazar doctor`'s checks of what is served: MODELS (each declared model's file is there
+with its recorded size; `deep` re-hashes it), CHANNELS (the gateway's port is free or held
+by this daemon, TLS files readable, keys declared when bound beyond loopback) and RUNTIME
+(the daemon's live summary: failing or restarting instances, a low prompt-cache hit
+ratio, cache-busting clients, refused requests). `blazar.doctor.examine` calls them.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+from blazar.doctor.findings import ERROR, INFO, OK, WARNING, DaemonView, Finding
+from blazar.hashing import sha256_file
+from blazar.observe.cachebust import FIX as BUSTER_FIX
+from blazar.store import Store
+from specs.manifest import Manifest
+from specs.names import parse_name
+
+LOW_HIT_RATIO, MIN_PROMPT_TOKENS = 0.2, 2000
+LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
+
+
+# -- MODELS -------------------------------------------------------------------------------
+
+
+def model_findings(store: Store, manifest: Manifest, *, deep: bool) -> list[Finding]:
+    out = []
+    declared = {parse_name(name).short for name in manifest.models}
+    for name in sorted(declared):
+        record = store.find_model(parse_name(name))
+        if record is None:
+            out.append(
+                Finding(
+                    "MODELS",
+                    ERROR,
+                    f"model '{name}' is declared but not in the store",
+                    "`blazar apply` to fetch it",
+                )
+            )
+            continue
+        path = Path(record.path)
+        if not path.is_file():
+            out.append(
+                Finding(
+                    "MODELS",
+                    ERROR,
+                    f"model '{name}': its file {path} is missing",
+                    "`blazar apply` to fetch it again (or `blazar rm "
+                    f"{name}` if you no longer want it)",
+                )
+            )
+            continue
+        size = path.stat().st_size
+        if size != record.size:
+            out.append(
+                Finding(
+                    "MODELS",
+                    ERROR,
+                    f"model '{name}': {path} has {size} bytes, the store recorded {record.size}",
+                    f"`blazar apply` to fetch it again after `blazar rm {name}`",
+                )
+            )
+            continue
+        if deep:
+            digest, _ = sha256_file(path)
+            if digest != record.sha256:
+                out.append(
+                    Finding(
+                        "MODELS",
+                        ERROR,
+                        f"model '{name}': {path} does not hash to the "
+                        f"recorded sha256 {record.sha256[:12]}...",
+                        f"`blazar rm {name}` then `blazar apply` to fetch it again",
+                    )
+                )
+                continue
+        checked = "present, size and sha256 match" if deep else "present with its recorded size"
+        out.append(Finding("MODELS", OK, f"model '{name}': {checked}"))
+    for record in store.list_models():
+        if record.ref.short not in declared:
+            out.append(
+                Finding(
+                    "MODELS",
+                    INFO,
+                    f"model '{record.ref.short}' is held but not "
+                    "declared; it is served with [serving]'s defaults",
+                )
+            )
+    return out
+
+
+# -- CHANNELS -----------------------------------------------------------------------------
+
+
+def channel_findings(manifest: Manifest, daemon: DaemonView) -> list[Finding]:
+    serving = manifest.serving
+    host, port = serving.host, serving.port
+    ours = daemon.up and daemon.url.rstrip("/").endswith(f":{port}")
+    out = []
+    if ours:
+        pid = f" (pid {daemon.pid})" if daemon.pid else ""
+        out.append(Finding("CHANNELS", OK, f"port {port} on {host}: held by this daemon{pid}"))
+    elif _listening("127.0.0.1" if host in ("0.0.0.0", "::") else host, port):
+        out.append(
+            Finding(
+                "CHANNELS",
+                ERROR,
+                f"port {port} on {host} is held by another program: `blazar serve` cannot listen",
+                "stop that program, or choose another port: `blazar config set serving.port "
+                f"{port + 1}`",
+            )
+        )
+    else:
+        out.append(Finding("CHANNELS", OK, f"port {port} on {host}: free"))
+    for field in ("tls_cert", "tls_key"):
+        value = getattr(serving, field)
+        if value is not None and not os.access(Path(value).expanduser(), os.R_OK):
+            out.append(
+                Finding(
+                    "CHANNELS",
+                    ERROR,
+                    f"serving.{field} {value} is not readable",
+                    f"fix the path or its permissions for serving.{field}",
+                )
+            )
+    if host not in LOOPBACK and not manifest.keys:
+        out.append(
+            Finding(
+                "CHANNELS",
+                ERROR,
+                f"the gateway listens on {host} beyond loopback and no API key is declared: "
+                "anyone who reaches it can use every model",
+                'declare a key (`blazar keys add NAME`), or set serving.host = "127.0.0.1"',
+            )
+        )
+    return out
+
+
+def _listening(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+# -- RUNTIME ------------------------------------------------------------------------------
+
+
+def runtime_findings(daemon: DaemonView) -> list[Finding]:
+    """Judgments on the daemon's live summary (pure)."""
+    if not daemon.up:
+        return [
+            Finding(
+                "RUNTIME",
+                WARNING,
+                f"no daemon answers at {daemon.url}",
+                "`blazar serve` (or `blazar launch CMD`) to start one",
+            )
+        ]
+    stats = daemon.stats or {}
+    out = [Finding("RUNTIME", OK, f"daemon up at {daemon.url}")]
+    for inst in stats.get("instances", []):
+        key = f"{inst['model']}/{inst['replica']}"
+        if inst.get("state") in ("failed", "backoff"):
+            out.append(
+                Finding(
+                    "RUNTIME",
+                    ERROR,
+                    f"instance {key} is {inst['state']}: "
+                    f"{inst.get('last_error') or 'no error recorded'}",
+                    f"read its log under the state directory's logs/, fix the model's "
+                    f"args in the manifest, or `blazar stop {inst['model']}`",
+                )
+            )
+        elif inst.get("restarts"):
+            out.append(
+                Finding(
+                    "RUNTIME",
+                    WARNING,
+                    f"instance {key} restarted {inst['restarts']} "
+                    f"times (last: {inst.get('last_error') or 'unknown'})",
+                    "read its log under the state directory's logs/",
+                )
+            )
+    for model, row in (stats.get("models") or {}).items():
+        prompt, cached = row.get("prompt_tokens") or 0, row.get("cached_tokens") or 0
+        if prompt >= MIN_PROMPT_TOKENS and cached / prompt < LOW_HIT_RATIO:
+            out.append(
+                Finding(
+                    "RUNTIME",
+                    WARNING,
+                    f"model '{model}' reuses only "
+                    f"{100 * cached / prompt:.0f}% of its prompt tokens from cache",
+                    "give clients stable prompt prefixes (see the cache-busting "
+                    "clients below), or raise the model's slots",
+                )
+            )
+    for buster in stats.get("cache_busters") or []:
+        out.append(
+            Finding(
+                "RUNTIME",
+                WARNING,
+                f"client {buster['client']} busts the prompt cache of model '{buster['model']}' "
+                f"({buster['count']} times): its system prompt changes every turn",
+                BUSTER_FIX,
+            )
+        )
+    for reason, count in sorted((stats.get("rejected") or {}).items()):
+        if count:
+            out.append(
+                Finding(
+                    "RUNTIME",
+                    WARNING,
+                    f"{count:.0f} requests refused ({reason})",
+                    _REJECTION_FIX.get(reason),
+                )
+            )
+    return out
+
+
+_REJECTION_FIX = {
+    "busy": "raise the model's slots or replicas, serving.max_queue or serving.max_loaded_models",
+    "preflight": "`blazar why --last 20` shows which requests and why",
+    "auth": "check the clients' keys (`blazar why --last 20` names the key of each request)",
+    "rate": "raise the key's rate limit, or slow the client down",
+}

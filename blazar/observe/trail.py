@@ -1,0 +1,105 @@
+"""A trace record as a routing trail: one line a step, for `blazar why`.
+
+Pure: `render(record)` turns the dict `Trace.record` made (read back from the
+gateway's `/api/why` or from the store) into lines a person reads top to bottom:
+what was asked, what it resolved to, which instance and why, how long it waited and
+loaded, what the prompt cache reused, how the answer came, how it ended, and what
+the sentinels and the cache-bust check found, each with its fix.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+DECISIONS = {
+    "warm": "already loaded, a slot was free",
+    "least_loaded": "the least loaded of {replicas} replicas ({in_flight} in flight there)",
+    "spawned": "the model was not running: started it",
+    "queued": "every slot was busy: waited for one to free up",
+}
+
+
+def _ms(value: Any) -> str:
+    if value is None:
+        return "-"
+    return f"{value / 1000:.2f} s" if value >= 1000 else f"{value:.1f} ms"
+
+
+def when(record: dict[str, Any]) -> str:
+    stamp = datetime.fromtimestamp(float(record.get("time") or 0), UTC)
+    return stamp.isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def render(record: dict[str, Any]) -> list[str]:
+    """The routing trail of one request."""
+    r = record
+    who = (r.get("key") and f"key {r['key']}") or f"client {r.get('client') or '-'}"
+    mode = "streamed" if r.get("stream") else "whole"
+    lines = [f"trace {r['id']}  {when(r)}  {r.get('protocol')} POST {r.get('route')}  ({who})"]
+    step = _Steps(lines)
+    requested = r.get("requested")
+    if requested is None:
+        step("request: no model named")
+    elif r.get("model") is None:
+        step(f"asked for {requested!r}: not resolved")
+    else:
+        via = f" (alias {r['alias']!r})" if r.get("alias") else ""
+        adapter = f" with adapter {r['adapter']!r}" if r.get("adapter") else ""
+        step(f"asked for {requested!r} -> model {r['model']}{via}{adapter}")
+    if r.get("instance"):
+        why = DECISIONS.get(r.get("decision") or "", r.get("decision") or "")
+        why = why.format(replicas=r.get("replicas"), in_flight=r.get("in_flight"))
+        step(f"routed to {r['instance']} (engine {r.get('engine')}): {why}")
+        if r.get("evicted"):
+            step(f"evicted {', '.join(r['evicted'])} to make room (serving.max_loaded_models)")
+        step(f"queue wait {_ms(r.get('queue_ms'))}, load {_ms(r.get('load_ms'))}")
+    prompt, cached = r.get("prompt_tokens"), r.get("cached_tokens")
+    if prompt is not None:
+        share = f" ({100 * cached / prompt:.0f}% reused)" if cached is not None and prompt else ""
+        step(f"prompt {prompt} tokens, {cached if cached is not None else '-'} cached{share}")
+    if r.get("generated_tokens") is not None or r.get("ttft_ms") is not None:
+        rate = r.get("tokens_per_second")
+        rate_text = f" at {rate:.1f} tokens/s" if rate else ""
+        step(
+            f"answer {mode}: first token after {_ms(r.get('ttft_ms'))}, "
+            f"{r.get('generated_tokens') if r.get('generated_tokens') is not None else '-'} "
+            f"tokens{rate_text}, finish {r.get('finish_reason') or '-'}"
+        )
+    status = f"status {r.get('status')} in {_ms(r.get('duration_ms'))}"
+    if r.get("error"):
+        code = f" [{r['code']}]" if r.get("code") else ""
+        status += f": {r['error']}{code}"
+    if r.get("rejected"):
+        status += f" (rejected: {r['rejected']})"
+    step(status)
+    for found in r.get("sentinels") or []:
+        lines.append(f"  ! sentinel {found['check']}: {found['detail']}")
+    cache = r.get("cache")
+    if cache:
+        lines.append(f"  ! {cache['finding']}: {cache['detail']}")
+        lines.append(f"    fix: {cache['fix']}")
+    return lines
+
+
+class _Steps:
+    def __init__(self, lines: list[str]) -> None:
+        self.lines, self.n = lines, 0
+
+    def __call__(self, text: str) -> None:
+        self.n += 1
+        self.lines.append(f"  {self.n}. {text}")
+
+
+def summary(record: dict[str, Any]) -> str:
+    """One line per request, for `blazar why --model M --last N`."""
+    r = record
+    found = ",".join(s["check"] for s in r.get("sentinels") or [])
+    cache = r["cache"]["finding"] if r.get("cache") else ""
+    flags = " ".join(x for x in (found, cache) if x)
+    return (
+        f"{r['id']}  {when(r)}  {r.get('model') or r.get('requested') or '-'}  "
+        f"{r.get('status')}  {_ms(r.get('duration_ms'))}  ttft {_ms(r.get('ttft_ms'))}  "
+        f"{r.get('generated_tokens') if r.get('generated_tokens') is not None else '-'} tok"
+        + (f"  {flags}" if flags else "")
+    )
