@@ -18,6 +18,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from blazar.protocols import EngineRequest, ProtocolError
+from blazar.protocols.openai_requests import engine_refusal
 from blazar.protocols.sse import SSEDecoder
 from blazar.serve.child_http import ChildConnections, Exchange, UpstreamError, UpstreamTimeout
 from blazar.serve.pipeline import engine_body
@@ -35,6 +36,22 @@ def child_failed(model: str, exc: BaseException) -> ProtocolError:
         )
     detail = str(exc) or type(exc).__name__
     return ProtocolError(502, f"model '{model}' failed while answering: {detail}", "upstream_error")
+
+
+def refused_status(status: int, payload: Any) -> int:
+    """The status to answer an engine error with: a 5xx that is the client's mistake (a
+    message the engine could not parse) is a 400, since SDKs retry a 5xx."""
+    return 400 if engine_refusal(status, payload) is not None else status
+
+
+def refused(status: int, payload: Any) -> ProtocolError:
+    """An engine's error answer (llama-server's OpenAI shape, or text) as a ProtocolError."""
+    message = payload
+    if isinstance(payload, dict):
+        inner = payload.get("error", payload)
+        message = inner.get("message", inner) if isinstance(inner, dict) else inner
+    status = refused_status(status if status >= 400 else 502, payload)
+    return ProtocolError(status, str(message))
 
 
 def decode(payload: bytes) -> Any:

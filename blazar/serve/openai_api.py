@@ -1,9 +1,15 @@
-"""OpenAI's API on the gateway: `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`,
-`/v1/responses` and `/v1/models`.
+"""OpenAI's API on the gateway: `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`
+and `/v1/models` (`/v1/responses` is translated, in `responses_api`).
 
 Requests are passed through to the instance the scheduler picks, bytes
-untouched: the body is parsed once to read `model`, and re-encoded only when a
-`model#adapter` request needs its `lora` field (`pipeline.engine_body`). They
+untouched: the body is parsed once (`http.parse_json_object`, which refuses
+bodies nested too deep and numbers JSON does not allow) to read `model` and to
+check it (`openai_requests.shape_request`: what the engine would accept and
+then ignore is refused, a request for tools needs a template that has them),
+and re-encoded only when the engine must be asked differently or a
+`model#adapter` request needs its `lora` field (`pipeline.engine_body`). The
+few answers that differ from OpenAI's (legacy completions: `cmpl-` ids, legacy
+`logprobs`, `echo`) are reshaped on the way back (`openai_completions`). They
 travel on `ChildConnections` (`blazar.serve.child_http`), kept for this hot
 path: keep-alive connections to each child, and a response parsed as it
 arrives. Streams are copied chunk by chunk as they arrive; a client that
@@ -13,28 +19,35 @@ docs/performance.md says what this costs and why it is built this way.
 
 Failures before any byte is sent are raised and answered in OpenAI's envelope
 by the gateway's error middleware; a child that fails mid-stream gets an error
-event, since the headers are gone.
+event, since the headers are gone. An engine 500 that is the client's mistake
+(a message it could not parse) is answered as a 400, since SDKs retry a 5xx.
+
+`/v1/models` answers in Anthropic's shapes for a request with `anthropic-version`
+(`blazar.protocols.model_lists`).
 """
 
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
+from typing import Any
 
 from aiohttp import web
 
-from blazar.protocols import ProtocolError
+from blazar.protocols import ProtocolError, model_lists
+from blazar.protocols.openai_completions import IdRenamer, ReplyStream, reshape_body
+from blazar.protocols.openai_requests import Reply, engine_refusal, shape_request
 from blazar.serve import pipeline
 from blazar.serve.child_http import Exchange, UpstreamError
 from blazar.serve.engine import child_failed
-from blazar.serve.envelopes import OPENAI
-from blazar.serve.http import TRACE, trace_id
+from blazar.serve.envelopes import ANTHROPIC, OPENAI, wants_anthropic
+from blazar.serve.http import TRACE, parse_json_object, trace_id
 from blazar.serve.services import Services
 
 ROUTES = (
     ("/v1/chat/completions", pipeline.CHAT),
     ("/v1/completions", pipeline.ANY),
     ("/v1/embeddings", pipeline.EMBEDDINGS),
-    ("/v1/responses", pipeline.CHAT),
 )
 NO_TEMPLATE_HINT = "use /v1/completions, or "
 
@@ -43,6 +56,7 @@ def register(app: web.Application, services: Services) -> None:
     """Add the OpenAI routes to the gateway's app."""
     api = OpenAIAPI(services)
     app.router.add_get("/v1/models", api.models)
+    app.router.add_get("/v1/models/{model:.+}", api.model)
     for path, need in ROUTES:
         app.router.add_post(path, api.route(path, need))
 
@@ -53,14 +67,39 @@ class OpenAIAPI:
     def __init__(self, services: Services) -> None:
         self.services = services
 
-    async def models(self, request: web.Request) -> web.Response:
-        created = int(self.services.started)
-        data = [
-            {"id": name, "object": "model", "created": created, "owned_by": "blazar"}
+    def _names(self) -> list[model_lists.ServedName]:
+        return [
+            model_lists.ServedName(name, runtime.ctx)
             for runtime in self.services.scheduler.runtimes.values()
             for name in (runtime.name, *runtime.aliases)
         ]
-        return web.json_response({"object": "list", "data": data})
+
+    def _created_at(self) -> str:
+        return (
+            datetime.fromtimestamp(int(self.services.started), UTC)
+            .isoformat()
+            .replace("+00:00", "Z")
+        )
+
+    async def models(self, request: web.Request) -> web.Response:
+        if wants_anthropic(request):
+            page = model_lists.anthropic_page(self._names(), self._created_at(), request.query)
+            return web.json_response(page, headers=ANTHROPIC.headers(request))
+        return web.json_response(model_lists.openai_list(self._names(), int(self.services.started)))
+
+    async def model(self, request: web.Request) -> web.Response:
+        """One model by the name it is served under (`models.retrieve`); 404 if none."""
+        wanted = request.match_info["model"]
+        found = next((n for n in self._names() if n.name == wanted), None)
+        if found is None:
+            served = ", ".join(sorted(n.name for n in self._names())) or "none"
+            raise ProtocolError(
+                404, f"model '{wanted}' not found; models served here: {served}", "model_not_found"
+            )
+        if wants_anthropic(request):
+            body = model_lists.anthropic_model(found, self._created_at())
+            return web.json_response(body, headers=ANTHROPIC.headers(request))
+        return web.json_response(model_lists.openai_model(found, int(self.services.started)))
 
     def route(self, path: str, need: str) -> pipeline.Handler:
         async def handler(request: web.Request) -> web.StreamResponse:
@@ -70,25 +109,54 @@ class OpenAIAPI:
 
     async def proxy(self, request: web.Request, path: str, need: str) -> web.StreamResponse:
         body = await request.read()
-        try:
-            data = json.loads(body)
-        except ValueError:
-            raise ProtocolError(400, "the request body is not valid JSON", "invalid_json") from None
-        if not isinstance(data, dict):
-            raise ProtocolError(400, "the request body must be a JSON object", "invalid_json")
+        data = parse_json_object(body)
         scheduler = self.services.scheduler
         target = pipeline.resolve(scheduler, data.get("model"))
         pipeline.require(target.runtime, need, alternative=NO_TEMPLATE_HINT)
+        shaping = shape_request(path, data)
+        for extra in shaping.needs:
+            pipeline.require(target.runtime, extra, requested=data["model"])
         timed = await pipeline.lease(scheduler, request, target)
         try:
-            if timed.lease.adapter is not None:
-                body = json.dumps(pipeline.engine_body(timed.lease, data)).encode()
-            return await self._forward(request, timed.lease.url, target.runtime.name, path, body)
+            if shaping.body is not None or timed.lease.adapter is not None:
+                sent = shaping.body if shaping.body is not None else data
+                body = json.dumps(pipeline.engine_body(timed.lease, sent)).encode()
+            return await self._forward(
+                request, timed.lease.url, target.runtime.name, path, body, shaping.reply
+            )
         finally:
             scheduler.release(timed.lease)
 
+    def _whole(
+        self,
+        request: web.Request,
+        status: int,
+        content_type: str,
+        payload: bytes,
+        reply: Reply | None,
+    ) -> web.Response:
+        """A whole answer: reshaped if it must be; an engine 5xx that is the client's
+        mistake as a 400."""
+        if status >= 500:
+            refusal = engine_refusal(status, _decoded(payload))
+            if refusal is not None:
+                raise ProtocolError(400, refusal, "invalid_request_error")
+        elif status == 200 and reply is not None:
+            payload = reshape_body(payload, reply)
+        return web.Response(
+            body=payload,
+            status=status,
+            headers={"Content-Type": content_type, TRACE: trace_id(request)},
+        )
+
     async def _forward(
-        self, request: web.Request, base: str, model: str, path: str, body: bytes
+        self,
+        request: web.Request,
+        base: str,
+        model: str,
+        path: str,
+        body: bytes,
+        reply: Reply | None = None,
     ) -> web.StreamResponse:
         children = self.services.children
         exchange: Exchange | None = None
@@ -98,11 +166,7 @@ class OpenAIAPI:
             content_type = exchange.content_type or "application/json"
             if not content_type.startswith("text/event-stream"):
                 payload = await exchange.read_all()
-                return web.Response(
-                    body=payload,
-                    status=exchange.status,
-                    headers={"Content-Type": content_type, TRACE: trace_id(request)},
-                )
+                return self._whole(request, exchange.status, content_type, payload, reply)
             response = web.StreamResponse(
                 status=exchange.status,
                 headers={
@@ -112,8 +176,16 @@ class OpenAIAPI:
                 },
             )
             await response.prepare(request)
-            while chunk := await exchange.read():
-                await response.write(chunk)
+            if reply is None:
+                while chunk := await exchange.read():
+                    await response.write(chunk)
+            else:
+                rewriter = ReplyStream(reply) if reply.rewrites_events else IdRenamer()
+                while chunk := await exchange.read():
+                    if out := rewriter.feed(chunk):
+                        await response.write(out)
+                if tail := rewriter.close():
+                    await response.write(tail)
             await response.write_eof()
             return response
         except (UpstreamError, ConnectionError) as exc:
@@ -131,3 +203,10 @@ class OpenAIAPI:
         finally:
             if exchange is not None:  # kept if finished; else closed, and the child stops
                 children.release(base, exchange)
+
+
+def _decoded(payload: bytes) -> Any:
+    try:
+        return json.loads(payload)
+    except ValueError:
+        return None
