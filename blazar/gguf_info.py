@@ -87,6 +87,7 @@ class GGUFFacts:
     chat_template: str | None
     tensor_count: int
     size: int
+    license: str | None = None  # general.license, shown by ollama's /api/show
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -247,6 +248,7 @@ def inspect_gguf(path: Path) -> GGUFFacts:
     template = template if isinstance(template, str) else None
     tokenizer = meta.get("tokenizer.ggml.model")
     name = meta.get("general.name")
+    license_ = meta.get("general.license")
 
     def key(suffix: str) -> int | None:
         return _int(meta, f"{arch}.{suffix}")
@@ -273,4 +275,5 @@ def inspect_gguf(path: Path) -> GGUFFacts:
         chat_template=template,
         tensor_count=len(tensors),
         size=path.stat().st_size,
+        license=license_ if isinstance(license_, str) else None,
     )

@@ -209,7 +209,10 @@ def show(
     if model.chat_template:
         modelfile.append(f'TEMPLATE """{model.chat_template}"""')
     modelfile += [f"PARAMETER {k} {_value(v)}" for k, v in params.items()]
-    return {
+    license_ = model.facts.get("license")
+    if isinstance(license_, str) and license_:
+        modelfile.append(f'LICENSE """{license_}"""')
+    out = {
         "modelfile": "\n".join(modelfile) + "\n",
         "parameters": parameter_lines,
         "template": model.chat_template or "",
@@ -220,6 +223,9 @@ def show(
         ),
         "modified_at": model.added_at,
     }
+    if isinstance(license_, str) and license_:
+        out["license"] = license_
+    return out
 
 
 def _value(value: Any) -> str:

@@ -6,10 +6,11 @@ native `/v1/messages` (llama-server speaks Anthropic's shapes there):
 what the engine would accept wrongly, such as a request without `max_tokens`)
 and normalizes what comes back, whole or event by event. Each request takes the
 gateway's one request path (`blazar.serve.pipeline`: slots, queue,
-`x-blazar-priority`); `count_tokens` too, since the model's own tokenizer and
-chat template count. `anthropic-version` and `x-api-key` are accepted (API keys
-are not checked yet). Failures are raised and answered as Anthropic's
-`{"type": "error", "error": {...}}` by the gateway's error middleware:
+`x-blazar-priority`; tools need a template that renders them); `count_tokens`
+too, since the model's own tokenizer and chat template count. `anthropic-version`
+and `x-api-key` are accepted (API keys are not checked yet). Failures are raised
+and answered as Anthropic's `{"type": "error", "error": {...}}` by the gateway's
+error middleware:
 404 not_found_error, 400 invalid_request_error, 503 overloaded_error with
 `Retry-After`, 502 api_error when a child fails.
 """
@@ -66,6 +67,8 @@ class AnthropicAPI:
         model = str(body["model"])
         target = pipeline.resolve(scheduler, model)
         pipeline.require(target.runtime, pipeline.CHAT)
+        for need in anthropic.needs(body):
+            pipeline.require(target.runtime, need, requested=model)
         timed = await pipeline.lease(scheduler, request, target, started=started)
         try:
             return await self._answer(request, timed, req, model, count)
@@ -86,7 +89,8 @@ class AnthropicAPI:
         return web.json_response(out, headers=ANTHROPIC.headers(request))
 
     def _engine_error(self, request: web.Request, status: int, payload: Any) -> web.Response:
-        status, body = anthropic.error_from_engine(status if status >= 400 else 502, payload)
+        status = engine.refused_status(status if status >= 400 else 502, payload)
+        status, body = anthropic.error_from_engine(status, payload)
         return web.json_response(body, status=status, headers=ANTHROPIC.headers(request))
 
     async def _stream(

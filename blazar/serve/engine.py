@@ -1,8 +1,9 @@
 """Calls from the gateway to a leased child, on the one child client (`ChildConnections`).
 
-The translating routes (ollama, Anthropic) post the `EngineRequest` a
-translator built and read JSON (`call`) or server-sent events (`stream`,
-`events`); the OpenAI pass-through forwards bytes with `ChildConnections`
+The translating routes (ollama, Anthropic, OpenAI's Responses) post the
+`EngineRequest` a translator built and read JSON (`call`) or server-sent events
+(`stream`, `events`), and ask the child small native questions (`apply_template`,
+`tokenize`); the OpenAI pass-through forwards bytes with `ChildConnections`
 directly (`blazar.serve.openai_api`). Either way a child that fails is a
 `ProtocolError`: 502 when it refused, closed or garbled the connection, 504
 when it stayed silent past `serving.upstream_timeout` (a limit between chunks).
@@ -74,6 +75,26 @@ async def call(children: ChildConnections, lease: Lease, req: EngineRequest) -> 
     finally:
         if exchange is not None:
             children.release(lease.url, exchange)
+
+
+async def _helper(children: ChildConnections, lease: Lease, path: str, body: Any) -> Any:
+    """A small native call (template, tokens) on the leased child; its JSON answer."""
+    status, payload = await call(children, lease, EngineRequest(path, body, False))
+    if status != 200 or not isinstance(payload, dict):
+        raise refused(status, payload)
+    return payload
+
+
+async def apply_template(children: ChildConnections, lease: Lease, messages: Any) -> str:
+    """The prompt the model's chat template renders for `messages` (`/apply-template`)."""
+    payload = await _helper(children, lease, "/apply-template", {"messages": messages})
+    return str(payload.get("prompt", ""))
+
+
+async def tokenize(children: ChildConnections, lease: Lease, text: str) -> list[int]:
+    """The model's token ids for `text`, special tokens parsed (`/tokenize`)."""
+    payload = await _helper(children, lease, "/tokenize", {"content": text})
+    return [int(t) for t in payload.get("tokens", []) if isinstance(t, int)]
 
 
 @asynccontextmanager

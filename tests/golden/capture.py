@@ -128,6 +128,10 @@ OLLAMA_REQUESTS: dict[str, tuple[str, dict[str, Any], dict[str, Any], str | None
     "req_generate_unlimited": ("generate_request", CTX, {
         "model": "tiny", "prompt": "hi", "stream": False, "options": {"num_predict": -1}}, None),
     "req_generate_load_only": ("generate_request", CTX, {"model": "tiny"}, None),
+    "req_generate_context": ("generate_request", CTX, {
+        "model": "tiny", "prompt": "and then?", "context": [3, 346, 344, 4], "stream": False,
+        "options": {"num_predict": 5}},
+        "the gateway sets the prompt: the context tokens, then the rendered messages"),
     "req_embed_list": ("embed_request", CTX, {
         "model": "tiny", "input": ["hello world", "the cat"], "dimensions": 8,
         "truncate": True}, None),
