@@ -47,7 +47,7 @@ def _usage(usage: Any) -> dict[str, Any] | None:
     )
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": int(cached or 0)},
+        "input_tokens_details": {"cached_tokens": int(cached or 0), "cache_write_tokens": 0},
         "output_tokens": completion,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": prompt + completion,
@@ -150,7 +150,8 @@ def response_object(
     for call in message.get("tool_calls") or []:
         if isinstance(call, Mapping):
             arguments = str(obj(call.get("function")).get("arguments") or "")
-            output.append(_call_item(response_id, len(output), call, arguments, "completed"))
+            status = "incomplete" if cut else "completed"
+            output.append(_call_item(response_id, len(output), call, arguments, status))
     response["output"] = output
     return response
 
