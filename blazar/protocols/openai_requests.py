@@ -25,7 +25,7 @@ sends 20 alternatives per token, or with `top_logprobs: 0` no logprobs at all) a
 for one and the reply drops them, as OpenAI returns none; legacy `logprobs: N`
 asks the engine for at least one alternative and the reply is put in the legacy
 shape. `engine_refusal` turns an engine 500 that is really the client's mistake
-(a message it could not parse) into a 400.
+(a message it could not parse) into a 400, and says why a grammar failed.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ MEDIA_PARTS = ("image_url", "input_audio", "file", "video_url", "input_image")
 # Engine 500s that are the client's mistake: it could not read what it was sent.
 CLIENT_MISTAKES = ("Failed to parse messages", "Failed to parse tools", "Missing tool call")
 NO_PROJECTOR = ("image input is not supported", "audio input is not supported")
+NO_GRAMMAR = "Failed to initialize samplers"  # a grammar over a vocabulary it cannot use
 
 
 @dataclass(frozen=True)
@@ -173,12 +174,22 @@ def shape_request(path: str, body: Mapping[str, Any]) -> Shaping:
 
 
 def engine_refusal(status: int, payload: Any) -> str | None:
-    """The message of an engine 5xx that is really the client's mistake, else None."""
-    if status < 500 or not isinstance(payload, Mapping):
+    """A 400's message for an engine error that is the client's to fix, else None: a 5xx
+    that is really the client's mistake, or a grammar the vocabulary cannot take (said
+    with what asked for it)."""
+    if status < 400 or not isinstance(payload, Mapping):
         return None
     error = payload.get("error")
     message = error.get("message") if isinstance(error, Mapping) else None
     if not isinstance(message, str):
+        return None
+    if message.startswith(NO_GRAMMAR):
+        return (
+            f"{message}: the grammar engine cannot constrain this model's vocabulary, so "
+            "structured output (format, response_format, json_schema, a forced tool call) "
+            "is not available with it; send the request without one"
+        )
+    if status < 500:
         return None
     if message.startswith(CLIENT_MISTAKES):
         return f"the request is malformed: {message}"

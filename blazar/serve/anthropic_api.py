@@ -82,16 +82,11 @@ class AnthropicAPI:
             return await self._stream(request, timed, req, model)
         status, payload = await engine.call(self.services.children, timed.lease, req)
         if status != 200 or not isinstance(payload, dict):
-            return self._engine_error(request, status, payload)
+            raise engine.refused(status, payload)
         out: dict[str, Any] = payload
         if not count:
             out = anthropic.message_response(payload, model=model, message_id=message_id())
         return web.json_response(out, headers=ANTHROPIC.headers(request))
-
-    def _engine_error(self, request: web.Request, status: int, payload: Any) -> web.Response:
-        status = engine.refused_status(status if status >= 400 else 502, payload)
-        status, body = anthropic.error_from_engine(status, payload)
-        return web.json_response(body, status=status, headers=ANTHROPIC.headers(request))
 
     async def _stream(
         self, request: web.Request, timed: Timed, req: EngineRequest, model: str
@@ -100,7 +95,7 @@ class AnthropicAPI:
         async with engine.stream(self.services.children, timed.lease, req) as exchange:
             if not engine.is_event_stream(exchange):
                 payload = await engine.error_body(exchange)
-                return self._engine_error(request, exchange.status, payload)
+                raise engine.refused(exchange.status, payload)
             headers = {"Content-Type": SSE, "Cache-Control": "no-cache"}
             response = web.StreamResponse(headers={**headers, **ANTHROPIC.headers(request)})
             await response.prepare(request)

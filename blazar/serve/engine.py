@@ -39,19 +39,18 @@ def child_failed(model: str, exc: BaseException) -> ProtocolError:
     return ProtocolError(502, f"model '{model}' failed while answering: {detail}", "upstream_error")
 
 
-def refused_status(status: int, payload: Any) -> int:
-    """The status to answer an engine error with: a 5xx that is the client's mistake (a
-    message the engine could not parse) is a 400, since SDKs retry a 5xx."""
-    return 400 if engine_refusal(status, payload) is not None else status
-
-
 def refused(status: int, payload: Any) -> ProtocolError:
-    """An engine's error answer (llama-server's OpenAI shape, or text) as a ProtocolError."""
+    """An engine's error answer (llama-server's OpenAI shape, or text) as a ProtocolError,
+    which each route's envelope answers: the engine's status and message, or a 400 that
+    says what the client can fix (`openai_requests.engine_refusal`)."""
+    status = status if status >= 400 else 502
+    explained = engine_refusal(status, payload)
+    if explained is not None:
+        return ProtocolError(400, explained)
     message = payload
     if isinstance(payload, dict):
         inner = payload.get("error", payload)
         message = inner.get("message", inner) if isinstance(inner, dict) else inner
-    status = refused_status(status if status >= 400 else 502, payload)
     return ProtocolError(status, str(message))
 
 
@@ -92,8 +91,10 @@ async def apply_template(children: ChildConnections, lease: Lease, messages: Any
 
 
 async def tokenize(children: ChildConnections, lease: Lease, text: str) -> list[int]:
-    """The model's token ids for `text`, special tokens parsed (`/tokenize`)."""
-    payload = await _helper(children, lease, "/tokenize", {"content": text})
+    """The model's token ids for `text` as a prompt: special tokens parsed, and the
+    beginning-of-sequence token first where the model adds one (`/tokenize`)."""
+    body = {"content": text, "add_special": True}
+    payload = await _helper(children, lease, "/tokenize", body)
     return [int(t) for t in payload.get("tokens", []) if isinstance(t, int)]
 
 

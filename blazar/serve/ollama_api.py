@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from aiohttp import web
 
@@ -68,10 +68,8 @@ def keep_alive(body: dict[str, Any]) -> float | None:
     return -1.0 if seconds is None else seconds
 
 
-def engine_error(
-    request: web.Request, status: int, payload: Any, req: EngineRequest | None = None
-) -> web.Response:
-    """An error the engine answered, in ollama's shape."""
+def engine_error(status: int, payload: Any, req: EngineRequest | None = None) -> NoReturn:
+    """Raise what the engine answered with an error, for ollama's envelope."""
     if req is not None and req.path == "/infill" and status == 501:
         model = req.hints.get("model", "the model")
         raise ProtocolError(
@@ -79,9 +77,7 @@ def engine_error(
             f'"{model}" does not support insert: its GGUF has no fill-in-the-middle tokens '
             "(suffix needs them); use a code model with FIM",
         )
-    status = engine.refused_status(status if status >= 400 else 502, payload)
-    status, body = ollama.error_from_engine(status, payload)
-    return web.json_response(body, status=status, headers={TRACE: trace_id(request)})
+    raise engine.refused(status, payload)
 
 
 class OllamaAPI:
@@ -175,7 +171,7 @@ class OllamaAPI:
                 return await self._stream(request, timed, req, state, feed, finish)
             status, payload = await engine.call(self.services.children, timed.lease, req)
             if status != 200 or not isinstance(payload, dict):
-                return engine_error(request, status, payload, req)
+                engine_error(status, payload, req)
             translate = ollama.chat_response if endpoint == "chat" else ollama.generate_response
             out = translate(
                 payload,
@@ -215,7 +211,7 @@ class OllamaAPI:
         async with engine.stream(self.services.children, timed.lease, req) as exchange:
             if not engine.is_event_stream(exchange):
                 payload = await engine.error_body(exchange)
-                return engine_error(request, exchange.status, payload, req)
+                engine_error(exchange.status, payload, req)
             response = web.StreamResponse(
                 headers={
                     "Content-Type": NDJSON,
@@ -257,7 +253,7 @@ class OllamaAPI:
         ) -> web.StreamResponse:
             status, payload = await engine.call(self.services.children, timed.lease, req)
             if status != 200 or not isinstance(payload, dict):
-                return engine_error(request, status, payload)
+                engine_error(status, payload)
             if legacy:
                 out = ollama.embeddings_response(payload)
             else:

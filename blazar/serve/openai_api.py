@@ -137,7 +137,7 @@ class OpenAIAPI:
     ) -> web.Response:
         """A whole answer: reshaped if it must be; an engine 5xx that is the client's
         mistake as a 400."""
-        if status >= 500:
+        if status >= 400:
             refusal = engine_refusal(status, _decoded(payload))
             if refusal is not None:
                 raise ProtocolError(400, refusal, "invalid_request_error")
