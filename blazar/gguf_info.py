@@ -87,6 +87,7 @@ class GGUFFacts:
     chat_template: str | None
     tensor_count: int
     size: int
+    license: str | None = None  # general.license, shown by ollama's /api/show
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -273,6 +274,7 @@ def _facts(version: int, meta: dict[str, Any], tensors: list[TensorInfo], size: 
     template = template if isinstance(template, str) else None
     tokenizer = meta.get("tokenizer.ggml.model")
     name = meta.get("general.name")
+    license_ = meta.get("general.license")
 
     def key(suffix: str) -> int | None:
         return _int(meta, f"{arch}.{suffix}")
@@ -299,4 +301,5 @@ def _facts(version: int, meta: dict[str, Any], tensors: list[TensorInfo], size: 
         chat_template=template,
         tensor_count=len(tensors),
         size=size,
+        license=license_ if isinstance(license_, str) else None,
     )

@@ -5,6 +5,8 @@ thread of its own, with a real `Scheduler` whose instances are stand-ins that
 report a scripted child's URL as theirs. The scripted child is a
 `tests.loopback.LoopbackHTTP` whose handler the test writes: hang, answer late, stop mid-stream.
 Everything a real child does well is tested against the real engine elsewhere.
+Given a `manifest`, the routes that edit it (`/api/pull`, `/api/copy`, ...) work too,
+on the store under `BLAZAR_HOME`, with a control-loop pass that does nothing.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ from typing import Any
 
 from aiohttp import web
 
+from blazar.paths import resolve_paths
 from blazar.serve.app import build_app
 from blazar.serve.child_http import ChildConnections
 from blazar.serve.instance import State
 from blazar.serve.runtime import ModelRuntime
 from blazar.serve.scheduler import Scheduler
-from blazar.serve.services import Services
+from blazar.serve.services import Control, Services
+from blazar.store import Store
 
 
 def runtime(name: str, **fields: Any) -> ModelRuntime:
@@ -68,11 +72,17 @@ class InProcessGateway:
     """build_app on 127.0.0.1:<free port> in a background thread; a context manager."""
 
     def __init__(
-        self, child_url: str, *runtimes: ModelRuntime, upstream_timeout: float | None = None
+        self,
+        child_url: str,
+        *runtimes: ModelRuntime,
+        upstream_timeout: float | None = None,
+        manifest: Path | None = None,
     ) -> None:
         self.child_url = child_url
         self.runtimes = runtimes or (runtime("tiny"),)
         self.upstream_timeout = upstream_timeout
+        self.manifest = manifest
+        self.store: Store | None = None
         self.loop = asyncio.new_event_loop()
         self.url = ""
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -98,8 +108,17 @@ class InProcessGateway:
             make_instance=Instance,
         )
         self.children = ChildConnections(timeout=self.upstream_timeout)
-        app = build_app(Services(self.scheduler, self.children))
-        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        control = None
+        if self.manifest is not None:
+            paths = resolve_paths()
+            self.store = Store(paths.db)  # opened on the loop's thread, which uses it
+
+            async def refresh(reason: str) -> None:
+                return None
+
+            control = Control(paths, self.manifest, self.store, refresh)
+        self.app = build_app(Services(self.scheduler, self.children, control))
+        self._runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
@@ -114,6 +133,8 @@ class InProcessGateway:
             await self._runner.cleanup()
             self.children.close()
             await self.scheduler.close()
+            if self.store is not None:
+                self.store.close()
 
         asyncio.run_coroutine_threadsafe(stop(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)

@@ -75,6 +75,8 @@ def test_messages_with_the_anthropic_sdk(tmp_path: Path, blazar_home: Path) -> N
     plain = write_tiny_model(src / "plain.gguf", seed=5, chat_template=None)
     text = "[serving]\nmax_queue = 0\n\n" + ENGINE + model_block("tiny", tiny, ctx=4096)
     text += model_block("plain", plain)
+    # The same model with a template that renders tools (its GGUF's own does not).
+    text += model_block("tooled", tiny, ctx=4096, chat_template="chatml")
     with Served(write_manifest(tmp_path, text), blazar_home) as served:
         client = anthropic.Anthropic(base_url=served.url, api_key="any-key", max_retries=0)
 
@@ -123,7 +125,7 @@ def test_messages_with_the_anthropic_sdk(tmp_path: Path, blazar_home: Path) -> N
             },
         ]
         answer = client.messages.create(
-            model="tiny",
+            model="tooled",
             max_tokens=4,
             messages=history,
             tools=[ANTHROPIC_TOOL],

@@ -16,9 +16,9 @@ import ollama
 import openai
 import pytest
 
-from blazar.testing.ports import free_port
 from blazar.paths import Paths
 from blazar.store import Store
+from blazar.testing.ports import free_port
 from specs.names import parse_name
 from tests.conftest import Blazar
 from tests.serving import Served

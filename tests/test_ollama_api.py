@@ -115,8 +115,8 @@ def check_chat_and_generate(client: ollama.Client) -> None:
     assert [p.done for p in parts] == [False] * (len(parts) - 1) + [True]
     assert is_tiny_text("".join(p.message.content for p in parts), allow=())
     check_stats(parts[-1], loaded=False, eval_count=5)
-    thought = client.chat(model="tiny", messages=HI, think=True, options={"num_predict": 2})
-    assert thought.done  # a template without a thinking switch ignores it
+    unthought = client.chat(model="tiny", messages=HI, think=False, options={"num_predict": 2})
+    assert unthought.done  # think=True on this template is refused (check_refusals)
     # generate: the chat template with a system prompt; raw prompts; streams
     four = {"num_predict": 4}
     said = client.generate(model="tiny", prompt="hi", system="be brief", options=four)
@@ -142,7 +142,8 @@ def check_refusals(client: ollama.Client, url: str) -> None:
     refused(partial(client.embed, model="tiny", input="x"), 400, "embeddings = true")
     refused(partial(chat, messages=HI, logprobs=True), 400, "logprobs")
     infill = partial(generate, prompt="def f(", suffix=")")
-    refused(infill, 501, "Infill is not supported")  # the engine's answer, passed on
+    refused(infill, 400, '"tiny" does not support insert')  # the engine said 501
+    refused(partial(chat, messages=HI, think=True), 400, '"tiny" does not support thinking')
     for call in (
         partial(chat, model="nope", messages=HI),
         partial(generate, model="nope", prompt="x"),

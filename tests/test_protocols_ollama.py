@@ -187,13 +187,21 @@ def test_keep_alive_is_not_forwarded() -> None:
         ("-1", None),
         ("-1m", None),
         ("-5s", None),
+        # a hundred years or more is forever: an expiry that far would overflow /api/ps
+        (1e300, None),
+        (10**400, None),
+        ("1e300", None),
+        ("876000h", None),
+        (3.0e9, 3.0e9),
     ],
 )
 def test_keep_alive_seconds(value: Any, seconds: float | None) -> None:
     assert ollama.keep_alive_seconds(value) == seconds
 
 
-@pytest.mark.parametrize("value", ["5 minutes", "m5", "", "5x", True, None, [1]])
+@pytest.mark.parametrize(
+    "value", ["5 minutes", "m5", "", "5x", True, None, [1], "inf", "-inf", "nan", float("inf")]
+)
 def test_keep_alive_seconds_refuses_what_ollama_refuses(value: Any) -> None:
     with pytest.raises(ProtocolError) as err:
         ollama.keep_alive_seconds(value)
@@ -263,8 +271,14 @@ ERRORS: list[tuple[str, dict[str, Any], dict[str, Any], str]] = [
      "images: this model has no vision projector"),
     ("generate_request", {"model": "m", "prompt": "x", "template": "{{ .Prompt }}"}, {},
      "per-request templates are not supported"),
-    ("generate_request", {"model": "m", "prompt": "x", "context": [1, 2, 3]}, {},
-     "context: conversation memory tokens are not supported"),
+    ("generate_request", {"model": "m", "prompt": "x", "context": [1, -2]}, {},
+     "context must be the list of token ids"),
+    ("generate_request", {"model": "m", "prompt": "x", "context": "1 2"}, {},
+     "context must be the list of token ids"),
+    ("generate_request", {"model": "m", "prompt": "x", "context": [1], "raw": True}, {},
+     "context cannot be used with raw"),
+    ("generate_request", {"model": "m", "prompt": "x", "context": [1], "think": True}, {},
+     "context cannot be used with think"),
     ("generate_request", {"model": "m", "prompt": "x", "raw": True, "system": "s"}, {},
      "system cannot be used with raw mode"),
     ("generate_request", {"model": "m", "prompt": "x", "raw": True, "think": True}, {},

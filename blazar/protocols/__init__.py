@@ -9,9 +9,14 @@ read no clock: the gateway passes times, ids and durations in, sends the
 
 - `ollama` (with `ollama_stream`, `ollama_models`): `/api/*` -> `/v1/chat/completions`,
   `/completion`, `/infill`, `/v1/embeddings`, and the model listing builders.
-- `anthropic`: validation, pass-through to llama-server's native `/v1/messages`, and a
-  normalizer for what the engine gets wrong there.
-- `openai`: the OpenAI error envelope the gateway uses for `/v1/*`.
+- `anthropic` (with `anthropic_stream`): validation, pass-through to llama-server's
+  native `/v1/messages`, and a normalizer for what the engine gets wrong there.
+- `openai`: the OpenAI error envelope the gateway uses for `/v1/*`; `openai_requests`
+  (what the pass-through checks and changes), `openai_completions` (legacy completion
+  and chat logprob answers reshaped), `openai_responses` with `openai_responses_stream`
+  (the Responses API onto `/v1/chat/completions`).
+- `model_lists`: `/v1/models` in OpenAI's shapes and Anthropic's.
+- `capabilities`: tools and thinking, decided from a model's chat template.
 - `sse`: an incremental decoder of the engine's server-sent events.
 
 Every refusal is a `ProtocolError` carrying the HTTP status to answer with; each

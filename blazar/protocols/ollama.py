@@ -13,11 +13,18 @@ Where each request goes:
 - `/api/chat` -> `/v1/chat/completions` (the model's chat template applies there).
 - `/api/generate` -> `/v1/chat/completions` with system + user messages; with
   `raw: true` -> native `/completion` (the prompt verbatim); with `suffix` ->
-  native `/infill` (fill-in-the-middle).
+  native `/infill` (fill-in-the-middle); with `context` (the token ids an earlier
+  answer returned) -> native `/completion` with those tokens and then the new
+  messages rendered by the template. `hints["messages"]` carries the messages of a
+  templated generate, so the gateway can render them (`/apply-template`) and
+  return the conversation's tokens as `context`, as ollama does.
 - `/api/embed` and `/api/embeddings` -> `/v1/embeddings`.
 
 `keep_alive` is not forwarded: the gateway's scheduler owns it (see
-`keep_alive_seconds`). Field-by-field status: docs/compatibility.md.
+`keep_alive_seconds`). `needs(body)` names the template capabilities a request
+needs (`tools`, `thinking`); the gateway refuses the request, in ollama's words
+(`"<model>" does not support tools`), when the model lacks them. Field-by-field
+status: docs/compatibility.md.
 """
 
 from __future__ import annotations
@@ -79,6 +86,7 @@ __all__ = [
     "keep_alive_seconds",
     "load_response",
     "ndjson",
+    "needs",
     "parameter_size",
     "ps",
     "show",
@@ -212,6 +220,29 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
     return out
 
 
+def needs(body: Mapping[str, Any]) -> tuple[str, ...]:
+    """The template capabilities a chat or generate request needs: tools, thinking."""
+    found = []
+    if body.get("tools"):
+        found.append("tools")
+    if body.get("think") not in (None, False):
+        found.append("thinking")
+    return tuple(found)
+
+
+MAX_TOKEN_ID = 2**31 - 1
+
+
+def _context(value: Any) -> list[int]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= MAX_TOKEN_ID for t in value
+    ):
+        raise bad("context must be the list of token ids an earlier /api/generate returned")
+    return value
+
+
 def _refuse_logprobs(body: Mapping[str, Any]) -> None:
     if body.get("logprobs") or body.get("top_logprobs"):
         raise bad("logprobs are not supported by Blazar's ollama API yet; use /v1/chat/completions")
@@ -255,8 +286,11 @@ def generate_request(
 
     Plain prompts go through the chat template (`/v1/chat/completions`, system then
     user message); `raw: true` sends the prompt verbatim to `/completion`; `suffix`
-    asks `/infill` to fill in the middle (`has_infill`: the model has FIM tokens). An
-    empty prompt means "load the model" (LoadOnly).
+    asks `/infill` to fill in the middle (`has_infill`: the model has FIM tokens). With
+    `context`, the tokens of the conversation so far, the request goes to `/completion`
+    without its `prompt`: the gateway sets it to those tokens followed by the rendered
+    messages (`hints`: `context`, `messages`). An empty prompt means "load the model"
+    (LoadOnly).
     """
     model_name(body)
     prompt, system, suffix = _text(body, "prompt"), _text(body, "system"), _text(body, "suffix")
@@ -266,14 +300,16 @@ def generate_request(
             "template: per-request templates are not supported; the model's chat "
             "template applies. Send a fully formatted prompt with raw: true instead."
         )
-    if body.get("context"):
-        raise bad(
-            "context: conversation memory tokens are not supported (ollama deprecated "
-            "them); send the history as messages to /api/chat"
-        )
+    context = _context(body.get("context"))
     _refuse_logprobs(body)
     if not prompt and not suffix and not system and not body.get("images"):
         return LoadOnly("generate")
+    if context and (suffix or raw or body.get("think") or body.get("images")):
+        what = "suffix" if suffix else "raw" if raw else "think" if body.get("think") else "images"
+        raise bad(
+            f"context cannot be used with {what}; send the whole conversation as messages "
+            "to /api/chat instead"
+        )
     if suffix or raw:
         for key in ("system", "images", "think"):
             if body.get(key):
@@ -296,12 +332,18 @@ def generate_request(
     messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
     user = _content(prompt, body.get("images"), "images", has_vision)
     messages.append({"role": "user", "content": user})
+    if context:
+        native: dict[str, Any] = sampling_fields(body, model_ctx=model_ctx, limit_key="n_predict")
+        native.update(format_fields(body, native=True))
+        stream = _stream(body, native, chat=False)
+        hints = {"context": context, "messages": messages}
+        return EngineRequest("/completion", native, stream, hints)
     out = {"messages": messages}
     out.update(sampling_fields(body, model_ctx=model_ctx, limit_key="max_tokens"))
     out.update(format_fields(body, native=False))
     out.update(think_fields(body))
     stream = _stream(body, out, chat=True)
-    return EngineRequest("/v1/chat/completions", out, stream)
+    return EngineRequest("/v1/chat/completions", out, stream, {"messages": messages})
 
 
 def embed_request(body: Mapping[str, Any], *, model_ctx: int) -> EngineRequest | LoadOnly:

@@ -13,6 +13,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from blazar.protocols.capabilities import template_capabilities
+
 __all__ = ["ModelInfo", "RunningModel", "parameter_size", "ps", "show", "tags", "version"]
 
 # GGUFFacts field -> GGUF key suffix after "<arch>." (general.* and tokenizer.* apart)
@@ -28,7 +30,6 @@ _ARCH_KEYS = {
     "sliding_window": "attention.sliding_window",
     "vocab_size": "vocab_size",
 }
-_THINKING_MARKS = ("enable_thinking", "<think>", "reasoning_content", "thinking")
 
 
 @dataclass(frozen=True)
@@ -172,11 +173,11 @@ def _capabilities(
 ) -> list[str]:
     if embedding:
         return ["embedding"]
-    template = model.chat_template or ""
+    found = template_capabilities(model.chat_template)
     caps = ["completion"]
-    if "tools" in template:
+    if found.tools:
         caps.append("tools")
-    if any(mark in template for mark in _THINKING_MARKS):
+    if found.thinking:
         caps.append("thinking")
     if has_vision:
         caps.append("vision")
@@ -208,7 +209,10 @@ def show(
     if model.chat_template:
         modelfile.append(f'TEMPLATE """{model.chat_template}"""')
     modelfile += [f"PARAMETER {k} {_value(v)}" for k, v in params.items()]
-    return {
+    license_ = model.facts.get("license")
+    if isinstance(license_, str) and license_:
+        modelfile.append(f'LICENSE """{license_}"""')
+    out = {
         "modelfile": "\n".join(modelfile) + "\n",
         "parameters": parameter_lines,
         "template": model.chat_template or "",
@@ -219,6 +223,9 @@ def show(
         ),
         "modified_at": model.added_at,
     }
+    if isinstance(license_, str) and license_:
+        out["license"] = license_
+    return out
 
 
 def _value(value: Any) -> str:

@@ -234,19 +234,27 @@ def think_fields(body: Mapping[str, Any]) -> dict[str, Any]:
     raise bad(f"think must be true, false or one of {', '.join(THINK_LEVELS)}; got {think!r}")
 
 
+FOREVER_SECONDS = 100 * 365 * 24 * 3600.0  # a keep_alive this long (or longer) is "forever"
+
+
 def keep_alive_seconds(value: str | float | int) -> float | None:
     """ollama's `keep_alive` in seconds; None means "keep loaded forever".
 
     Accepts what ollama accepts: a number of seconds (`300`, `0`), a Go duration
     string (`"5m"`, `"1h30m"`, `"0"`, `"500ms"`) or a bare number as a string
-    (`"300"`). Any negative value (`-1`, `"-1m"`) means forever; 0 unloads now.
+    (`"300"`). Any negative value (`-1`, `"-1m"`) means forever, and so does anything
+    of a hundred years or more (`1e300`); 0 unloads now. Not a finite number (`"inf"`,
+    `"nan"`): refused.
     """
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise bad(f'keep_alive must be a duration such as "5m" or a number, got {value!r}')
-    seconds = _parse_duration(value.strip()) if isinstance(value, str) else float(value)
-    if math.isnan(seconds):
-        raise bad("keep_alive must be a number")
-    return None if seconds < 0 else seconds
+    try:
+        seconds = _parse_duration(value.strip()) if isinstance(value, str) else float(value)
+    except OverflowError:  # an integer too large for a float: as long as forever
+        return None
+    if not math.isfinite(seconds):
+        raise bad(f'keep_alive must be a finite duration such as "5m" or -1, got {value!r}')
+    return None if seconds < 0 or seconds >= FOREVER_SECONDS else seconds
 
 
 def _parse_duration(text: str) -> float:

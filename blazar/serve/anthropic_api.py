@@ -8,10 +8,11 @@ chat endpoint through `blazar.protocols.anthropic_chat`.
 what the engine would accept wrongly, such as a request without `max_tokens`)
 and normalizes what comes back, whole or event by event. Each request takes the
 gateway's one request path (`blazar.serve.pipeline`: slots, queue,
-`x-blazar-priority`); `count_tokens` too, since the model's own tokenizer and
-chat template count. `anthropic-version` and `x-api-key` are accepted (API keys
-are not checked yet). Failures are raised and answered as Anthropic's
-`{"type": "error", "error": {...}}` by the gateway's error middleware:
+`x-blazar-priority`; tools need a template that renders them); `count_tokens`
+too, since the model's own tokenizer and chat template count. `anthropic-version`
+and `x-api-key` are accepted (API keys are not checked yet). Failures are raised
+and answered as Anthropic's `{"type": "error", "error": {...}}` by the gateway's
+error middleware:
 404 not_found_error, 400 invalid_request_error, 503 overloaded_error with
 `Retry-After`, 502 api_error when a child fails.
 """
@@ -69,6 +70,8 @@ class AnthropicAPI:
         model = str(body["model"])
         target = pipeline.resolve(scheduler, model)
         pipeline.require(target.runtime, pipeline.CHAT)
+        for need in anthropic.needs(body):
+            pipeline.require(target.runtime, need, requested=model)
         timed = await pipeline.lease(scheduler, request, target, started=started)
         # The engine's /v1/messages would drop a `lora` list and most sampling defaults:
         # requests that need them go to its chat endpoint instead (`anthropic_chat`).
@@ -96,15 +99,11 @@ class AnthropicAPI:
             return await self._stream(request, timed, req, model, bridged)
         status, payload = await engine.call(self.services.children, timed.lease, req)
         if status != 200 or not isinstance(payload, dict):
-            return self._engine_error(request, status, payload)
+            raise engine.refused(status, payload)
         out: dict[str, Any] = anthropic_chat.message_from_chat(payload) if bridged else payload
         if not count:
             out = anthropic.message_response(out, model=model, message_id=message_id())
         return web.json_response(out, headers=ANTHROPIC.headers(request))
-
-    def _engine_error(self, request: web.Request, status: int, payload: Any) -> web.Response:
-        status, body = anthropic.error_from_engine(status if status >= 400 else 502, payload)
-        return web.json_response(body, status=status, headers=ANTHROPIC.headers(request))
 
     async def _stream(
         self, request: web.Request, timed: Timed, req: EngineRequest, model: str, bridged: bool
@@ -114,7 +113,7 @@ class AnthropicAPI:
         async with engine.stream(self.services.children, timed.lease, req) as exchange:
             if not engine.is_event_stream(exchange):
                 payload = await engine.error_body(exchange)
-                return self._engine_error(request, exchange.status, payload)
+                raise engine.refused(exchange.status, payload)
             headers = {"Content-Type": SSE, "Cache-Control": "no-cache"}
             response = web.StreamResponse(headers={**headers, **ANTHROPIC.headers(request)})
             await response.prepare(request)

@@ -5,9 +5,11 @@ Blazar's own) on one application and installs the middleware every request
 passes through: `observe` (`blazar.serve.observer`) traces each inference
 request; `errors` gives each response its trace id and answers what a
 route raised in the route's protocol envelope (`pipeline.failure`,
-`envelopes.for_path`): a client's mistake as a 4xx, a bug as a 500 in the same
-shape with the traceback only in serve's log. The route modules depend on
-`Services`, never on this module or the daemon.
+`envelopes.for_request`): a client's mistake as a 4xx, a bug as a 500 in the same
+shape with the traceback only in serve's log. What aiohttp's router and body
+reader refuse (an unknown route, a wrong method, a body over `MAX_BODY`) is
+answered in the same envelope, never as aiohttp's `text/plain`. The route
+modules depend on `Services`, never on this module or the daemon.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ from blazar.serve import (
     ollama_pull,
     openai_api,
     pipeline,
+    responses_api,
 )
-from blazar.serve.envelopes import for_path
+from blazar.serve.envelopes import for_request
 from blazar.serve.http import TRACE, trace_id
 from blazar.serve.services import Services
 
@@ -35,13 +38,43 @@ MAX_BODY = 64 * 1024**2
 logger = logging.getLogger("blazar.serve")
 
 
+def refused_by_aiohttp(request: web.Request, exc: web.HTTPException) -> pipeline.Failure:
+    """What the router or the body reader refused, said for the client."""
+    where = f"{request.method} {request.path}"
+    if isinstance(exc, web.HTTPNotFound):
+        return pipeline.Failure(
+            404,
+            f"{where}: no such endpoint here; docs/compatibility.md "
+            "lists the OpenAI, ollama and Anthropic routes Blazar serves",
+            "unknown_endpoint",
+        )
+    if isinstance(exc, web.HTTPMethodNotAllowed):
+        allowed = ", ".join(sorted(exc.allowed_methods))
+        return pipeline.Failure(
+            405, f"{where}: method not allowed; use {allowed}", "method_not_allowed"
+        )
+    if isinstance(exc, web.HTTPRequestEntityTooLarge):
+        return pipeline.Failure(
+            413, f"the request body is over the gateway's limit of {MAX_BODY // 1024**2} MiB"
+        )
+    return pipeline.Failure(exc.status, f"{where}: {exc.reason}")
+
+
 @web.middleware
 async def errors(request: web.Request, handler: pipeline.Handler) -> web.StreamResponse:
     """The trace id on every response, and every raised failure in its protocol's shape."""
     try:
         response = await handler(request)
-    except web.HTTPException:
-        raise
+    except web.HTTPException as exc:
+        if exc.status < 400:  # a redirect is not a failure
+            raise
+        refused = refused_by_aiohttp(request, exc)
+        answer = for_request(request).response(
+            request, refused.status, refused.message, refused.code
+        )
+        if "Allow" in exc.headers:
+            answer.headers["Allow"] = exc.headers["Allow"]
+        return answer
     except Exception as exc:
         known = pipeline.failure(exc)
         if known is None:  # a bug: the client still gets its protocol's shape, not a traceback
@@ -49,8 +82,7 @@ async def errors(request: web.Request, handler: pipeline.Handler) -> web.StreamR
             known = pipeline.Failure(500, f"internal error ({type(exc).__name__}); see serve's log")
         if (trace := current()) is not None:  # observe: the failure, on the request's trace
             trace.failed(known.status, known.message, known.code)
-        envelope = for_path(request.path)
-        return envelope.response(
+        return for_request(request).response(
             request, known.status, known.message, known.code, known.retry_after
         )
     if not response.prepared:
@@ -66,6 +98,7 @@ def build_app(services: Services) -> web.Application:
     blazar_api.register(app, services)
     observe_api.register(app, services)
     openai_api.register(app, services)
+    responses_api.register(app, services)
     ollama_api.register(app, services)
     ollama_admin.register(app, services)
     ollama_pull.register(app, services)

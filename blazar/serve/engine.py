@@ -1,8 +1,9 @@
 """Calls from the gateway to a leased child, on the one child client (`ChildConnections`).
 
-The translating routes (ollama, Anthropic) post the `EngineRequest` a
-translator built and read JSON (`call`) or server-sent events (`stream`,
-`events`); the OpenAI pass-through forwards bytes with `ChildConnections`
+The translating routes (ollama, Anthropic, OpenAI's Responses) post the
+`EngineRequest` a translator built and read JSON (`call`) or server-sent events
+(`stream`, `events`), and ask the child small native questions (`apply_template`,
+`tokenize`); the OpenAI pass-through forwards bytes with `ChildConnections`
 directly (`blazar.serve.openai_api`). Either way a child that fails is a
 `ProtocolError`: 502 when it refused, closed or garbled the connection, 504
 when it stayed silent past `serving.upstream_timeout` (a limit between chunks).
@@ -22,6 +23,7 @@ from typing import Any
 from blazar.observe import sentinels
 from blazar.observe.trace import current
 from blazar.protocols import EngineRequest, ProtocolError
+from blazar.protocols.openai_requests import engine_refusal
 from blazar.protocols.sse import SSEDecoder
 from blazar.serve.child_http import ChildConnections, Exchange, UpstreamError, UpstreamTimeout
 from blazar.serve.pipeline import engine_body
@@ -39,6 +41,21 @@ def child_failed(model: str, exc: BaseException) -> ProtocolError:
         )
     detail = str(exc) or type(exc).__name__
     return ProtocolError(502, f"model '{model}' failed while answering: {detail}", "upstream_error")
+
+
+def refused(status: int, payload: Any) -> ProtocolError:
+    """An engine's error answer (llama-server's OpenAI shape, or text) as a ProtocolError,
+    which each route's envelope answers: the engine's status and message, or a 400 that
+    says what the client can fix (`openai_requests.engine_refusal`)."""
+    status = status if status >= 400 else 502
+    explained = engine_refusal(status, payload)
+    if explained is not None:
+        return ProtocolError(400, explained)
+    message = payload
+    if isinstance(payload, dict):
+        inner = payload.get("error", payload)
+        message = inner.get("message", inner) if isinstance(inner, dict) else inner
+    return ProtocolError(status, str(message))
 
 
 def decode(payload: bytes) -> Any:
@@ -76,6 +93,28 @@ async def call(children: ChildConnections, lease: Lease, req: EngineRequest) -> 
         trace.answered(payload, status)
         gate(status)
     return status, payload
+
+
+async def _helper(children: ChildConnections, lease: Lease, path: str, body: Any) -> Any:
+    """A small native call (template, tokens) on the leased child; its JSON answer."""
+    status, payload = await call(children, lease, EngineRequest(path, body, False))
+    if status != 200 or not isinstance(payload, dict):
+        raise refused(status, payload)
+    return payload
+
+
+async def apply_template(children: ChildConnections, lease: Lease, messages: Any) -> str:
+    """The prompt the model's chat template renders for `messages` (`/apply-template`)."""
+    payload = await _helper(children, lease, "/apply-template", {"messages": messages})
+    return str(payload.get("prompt", ""))
+
+
+async def tokenize(children: ChildConnections, lease: Lease, text: str) -> list[int]:
+    """The model's token ids for `text` as a prompt: special tokens parsed, and the
+    beginning-of-sequence token first where the model adds one (`/tokenize`)."""
+    body = {"content": text, "add_special": True}
+    payload = await _helper(children, lease, "/tokenize", body)
+    return [int(t) for t in payload.get("tokens", []) if isinstance(t, int)]
 
 
 @asynccontextmanager

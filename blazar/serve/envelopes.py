@@ -3,8 +3,11 @@
 Every route answers its failures through `Envelope.response`: OpenAI's
 `{"error": {"message", "type", "param", "code"}}` on `/v1/*`, ollama's
 `{"error": "..."}` on `/api/*`, Anthropic's `{"type": "error", "error": {...}}`
-on `/v1/messages`. `for_path` picks the envelope for a path, for the
-middlewares that answer before a route runs (unknown routes, the catch-all).
+on `/v1/messages`, and on the other `/v1/*` paths both protocols share (`/v1/models`)
+when the request carries Anthropic's `anthropic-version` header. `for_path` picks
+the envelope for a path, `for_request` for a request (the header too), for the
+middleware that answers what a route raised and what the router refused
+(unknown routes, wrong methods, bodies over the limit).
 The bodies themselves come from the translators in `blazar.protocols`.
 """
 
@@ -58,6 +61,11 @@ OLLAMA = Envelope("ollama", lambda status, message, code: ollama.error(message))
 ANTHROPIC = Envelope("anthropic", _anthropic_body, request_id_header=True)
 
 
+ANTHROPIC_VERSION = "anthropic-version"  # every Anthropic SDK request carries it
+# OpenAI's own inference paths: OpenAI's shape whatever headers come with them.
+_OPENAI_ONLY = ("/v1/chat/", "/v1/completions", "/v1/embeddings", "/v1/responses")
+
+
 def for_path(path: str) -> Envelope:
     """The envelope of the protocol a path belongs to."""
     if path.startswith("/v1/messages"):
@@ -65,3 +73,18 @@ def for_path(path: str) -> Envelope:
     if path.startswith("/api/"):
         return OLLAMA
     return OPENAI
+
+
+def wants_anthropic(request: web.Request) -> bool:
+    """An Anthropic client on a `/v1/*` path both protocols share (`/v1/models`, or one
+    Blazar does not serve): it sends `anthropic-version`, OpenAI's clients never do."""
+    return ANTHROPIC_VERSION in request.headers and not request.path.startswith(_OPENAI_ONLY)
+
+
+def for_request(request: web.Request) -> Envelope:
+    """The envelope for a request: its path's (`for_path`), or Anthropic's for an Anthropic
+    client on a shared `/v1/*` path."""
+    envelope = for_path(request.path)
+    if envelope is OPENAI and request.path.startswith("/v1/") and wants_anthropic(request):
+        return ANTHROPIC
+    return envelope

@@ -8,6 +8,7 @@ middlewares `app` installs. No route logic lives here.
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from collections.abc import MutableMapping
 from datetime import UTC, datetime
@@ -49,14 +50,75 @@ def now_rfc3339() -> str:
     return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
+MAX_JSON_DEPTH = 128  # nesting levels a request body may have; real ones use a few dozen
+# Every byte but the structural ones (brackets, quotes): deleted before the depth count.
+_NOT_STRUCTURAL = bytes(b for b in range(256) if b not in b'[]{}"')
+_BRACKETS = bytes.maketrans(b"[{]}", b"(())")
+
+
+def json_depth_exceeds(raw: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether a JSON text nests deeper than `limit`, found without parsing it.
+
+    A few passes of C-speed bytes methods, so the pass-through stays cheap: drop escaped
+    backslashes and quotes, keep only brackets and quotes, drop what lies inside strings,
+    then strip innermost bracket pairs one level per pass. Text that is not JSON may be
+    counted loosely; the parser refuses it anyway, and never recurses past the limit.
+    """
+    if raw.count(b"[") + raw.count(b"{") <= limit:  # too few brackets, in strings or not
+        return False
+    if b"\\" in raw:
+        raw = raw.replace(b"\\\\", b"")
+    if b'\\"' in raw:
+        raw = raw.replace(b'\\"', b"")
+    shape = raw.translate(None, _NOT_STRUCTURAL)
+    if b'"' in shape:
+        shape = b"".join(shape.split(b'"')[::2])
+    shape = shape.translate(_BRACKETS)
+    for depth in range(limit):
+        if not shape:
+            return False
+        inner = shape.replace(b"()", b"")
+        if inner == shape:  # unbalanced: the opening brackets left may all nest
+            return depth + shape.count(b"(") > limit
+        shape = inner
+    return bool(shape)
+
+
+def _not_finite(token: str) -> float:
+    raise ValueError(f"{token} is not a number JSON allows")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of range for a number")
+    return value
+
+
+# One decoder for every body (json.loads with hooks would build one per call).
+_DECODER = json.JSONDecoder(parse_constant=_not_finite, parse_float=_finite)
+
+
 def parse_json_object(raw: bytes) -> dict[str, Any]:
-    """A request body as a JSON object, or a ProtocolError(400) that says what is wrong."""
+    """A request body as a JSON object, or a ProtocolError(400) that says what is wrong.
+
+    Refused before any recursion can fail: nesting deeper than MAX_JSON_DEPTH. Refused
+    as JSON itself does: NaN, Infinity, and numbers too large for a float (1e999).
+    """
+    if json_depth_exceeds(raw):
+        raise ProtocolError(
+            400,
+            f"the request body nests deeper than {MAX_JSON_DEPTH} levels; flatten it",
+            "invalid_json",
+        )
     try:
-        body = json.loads(raw) if raw.strip() else None
-    except ValueError as exc:
-        raise ProtocolError(400, f"the request body is not valid JSON: {exc}") from None
+        body = None if not raw or raw.isspace() else _DECODER.decode(raw.decode())
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise ProtocolError(
+            400, f"the request body is not valid JSON: {exc}", "invalid_json"
+        ) from None
     if not isinstance(body, dict):
-        raise ProtocolError(400, "the request body must be a JSON object")
+        raise ProtocolError(400, "the request body must be a JSON object", "invalid_json")
     return body
 
 

@@ -97,7 +97,8 @@ class OllamaAdmin:
             remaining = row["keep_alive_remaining"]
             if remaining is None and row["in_flight"] and runtime and not row["pinned"]:
                 remaining = runtime.keep_alive if runtime.keep_alive >= 0 else None
-            expires = now + (FOREVER if remaining is None else timedelta(seconds=remaining))
+            kept = remaining is None or remaining >= FOREVER.total_seconds()  # no overflow
+            expires = now + (FOREVER if kept else timedelta(seconds=remaining))
             running.append(
                 ollama.RunningModel(info, _rfc3339(expires), int(row["ctx"]), size=row["size"])
             )
@@ -134,6 +135,12 @@ class OllamaAdmin:
         control = self.services.need_control()
         target = self.services.scheduler.resolve(source)
         alias = parse_name(destination).short
+        if alias == target.runtime.name:
+            raise ProtocolError(
+                400,
+                f"copy: '{destination}' is the name of model '{source}' itself; copy it to "
+                "a new name",
+            )
         free_name(self.services.scheduler, alias, target)
         await asyncio.to_thread(
             manifest_ops.add_alias, control.manifest, target.runtime.name, alias

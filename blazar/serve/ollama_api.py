@@ -8,6 +8,13 @@ call), and the engine's answer is translated back, whole or as NDJSON lines;
 the final object's statistics come from the engine's timings plus the load and
 total durations measured here.
 
+A templated `/api/generate` answers with `context`, the token ids of the
+conversation so far (the rendered prompt and the answer, from the child's
+`/apply-template` and `/tokenize`), as ollama does; a request that sends one back
+continues after those tokens. Tools and thinking need a template that has them
+(`pipeline.require`: `"<model>" does not support tools`); `suffix` on a model
+without fill-in-the-middle tokens is `"<model>" does not support insert`.
+
 `keep_alive` goes to the scheduler when the lease is released (a negative value
 keeps the model loaded: -1). A request with nothing to generate loads the model,
 or with `keep_alive: 0` unloads it at once (as ollama does, without loading it
@@ -20,12 +27,12 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from aiohttp import web
 
 from blazar.observe.trace import current
-from blazar.protocols import EngineRequest, LoadOnly, ollama
+from blazar.protocols import EngineRequest, LoadOnly, ProtocolError, ollama
 from blazar.serve import engine, pipeline
 from blazar.serve.child_http import UpstreamError
 from blazar.serve.envelopes import OLLAMA
@@ -38,6 +45,7 @@ from blazar.serve.services import Services
 NDJSON = "application/x-ndjson"
 RAW_HINT = "send raw: true with a fully formatted prompt, or "
 Feed = Callable[[Any, ollama.StreamState], list[dict[str, Any]]]
+Finish = Callable[[dict[str, Any], str], Awaitable[dict[str, Any]]]
 Build = Callable[[dict[str, Any], ModelRuntime], EngineRequest | LoadOnly]
 Answer = Callable[[web.Request, Timed, EngineRequest, str], Awaitable[web.StreamResponse]]
 
@@ -61,10 +69,16 @@ def keep_alive(body: dict[str, Any]) -> float | None:
     return -1.0 if seconds is None else seconds
 
 
-def engine_error(request: web.Request, status: int, payload: Any) -> web.Response:
-    """An error the engine answered, in ollama's shape."""
-    status, body = ollama.error_from_engine(status if status >= 400 else 502, payload)
-    return web.json_response(body, status=status, headers={TRACE: trace_id(request)})
+def engine_error(status: int, payload: Any, req: EngineRequest | None = None) -> NoReturn:
+    """Raise what the engine answered with an error, for ollama's envelope."""
+    if req is not None and req.path == "/infill" and status == 501:
+        model = req.hints.get("model", "the model")
+        raise ProtocolError(
+            400,
+            f'"{model}" does not support insert: its GGUF has no fill-in-the-middle tokens '
+            "(suffix needs them); use a code model with FIM",
+        )
+    raise engine.refused(status, payload)
 
 
 class OllamaAPI:
@@ -122,8 +136,13 @@ class OllamaAPI:
         req = build(body, target.runtime)
         if isinstance(req, LoadOnly):
             return await self._load_only(request, req, target, model, seconds, started)
-        if need == pipeline.CHAT and req.path == "/v1/chat/completions":
+        templated = "messages" in req.hints or req.path == "/v1/chat/completions"
+        if need == pipeline.CHAT and templated:
             pipeline.require(target.runtime, need, alternative=hint)  # raw and infill need none
+            for extra in ollama.needs(body):
+                pipeline.require(target.runtime, extra, requested=model)
+        if req.path == "/infill":
+            req = EngineRequest(req.path, req.body, req.stream, {**req.hints, "model": model})
         timed = await pipeline.lease(
             scheduler, request, target, keep_alive=seconds, started=started
         )
@@ -142,14 +161,18 @@ class OllamaAPI:
         async def answer(
             request: web.Request, timed: Timed, req: EngineRequest, model: str
         ) -> web.StreamResponse:
+            context = Context(self.services, timed, req) if "messages" in req.hints else None
+            if endpoint == "generate" and context is not None:
+                req = await context.request()
             if req.stream:
                 state = ollama.StreamState(model, now_rfc3339(), endpoint)
                 state.load_duration = timed.load_ns
                 feed = ollama.chat_chunks if endpoint == "chat" else ollama.generate_chunks
-                return await self._stream(request, timed, req, state, feed)
+                finish = context.finish if endpoint == "generate" and context else None
+                return await self._stream(request, timed, req, state, feed, finish)
             status, payload = await engine.call(self.services.children, timed.lease, req)
             if status != 200 or not isinstance(payload, dict):
-                return engine_error(request, status, payload)
+                engine_error(status, payload, req)
             translate = ollama.chat_response if endpoint == "chat" else ollama.generate_response
             out = translate(
                 payload,
@@ -158,6 +181,8 @@ class OllamaAPI:
                 total_duration=timed.total(),
                 load_duration=timed.load_ns,
             )
+            if endpoint == "generate" and context is not None:
+                out = await context.finish(out, str(out.get("response", "")))
             return web.json_response(out, headers={TRACE: trace_id(request)})
 
         hint = RAW_HINT if endpoint == "generate" else ""
@@ -170,10 +195,24 @@ class OllamaAPI:
         req: EngineRequest,
         state: ollama.StreamState,
         feed: Feed,
+        finish: Finish | None = None,
     ) -> web.StreamResponse:
+        """Stream the engine's answer as NDJSON; `finish` completes the final object (with
+        everything the answer said), as `Context.finish` adds the conversation's tokens."""
+        said: list[str] = []
+
+        async def write(response: web.StreamResponse, obj: dict[str, Any]) -> None:
+            if finish is not None:
+                if obj.get("done"):
+                    obj = await finish(obj, "".join(said))
+                elif isinstance(obj.get("response"), str):
+                    said.append(obj["response"])
+            await response.write(ollama.ndjson(obj))
+
         async with engine.stream(self.services.children, timed.lease, req) as exchange:
             if not engine.is_event_stream(exchange):
-                return engine_error(request, exchange.status, await engine.error_body(exchange))
+                payload = await engine.error_body(exchange)
+                engine_error(exchange.status, payload, req)
             response = web.StreamResponse(
                 headers={
                     "Content-Type": NDJSON,
@@ -187,10 +226,10 @@ class OllamaAPI:
                     state.created_at = now_rfc3339()
                     state.total_duration = timed.total()
                     for obj in feed(data, state):
-                        await response.write(ollama.ndjson(obj))
+                        await write(response, obj)
                 state.total_duration = timed.total()
                 for obj in ollama.finish_stream(state):
-                    await response.write(ollama.ndjson(obj))
+                    await write(response, obj)
             except UpstreamError as exc:  # the engine failed mid-stream
                 failed = engine.child_failed(state.model, exc)
                 if (trace := current()) is not None:
@@ -217,7 +256,7 @@ class OllamaAPI:
         ) -> web.StreamResponse:
             status, payload = await engine.call(self.services.children, timed.lease, req)
             if status != 200 or not isinstance(payload, dict):
-                return engine_error(request, status, payload)
+                engine_error(status, payload)
             if legacy:
                 out = ollama.embeddings_response(payload)
             else:
@@ -231,3 +270,34 @@ class OllamaAPI:
             return web.json_response(out, headers={TRACE: trace_id(request)})
 
         return await self._run(request, build, pipeline.EMBEDDINGS, answer)
+
+
+class Context:
+    """A templated `/api/generate`'s `context`: the tokens of the conversation so far.
+
+    `request` puts the tokens a client sent back in front of the newly rendered
+    messages (a `/completion` prompt may mix token ids and text); `finish` adds to
+    the final object the tokens of everything the model has now seen and said, as
+    ollama returns them (the prompt rendered by the template, then the answer)."""
+
+    def __init__(self, services: Services, timed: Timed, req: EngineRequest) -> None:
+        self.children, self.lease = services.children, timed.lease
+        self.messages = req.hints["messages"]
+        self.earlier: list[int] = list(req.hints.get("context") or [])
+        self.req = req
+        self.rendered: str | None = None
+
+    async def _rendered(self) -> str:
+        if self.rendered is None:
+            self.rendered = await engine.apply_template(self.children, self.lease, self.messages)
+        return self.rendered
+
+    async def request(self) -> EngineRequest:
+        if not self.earlier:
+            return self.req
+        prompt = [*self.earlier, await self._rendered()]
+        return EngineRequest(self.req.path, {**self.req.body, "prompt": prompt}, self.req.stream)
+
+    async def finish(self, final: dict[str, Any], said: str) -> dict[str, Any]:
+        tokens = await engine.tokenize(self.children, self.lease, await self._rendered() + said)
+        return {**final, "context": [*self.earlier, *tokens]}

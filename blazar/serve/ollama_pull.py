@@ -32,14 +32,17 @@ from typing import Any
 from aiohttp import web
 
 from blazar import manifest_ops
+from blazar.errors import NotFound
 from blazar.hashing import sha256_file
 from blazar.protocols import ProtocolError, ollama
 from blazar.serve.http import TRACE, name_in, read_json, trace_id
 from blazar.serve.pipeline import Failure, failure, free_name
 from blazar.serve.services import Control, Services
+from blazar.sources import UnknownModelName, resolve_registry
 from reconcilers.plan import Action
 from reconcilers.ports import Progress
 from specs.names import parse_name
+from specs.sources import RegistrySource, parse_source
 
 NDJSON = "application/x-ndjson"
 DIGEST = re.compile(r"sha256[:-]([0-9a-f]{64})")
@@ -74,6 +77,17 @@ def pull_source(requested: str) -> str:
             quant = quant if quant and quant != "latest" else "Q4_K_M"  # ollama's default
             return f"hf://{repo}:{quant}"
     return requested
+
+
+def known_short_name(source: str) -> None:
+    """An unknown short name is the client's mistake: a 404 before anything is changed
+    (not a failed pass, which answers as a server error)."""
+    parsed = parse_source(source)  # `source_declaration` has checked that it parses
+    if isinstance(parsed, RegistrySource):
+        try:
+            resolve_registry(parsed.name)
+        except UnknownModelName as exc:
+            raise NotFound(str(exc)) from None
 
 
 class OllamaPull:
@@ -162,7 +176,9 @@ class OllamaPull:
         )
         fields: dict[str, Any] | None = None
         if key is None:  # named as `blazar pull` names it
-            key, fields = manifest_ops.source_declaration(pull_source(requested))
+            source = pull_source(requested)
+            key, fields = manifest_ops.source_declaration(source)
+            known_short_name(source)
         name = key
 
         async def job(emit: Emit) -> None:

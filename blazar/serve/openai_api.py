@@ -1,10 +1,16 @@
-"""OpenAI's API on the gateway: `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`,
-`/v1/responses` and `/v1/models`.
+"""OpenAI's API on the gateway: `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`
+and `/v1/models` (`/v1/responses` is translated, in `responses_api`).
 
 Requests are passed through to the instance the scheduler picks, bytes
-untouched: the body is parsed once to read `model`, and re-encoded only when
-LoRA adapters are on for the request (`model+adapter`, or the model's always-on
-ones) and need its `lora` field (`pipeline.engine_body`). They
+untouched: the body is parsed once (`http.parse_json_object`, which refuses
+bodies nested too deep and numbers JSON does not allow) to read `model` and to
+check it (`openai_requests.shape_request`: what the engine would accept and
+then ignore is refused, a request for tools needs a template that has them),
+and re-encoded only when the engine must be asked differently or LoRA adapters
+are on for the request (`model+adapter`, or the model's always-on ones) and need
+its `lora` field, or model defaults apply (`pipeline.engine_body`). The
+few answers that differ from OpenAI's (legacy completions: `cmpl-` ids, legacy
+`logprobs`, `echo`) are reshaped on the way back (`openai_completions`). They
 travel on `ChildConnections` (`blazar.serve.child_http`), kept for this hot
 path: keep-alive connections to each child, and a response parsed as it
 arrives. Streams are copied chunk by chunk as they arrive; a client that
@@ -18,29 +24,36 @@ is gone (`blazar.serve.observer`), or at once for serving.sentinel_enforce.
 
 Failures before any byte is sent are raised and answered in OpenAI's envelope
 by the gateway's error middleware; a child that fails mid-stream gets an error
-event, since the headers are gone.
+event, since the headers are gone. An engine 500 that is the client's mistake
+(a message it could not parse) is answered as a 400, since SDKs retry a 5xx.
+
+`/v1/models` answers in Anthropic's shapes for a request with `anthropic-version`
+(`blazar.protocols.model_lists`).
 """
 
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
+from typing import Any
 
 from aiohttp import web
 
 from blazar.observe.trace import current
-from blazar.protocols import ProtocolError
+from blazar.protocols import ProtocolError, model_lists
+from blazar.protocols.openai_completions import IdRenamer, ReplyStream, reshape_body
+from blazar.protocols.openai_requests import Reply, engine_refusal, shape_request
 from blazar.serve import pipeline
 from blazar.serve.child_http import Exchange, UpstreamError
 from blazar.serve.engine import child_failed, gate
-from blazar.serve.envelopes import OPENAI
-from blazar.serve.http import TRACE, trace_id
+from blazar.serve.envelopes import ANTHROPIC, OPENAI, wants_anthropic
+from blazar.serve.http import TRACE, parse_json_object, trace_id
 from blazar.serve.services import Services
 
 ROUTES = (
     ("/v1/chat/completions", pipeline.CHAT),
     ("/v1/completions", pipeline.ANY),
     ("/v1/embeddings", pipeline.EMBEDDINGS),
-    ("/v1/responses", pipeline.CHAT),
 )
 NO_TEMPLATE_HINT = "use /v1/completions, or "
 
@@ -49,6 +62,7 @@ def register(app: web.Application, services: Services) -> None:
     """Add the OpenAI routes to the gateway's app."""
     api = OpenAIAPI(services)
     app.router.add_get("/v1/models", api.models)
+    app.router.add_get("/v1/models/{model:.+}", api.model)
     for path, need in ROUTES:
         app.router.add_post(path, api.route(path, need))
 
@@ -59,14 +73,39 @@ class OpenAIAPI:
     def __init__(self, services: Services) -> None:
         self.services = services
 
-    async def models(self, request: web.Request) -> web.Response:
-        created = int(self.services.started)
-        data = [
-            {"id": name, "object": "model", "created": created, "owned_by": "blazar"}
+    def _names(self) -> list[model_lists.ServedName]:
+        return [
+            model_lists.ServedName(name, runtime.ctx)
             for runtime in self.services.scheduler.runtimes.values()
             for name in (runtime.name, *runtime.aliases, *runtime.variants)
         ]
-        return web.json_response({"object": "list", "data": data})
+
+    def _created_at(self) -> str:
+        return (
+            datetime.fromtimestamp(int(self.services.started), UTC)
+            .isoformat()
+            .replace("+00:00", "Z")
+        )
+
+    async def models(self, request: web.Request) -> web.Response:
+        if wants_anthropic(request):
+            page = model_lists.anthropic_page(self._names(), self._created_at(), request.query)
+            return web.json_response(page, headers=ANTHROPIC.headers(request))
+        return web.json_response(model_lists.openai_list(self._names(), int(self.services.started)))
+
+    async def model(self, request: web.Request) -> web.Response:
+        """One model by the name it is served under (`models.retrieve`); 404 if none."""
+        wanted = request.match_info["model"]
+        found = next((n for n in self._names() if n.name == wanted), None)
+        if found is None:
+            served = ", ".join(sorted(n.name for n in self._names())) or "none"
+            raise ProtocolError(
+                404, f"model '{wanted}' not found; models served here: {served}", "model_not_found"
+            )
+        if wants_anthropic(request):
+            body = model_lists.anthropic_model(found, self._created_at())
+            return web.json_response(body, headers=ANTHROPIC.headers(request))
+        return web.json_response(model_lists.openai_model(found, int(self.services.started)))
 
     def route(self, path: str, need: str) -> pipeline.Handler:
         async def handler(request: web.Request) -> web.StreamResponse:
@@ -76,28 +115,57 @@ class OpenAIAPI:
 
     async def proxy(self, request: web.Request, path: str, need: str) -> web.StreamResponse:
         body = await request.read()
-        try:
-            data = json.loads(body)
-        except ValueError:
-            raise ProtocolError(400, "the request body is not valid JSON", "invalid_json") from None
-        if not isinstance(data, dict):
-            raise ProtocolError(400, "the request body must be a JSON object", "invalid_json")
+        data = parse_json_object(body)
         scheduler = self.services.scheduler
         target = pipeline.resolve(scheduler, data.get("model"))
         pipeline.require(target.runtime, need, alternative=NO_TEMPLATE_HINT)
+        shaping = shape_request(path, data)
+        for extra in shaping.needs:
+            pipeline.require(target.runtime, extra, requested=data["model"])
         timed = await pipeline.lease(scheduler, request, target)
         if (trace := current()) is not None:
             trace.sending(path, data)
         try:
-            sent = pipeline.engine_body(timed.lease, data, path)
-            if sent is not data:  # adapters or model defaults added: re-encoded
+            asked = shaping.body if shaping.body is not None else data
+            sent = pipeline.engine_body(timed.lease, asked, path)
+            if sent is not data:  # reshaped, adapters or model defaults added: re-encoded
                 body = json.dumps(sent).encode()
-            return await self._forward(request, timed.lease.url, target.runtime.name, path, body)
+            return await self._forward(
+                request, timed.lease.url, target.runtime.name, path, body, shaping.reply
+            )
         finally:
             scheduler.release(timed.lease)
 
+    def _whole(
+        self,
+        request: web.Request,
+        status: int,
+        content_type: str,
+        payload: bytes,
+        reply: Reply | None,
+    ) -> web.Response:
+        """A whole answer: reshaped if it must be; an engine 5xx that is the client's
+        mistake as a 400."""
+        if status >= 400:
+            refusal = engine_refusal(status, _decoded(payload))
+            if refusal is not None:
+                raise ProtocolError(400, refusal, "invalid_request_error")
+        elif status == 200 and reply is not None:
+            payload = reshape_body(payload, reply)
+        return web.Response(
+            body=payload,
+            status=status,
+            headers={"Content-Type": content_type, TRACE: trace_id(request)},
+        )
+
     async def _forward(
-        self, request: web.Request, base: str, model: str, path: str, body: bytes
+        self,
+        request: web.Request,
+        base: str,
+        model: str,
+        path: str,
+        body: bytes,
+        reply: Reply | None = None,
     ) -> web.StreamResponse:
         children = self.services.children
         exchange: Exchange | None = None
@@ -111,11 +179,7 @@ class OpenAIAPI:
                 if trace is not None:  # read when the answer is gone, or now to enforce
                     trace.answered(payload, exchange.status)
                     gate(exchange.status)
-                return web.Response(
-                    body=payload,
-                    status=exchange.status,
-                    headers={"Content-Type": content_type, TRACE: trace_id(request)},
-                )
+                return self._whole(request, exchange.status, content_type, payload, reply)
             response = web.StreamResponse(
                 status=exchange.status,
                 headers={
@@ -125,10 +189,20 @@ class OpenAIAPI:
                 },
             )
             await response.prepare(request)
-            while chunk := await exchange.read():
-                await response.write(chunk)
-                if trace is not None:
-                    trace.chunk(chunk)
+            if reply is None:
+                while chunk := await exchange.read():
+                    await response.write(chunk)
+                    if trace is not None:
+                        trace.chunk(chunk)
+            else:
+                rewriter = ReplyStream(reply) if reply.rewrites_events else IdRenamer()
+                while chunk := await exchange.read():
+                    if trace is not None:
+                        trace.chunk(chunk)
+                    if out := rewriter.feed(chunk):
+                        await response.write(out)
+                if tail := rewriter.close():
+                    await response.write(tail)
             await response.write_eof()
             return response
         except (UpstreamError, ConnectionError) as exc:
@@ -148,3 +222,10 @@ class OpenAIAPI:
         finally:
             if exchange is not None:  # kept if finished; else closed, and the child stops
                 children.release(base, exchange)
+
+
+def _decoded(payload: bytes) -> Any:
+    try:
+        return json.loads(payload)
+    except ValueError:
+        return None

@@ -44,6 +44,7 @@ from specs.names import InvalidName
 from specs.sources import InvalidSource
 
 CHAT, EMBEDDINGS, ANY = "chat", "embeddings", "any"
+TOOLS, THINKING = "tools", "thinking"  # what a chat template may or may not render
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -110,11 +111,21 @@ def free_name(scheduler: Scheduler, name: str, target: Target) -> None:
         )
 
 
-def require(runtime: ModelRuntime, need: str, *, alternative: str = "") -> None:
+def require(
+    runtime: ModelRuntime, need: str, *, alternative: str = "", requested: str | None = None
+) -> None:
     """Refuse (400) a request the model cannot serve; `alternative` is the route's own way
-    out (for example "use /v1/completions, or ")."""
+    out (for example "use /v1/completions, or "), `requested` the name the client used.
+
+    TOOLS and THINKING are decided from the chat template (`runtime.capabilities`), and
+    refused in ollama's words (`"<model>" does not support tools`), which clients such
+    as llm-ollama read to fall back, on every protocol."""
     if need == CHAT and (refusal := runtime.chat_refusal(alternative)) is not None:
         raise ProtocolError(400, refusal, "invalid_request_error")
+    if need in (TOOLS, THINKING):
+        require(runtime, CHAT, alternative=alternative)
+        if not getattr(runtime.capabilities, need):
+            raise ProtocolError(400, _missing(runtime, need, requested), "invalid_request_error")
     if need == EMBEDDINGS and not runtime.embeddings:
         raise ProtocolError(
             400,
@@ -122,6 +133,21 @@ def require(runtime: ModelRuntime, need: str, *, alternative: str = "") -> None:
             "it in the manifest and apply",
             "invalid_request_error",
         )
+
+
+def _missing(runtime: ModelRuntime, need: str, requested: str | None) -> str:
+    name = requested or runtime.name
+    where = f"models.{runtime.name}.chat_template"
+    if need == TOOLS:
+        return (
+            f'"{name}" does not support tools: its chat template renders no tool '
+            f"definitions. Use a model whose template does, or set {where} to one that "
+            "does (chatml, llama3, mistral-v3, mistral-v7) and apply"
+        )
+    return (
+        f'"{name}" does not support thinking: its chat template has no thinking switch. '
+        "Send the request without it, or use a reasoning model"
+    )
 
 
 @dataclass

@@ -20,6 +20,7 @@ from typing import Any
 
 from blazar.chat_templates import AppliedTemplate, model_template
 from blazar.engines.records import EngineRecord, EngineStore
+from blazar.protocols.capabilities import TemplateCapabilities, template_capabilities
 from blazar.store import LoraRecord, Store
 from specs.manifest import Manifest, Model, Serving
 from specs.names import AdapterChoice, Requested, parse_name, parse_requested
@@ -69,6 +70,21 @@ class ModelRuntime:
         if self.template_problem is not None:
             return False  # not the GGUF's template either: the manifest asked for another
         return self.has_template or self.chat_template is not None
+
+    @property
+    def template_text(self) -> str | None:
+        """The Jinja text chats are rendered with: the manifest's, else the GGUF's."""
+        if not self.can_chat:
+            return None
+        if self.chat_template is not None:
+            return self.chat_template
+        gguf = self.facts.get("chat_template")
+        return gguf if isinstance(gguf, str) else None
+
+    @property
+    def capabilities(self) -> TemplateCapabilities:
+        """What its template lets the model do (tools, thinking); `/api/show` says the same."""
+        return template_capabilities(self.template_text)
 
     def chat_refusal(self, way_out: str = "") -> str | None:
         """Why chat requests are refused (None when they are not), and how to fix it.

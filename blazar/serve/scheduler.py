@@ -31,6 +31,10 @@ from blazar.serve.instance import Instance, InstanceSpec, State
 from blazar.serve.runtime import ModelRuntime, resolve
 from specs.names import AdapterChoice
 
+# A keep_alive of a hundred years or more is "forever": an expiry that far out would
+# overflow the dates `/api/ps` shows.
+FOREVER = 100 * 365 * 24 * 3600.0
+
 InstanceFactory = Callable[[InstanceSpec], Instance]
 
 
@@ -364,7 +368,7 @@ class Scheduler:
         seconds = pool.runtime.keep_alive if keep_alive is None else keep_alive
         if pool.retired:
             self._spawn(self._unload(pool))
-        elif pool.sticky or seconds < 0:
+        elif pool.sticky or seconds < 0 or not seconds < FOREVER:  # not <: NaN, inf, huge
             pool.expires_at = None
         elif seconds == 0:
             self._spawn(self._unload(pool))

@@ -138,6 +138,7 @@ def write_tiny_model(
     n_head: int = 4,
     n_head_kv: int = 4,
     name: str = "blazar-tiny",
+    license: str | None = None,
 ) -> Path:
     """Write a tiny llama-architecture GGUF model to `path` and return the path.
 
@@ -145,7 +146,8 @@ def write_tiny_model(
     weights (so the file's hash) but not the vocabulary. `chat_template` is True
     for ChatML (`CHATML_TEMPLATE`), a string for a template of your own, or
     None/False for none. `n_head` 2 gives a head size of 32, which quantized KV
-    cache types need; `n_head_kv` below `n_head` gives grouped-query attention.
+    cache types need; `n_head_kv` below `n_head` gives grouped-query attention;
+    `license` is written as `general.license`.
     """
     if N_EMBD % n_head or n_head % n_head_kv:
         raise ValueError(f"n_head {n_head} and n_head_kv {n_head_kv} must divide {N_EMBD}")
@@ -167,6 +169,8 @@ def write_tiny_model(
 
     writer = gguf.GGUFWriter(path, ARCH)
     writer.add_name(name)
+    if license is not None:
+        writer.add_license(license)
     writer.add_file_type(int(gguf.LlamaFileType.MOSTLY_F16))
     writer.add_context_length(n_ctx_train)
     writer.add_embedding_length(N_EMBD)

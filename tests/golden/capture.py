@@ -28,6 +28,8 @@ from typing import Any
 
 from blazar.gguf_info import inspect_gguf
 from blazar.protocols import EngineRequest, LoadOnly, anthropic, ollama
+from blazar.protocols.openai_requests import shape_request
+from blazar.protocols.openai_responses import responses_request
 from blazar.testing.tiny import write_tiny_model
 from tests.golden import runner
 from tests.golden.engine import TOOLS_TEMPLATE, Engine, running_engine
@@ -128,6 +130,10 @@ OLLAMA_REQUESTS: dict[str, tuple[str, dict[str, Any], dict[str, Any], str | None
     "req_generate_unlimited": ("generate_request", CTX, {
         "model": "tiny", "prompt": "hi", "stream": False, "options": {"num_predict": -1}}, None),
     "req_generate_load_only": ("generate_request", CTX, {"model": "tiny"}, None),
+    "req_generate_context": ("generate_request", CTX, {
+        "model": "tiny", "prompt": "and then?", "context": [3, 346, 344, 4], "stream": False,
+        "options": {"num_predict": 5}},
+        "the gateway sets the prompt: the context tokens, then the rendered messages"),
     "req_embed_list": ("embed_request", CTX, {
         "model": "tiny", "input": ["hello world", "the cat"], "dimensions": 8,
         "truncate": True}, None),
@@ -182,6 +188,22 @@ def _finished_by_stop(out: Any) -> bool:
 
 def _has_tool_calls(out: Any) -> bool:
     return "tool_calls" in json.dumps(out)
+
+
+def _whole_tool_call(out: Any) -> bool:
+    """A tool call whose arguments are whole JSON (not cut by the token limit)."""
+    chunks = out if isinstance(out, list) else [out]
+    arguments: dict[int, str] = {}
+    for chunk in chunks:
+        for choice in chunk.get("choices") or [] if isinstance(chunk, dict) else []:
+            message = choice.get("message") or choice.get("delta") or {}
+            for call in message.get("tool_calls") or []:
+                index = call.get("index", 0)
+                arguments[index] = arguments.get(index, "") + call["function"].get("arguments", "")
+    try:
+        return bool(arguments) and all(isinstance(json.loads(a), dict) for a in arguments.values())
+    except ValueError:
+        return False
 
 
 def _anthropic_stop(out: Any) -> bool:
@@ -265,6 +287,89 @@ ANTHROPIC_RESPONSES: dict[str, tuple[str, str, str, dict[str, Any], dict[str, An
         "messages": [{"role": "user", "content": "weather in paris?"}]},
         {**MSG, "model": "gemma3-270m"}, _tool_use_after_text),
 }  # fmt: skip
+
+
+RESPONSE_ID = "resp_blazar0001"
+CREATED = 1767323045  # WHEN, in seconds
+# The Responses API has no `stop`; these engine requests get one so that the tiny model,
+# which never chooses its end-of-sequence token, ends by itself (a `completed` answer).
+STOPPED = {"stop": STOP_WORDS, "max_tokens": 40}
+RESPONSES_INPUT = "hi"
+# name -> (engine, translator, kind of client request, client request, engine body extra, want)
+OPENAI_RESPONSES: dict[str, tuple[str, str, str, dict[str, Any], dict[str, Any], Want]] = {
+    "responses_cut": ("tiny", "response_object", "responses", {
+        "model": "tiny", "input": RESPONSES_INPUT, "max_output_tokens": 5}, {}, _any),
+    "responses_cut_stream": ("tiny", "response_stream", "responses", {
+        "model": "tiny", "input": RESPONSES_INPUT, "max_output_tokens": 4, "stream": True},
+        {}, _any),
+    "responses_stop": ("tiny", "response_object", "responses", {
+        "model": "tiny", "input": RESPONSES_INPUT}, STOPPED, _finished_by_stop),
+    "responses_stop_stream": ("tiny", "response_stream", "responses", {
+        "model": "tiny", "input": RESPONSES_INPUT, "stream": True}, STOPPED, _finished_by_stop),
+    "responses_tool_call": ("gemma", "response_object", "responses", {
+        "model": "gemma3-270m", "input": "weather in paris?", "max_output_tokens": 60,
+        "tools": [{"type": "function", **WEATHER_TOOL["function"]}]}, {}, _whole_tool_call),
+    "responses_tool_call_stream": ("gemma", "response_stream", "responses", {
+        "model": "gemma3-270m", "input": "weather in paris?", "max_output_tokens": 60,
+        "stream": True, "tools": [{"type": "function", **WEATHER_TOOL["function"]}]},
+        {}, _whole_tool_call),
+    "responses_json_schema": ("gemma", "response_object", "responses", {
+        "model": "gemma3-270m", "input": "Is it sunny in Paris? Answer in JSON.",
+        "max_output_tokens": 40, "temperature": 0,
+        "text": {"format": {"type": "json_schema", "name": "city", "schema": CITY_SCHEMA}}},
+        {}, _any),
+    "completions_logprobs": ("tiny", "reshape_body", "completions", {
+        "model": "tiny", "prompt": "the quick", "max_tokens": 3, "logprobs": 2}, {}, _any),
+    "completions_logprobs_stream": ("tiny", "reply_stream", "completions", {
+        "model": "tiny", "prompt": "the quick", "max_tokens": 3, "logprobs": 2,
+        "stream": True}, {}, _any),
+    "completions_echo": ("tiny", "reshape_body", "completions", {
+        "model": "tiny", "prompt": ["the quick", "a"], "max_tokens": 2, "echo": True}, {}, _any),
+    "completions_echo_stream": ("tiny", "reply_stream", "completions", {
+        "model": "tiny", "prompt": "the quick", "max_tokens": 2, "echo": True, "stream": True},
+        {}, _any),
+    "chat_logprobs_without_top": ("tiny", "reshape_body", "chat", {
+        "model": "tiny", "messages": HI, "max_tokens": 2, "logprobs": True}, {}, _any),
+    "chat_logprobs_without_top_stream": ("tiny", "reply_stream", "chat", {
+        "model": "tiny", "messages": HI, "max_tokens": 2, "logprobs": True, "stream": True},
+        {}, _any),
+}  # fmt: skip
+OPENAI_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+
+
+def _openai_case(engines: dict[str, Engine], name: str, spec: tuple[Any, ...]) -> dict[str, Any]:
+    engine, translator, kind, request, extra, want = spec
+    if kind == "responses":
+        translated = responses_request(request)
+        engine_request = translated.engine
+        kwargs: dict[str, Any] = {
+            "response_id": RESPONSE_ID, "created_at": CREATED, "model": request["model"],
+            "echo": translated.echo,
+        }  # fmt: skip
+    else:
+        shaping = shape_request(OPENAI_PATHS[kind], request)
+        body = shaping.body if shaping.body is not None else dict(request)
+        engine_request = EngineRequest(OPENAI_PATHS[kind], body, bool(body.get("stream")))
+        assert shaping.reply is not None, name
+        kwargs = {**shaping.reply.__dict__, "echo": list(shaping.reply.echo)}
+    if extra:
+        body = {**engine_request.body, **extra}
+        engine_request = EngineRequest(engine_request.path, body, engine_request.stream)
+    attempts = 60 if engine == "gemma" else 20
+    captured = _capture(engines[engine], engine_request, want, attempts)
+    model = "Gemma 3 270M (tools-aware ChatML template)" if engine == "gemma" else "tiny"
+    case = {
+        "translator": translator,
+        "kwargs": kwargs,
+        "input": captured,
+        "captured": {
+            "engine": f"xllamacpp 2026.10.11549, {model}",
+            "client_request": request,
+            "engine_request": engine_request.to_dict(),
+        },
+    }
+    case["expected"] = runner.run("openai", case)
+    return case
 
 
 def _engines(stack: ExitStack, tmp: Path, wanted: set[str]) -> dict[str, Engine]:
@@ -356,8 +461,13 @@ def main(argv: list[str]) -> None:
     responses = [("ollama", n, c) for n, c in OLLAMA_RESPONSES.items()]
     responses += [("anthropic", n, c) for n, c in ANTHROPIC_RESPONSES.items()]
     responses = [r for r in responses if not only or r[1] in only]
+    openai_cases = {n: c for n, c in OPENAI_RESPONSES.items() if not only or n in only}
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
-        engines = _engines(stack, Path(tmp), {c[0] for _, _, c in responses} | {"tiny"})
+        wanted = {c[0] for _, _, c in responses} | {c[0] for c in openai_cases.values()}
+        engines = _engines(stack, Path(tmp), wanted | {"tiny"})
+        for name, spec in openai_cases.items():
+            runner.save("openai", name, _openai_case(engines, name, spec))
+            done.append(name)
         for name, case in _model_builders(Path(tmp) / "tiny.gguf"):
             if not only or name in only:
                 case["expected"] = runner.run("ollama", case)

@@ -1,6 +1,6 @@
 """Golden files for the protocol translators: where they live, how a case runs.
 
-Each file `tests/golden/<protocol>/<name>.json` is one case:
+Each file `tests/golden/<protocol>/<name>.json` (ollama, anthropic, openai) is one case:
 
     {"translator": "chat_request", "kwargs": {...}, "input": ..., "expected": ...,
      "live": true, "note": "..."}
@@ -21,6 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from blazar.protocols import EngineRequest, LoadOnly, ProtocolError, anthropic, ollama
+from blazar.protocols.openai_completions import ReplyStream, reshape_body
+from blazar.protocols.openai_requests import Reply, Shaping, shape_request
+from blazar.protocols.openai_responses import responses_request
+from blazar.protocols.openai_responses_stream import ResponseStream, response_object
+from blazar.protocols.sse import encode
 
 GOLDEN = Path(__file__).parent
 UPDATE = os.environ.get("BLAZAR_UPDATE_GOLDEN") == "1"
@@ -65,11 +70,50 @@ def _anthropic(translator: str, case: dict[str, Any]) -> Any:
     return getattr(anthropic, translator)(data, **kwargs)
 
 
+def shaping_dict(shaping: Shaping) -> dict[str, Any]:
+    out: dict[str, Any] = {"needs": list(shaping.needs), "body": shaping.body}
+    reply = shaping.reply
+    out["reply"] = None if reply is None else {**reply.__dict__, "echo": list(reply.echo)}
+    return out
+
+
+def _reply(kwargs: dict[str, Any]) -> Reply:
+    return Reply(**{**kwargs, "echo": tuple(kwargs.get("echo", ()))})
+
+
+def _openai(translator: str, case: dict[str, Any]) -> Any:
+    """OpenAI's pass-through checks and reshaping, and the Responses translator.
+
+    Streams are lists of SSE payloads (dicts and "[DONE]") in and out."""
+    kwargs, data = case.get("kwargs", {}), case["input"]
+    if translator == "shape_request":
+        return shaping_dict(shape_request(data["path"], data["body"]))
+    if translator == "responses_request":
+        req = responses_request(data)
+        return {"engine": req.engine.to_dict(), "needs": list(req.needs), "echo": req.echo}
+    if translator == "reshape_body":
+        return json.loads(reshape_body(json.dumps(data).encode(), _reply(kwargs)))
+    if translator == "reply_stream":
+        stream = ReplyStream(_reply(kwargs))
+        raw = b"".join(encode(event) for event in data)
+        out = stream.feed(raw) + stream.close()
+        return [json.loads(line[6:]) if line != b"data: [DONE]" else "[DONE]"
+                for line in out.split(b"\n\n") if line]  # fmt: skip
+    if translator == "response_object":
+        return response_object(data, **kwargs)
+    if translator == "response_stream":
+        state = ResponseStream(**kwargs)
+        return [*state.start(), *(e for chunk in data for e in state.feed(chunk)), *state.finish()]
+    raise KeyError(translator)
+
+
 def run(protocol: str, case: dict[str, Any]) -> Any:
     """What the translator named by the case produces for its input."""
     try:
         if protocol == "ollama":
             return _ollama(case["translator"], case)
+        if protocol == "openai":
+            return _openai(case["translator"], case)
         return _anthropic(case["translator"], case)
     except ProtocolError as exc:
         return {"protocol_error": {"status": exc.status, "message": exc.message}}
