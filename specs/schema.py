@@ -27,6 +27,7 @@ DOCS_FILE = Path(__file__).resolve().parent.parent / "docs" / "manifest.md"
 SECTIONS = [
     ("serving", "[serving]", "Serving"),
     ("engines", "[engines.NAME]", "Engine"),
+    ("engine_routing", "[engine_routing]", "EngineRouting"),
     ("models", "[models.NAME]", "Model"),
     ("loras", "[loras.NAME]", "Lora"),
     ("keys", "[keys.NAME]", "Key"),
