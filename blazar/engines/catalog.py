@@ -162,6 +162,8 @@ def parse_offer(offer_id: str, body: object) -> Offer:
     else:
         raise ValueError("an offer needs a digest: tree, or archive with sha256")
     architectures = _strings(body.get("architectures"), "architectures")
+    if not architectures:
+        raise ValueError("the offer adds no architecture: list them in architectures")
     options = _strings(body.get("build_options", []), "build_options")
     if any(not o.startswith("-D") for o in options):
         raise ValueError("build_options are cmake -D options")
