@@ -357,3 +357,110 @@ def test_update_all_walks_two_lanes_behind_their_gates(
     assert again == [f"llamacpp: {MAINSTREAM} is current (active)",
                      f"nova: {new_fork} is already installed but inactive: "
                      f"`blazar engine use {new_fork}` activates it"]  # fmt: skip
+
+
+# -- the build path itself: `engine build`'s, with the fake toolchain of test_source_build ----
+
+
+def test_a_cuda_fork_build_detects_the_toolchain_like_engine_build(
+    fork: tuple[ForkRepo, str, str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from blazar.engines import source
+    from blazar.engines.catalog import load_catalog
+    from blazar.engines.forks import install_offer
+    from tests.test_source_build import CUDA, FakeCMake
+
+    _, commit, _, catalog = fork
+    offer = load_catalog(str(catalog), tmp_path).get("nova")
+    monkeypatch.setattr(source, "detect_cuda", lambda **_: CUDA)  # what NVML and nvcc said
+    runner = FakeCMake()
+    engine = install_offer(
+        offer, "cuda", tmp_path / "engines", work_dir=tmp_path / "work",
+        downloads=tmp_path / "dl", runner=runner,
+    )  # fmt: skip
+    assert engine.tag == f"fork-nova-{commit[:7]}-cuda" and engine.kind == "nova"
+    assert engine.path == tmp_path / "engines" / "nova" / engine.tag
+    configure = runner.calls[0]
+    for flag in ("-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=86;89", "-DGGML_NOVA=ON",
+                 "-DCMAKE_CUDA_HOST_COMPILER=/usr/bin/g++-13", "-DGGML_NATIVE=OFF"):  # fmt: skip
+        assert flag in configure
+    assert engine.details["cuda"] == "12.4" and engine.version == commit
+
+
+def test_an_archive_offer_is_verified_by_its_sha256(
+    tmp_path: Path, paths: Paths, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import hashlib
+    import tarfile
+
+    from blazar.engines.catalog import parse_catalog
+    from blazar.engines.forks import OfferMismatch, install_offer
+    from tests.test_source_build import FakeCMake, make_tree
+
+    tree = make_tree(tmp_path / "llama.cpp-nova")
+    archive = tmp_path / "nova.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(tree, arcname=tree.name)
+    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+
+    def offer(sha256: str) -> Any:
+        text = (
+            f'[offers.nova]\nrepo = "https://example.org/nova.git"\ncommit = "{"a" * 40}"\n'
+            f'archive = "{archive.as_uri()}"\nsha256 = "{sha256}"\narchitectures = ["nova"]\n'
+        )
+        return parse_catalog(text, "test").get("nova")
+
+    kwargs: dict[str, Any] = {"work_dir": tmp_path / "w", "downloads": tmp_path / "dl"}
+    with pytest.raises(OfferMismatch, match="does not match its digest"):
+        install_offer(offer("0" * 64), "cpu", paths.engines, runner=FakeCMake(), **kwargs)
+    assert not (paths.engines / "nova").exists() or not list((paths.engines / "nova").iterdir())
+    engine = install_offer(offer(digest), "cpu", paths.engines, runner=FakeCMake(), **kwargs)
+    assert engine.tag == "fork-nova-aaaaaaa-cpu" and (engine.path / "bin" / "llama-server").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.network  # pip downloads the llama-cpp-python sdist (it vendors llama.cpp)
+@pytest.mark.timeout(3600)
+def test_a_real_pinned_llama_cpp_tree_builds_as_a_fork_lane(
+    tmp_path: Path, paths: Paths, tiny_model: Path
+) -> None:
+    """The real thing: a llama.cpp tree committed to a bare repository, pinned by commit and
+    tree in a catalog, fetched, verified and built with cmake (about 10 minutes on 2 cores)."""
+    import asyncio
+    import subprocess
+    import tarfile
+
+    from blazar.engines.catalog import parse_catalog
+    from blazar.engines.process import EngineServer
+    from blazar.engines.service import Engines
+    from tests.forks import GIT, git
+    from tests.test_engines import complete
+
+    pip = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:"]
+    subprocess.run([*pip, "llama-cpp-python==0.3.36", "-d", str(tmp_path)], check=True)
+    sdist = next(tmp_path.glob("llama_cpp_python-*.tar.gz"))
+    with tarfile.open(sdist) as archive:
+        archive.extractall(tmp_path / "src", filter="data")
+    work = next((tmp_path / "src").glob("llama_cpp_python-*")) / "vendor" / "llama.cpp"
+    shutil.rmtree(work / ".git", ignore_errors=True)
+    git(work, "init", "-q")
+    git(work, "add", "-A")
+    git(work, "commit", "-q", "-m", "llama.cpp as vendored by llama-cpp-python 0.3.36")
+    bare = tmp_path / "llama.cpp.git"
+    subprocess.run([*GIT, "clone", "-q", "--bare", str(work), str(bare)], check=True)
+    commit, tree = git(work, "rev-parse", "HEAD"), git(work, "rev-parse", "HEAD^{tree}")
+    text = (
+        f'[offers.vendored]\nrepo = "{bare.as_uri()}"\ncommit = "{commit}"\ntree = "{tree}"\n'
+        'architectures = ["llama"]\n'
+    )
+    offer = parse_catalog(text, "test").get("vendored")
+    with Store(paths.db) as store:
+        record = Engines(store, paths).install_fork(offer, "cpu", log=print)
+    assert record.tag == f"fork-vendored-{commit[:7]}-cpu"
+
+    async def serve() -> str:
+        server = EngineServer(record.command, ["--model", str(tiny_model)], tmp_path / "s.log")
+        async with server:
+            return await asyncio.to_thread(complete, server.url)
+
+    assert is_tiny_text(asyncio.run(serve()))

@@ -94,12 +94,14 @@ def fetch_archive(offer: Offer, into: Path, downloads: Path) -> Path:
                 raise VerificationFailed("sha256 mismatch")
             archive = local
         else:
+            downloads.mkdir(parents=True, exist_ok=True)
             download(offer.archive, archive, sha256=offer.sha256)
     except VerificationFailed:
         raise OfferMismatch(
             f"offer {offer.id!r}: the archive {offer.archive} does not match its digest "
             f"(sha256 {offer.sha256}); refusing to build it"
         ) from None
+    into.mkdir(parents=True, exist_ok=True)
     dest = Path(tempfile.mkdtemp(prefix=f"fork-{offer.id}-", dir=into))
     unpack(archive, dest)
     return dest
