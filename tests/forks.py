@@ -32,11 +32,13 @@ FORK_SERVER = '''
 import atexit, hashlib, os, runpy, sys, tempfile
 
 ADDS = {adds!r}
-SLOW = {slow!r}  # a build that is really slower: every thread pinned to one core
+SLOW = {slow!r}  # a build that is really slower: eight threads pinned to one core
 args = sys.argv[1:]
 if SLOW and not os.environ.get("FORK_PINNED"):
     os.environ["FORK_PINNED"] = "1"
     os.execvp("taskset", ["taskset", "-c", "0", sys.executable, __file__, *args])
+if SLOW:  # llama.cpp's threads spin at each barrier: eight on one core contend hard
+    args += ["--threads", "8", "--threads-batch", "8"]
 if "--model" in args:
     import gguf
     from blazar.testing.tiny import copy_with_architecture
