@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from blazar.engines.base import processes_using
 from blazar.engines.records import EngineStore
 from blazar.store import Store, utcnow
 from reconcilers.ports import ObservedLane
@@ -135,8 +136,6 @@ class LaneStore:
 def observe(store: Store, engines_root: Path | None = None) -> list[ObservedLane]:
     """Every lane as the reconcilers see it; with `engines_root`, also which fork engines
     a running process uses (a /proc scan, so only the reconcile pass asks for it)."""
-    from blazar.engines.service import processes_using
-
     lanes = LaneStore(store)
     out = []
     for lane in lanes.all():

@@ -9,7 +9,6 @@ the commit its catalog offer pins now, gated against the fork's active engine.
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from blazar.engines import wheel
-from blazar.engines.base import KIND, InstalledEngine
+from blazar.engines.base import KIND, InstalledEngine, processes_using
 from blazar.engines.bench import GateVerdict, Workload, bench_engines, gate
 from blazar.engines.catalog import Catalog, Offer, load_catalog
 from blazar.engines.lanes import ACTIVE, FORK, RETIRED, LaneRecord, LaneStore
@@ -384,19 +383,3 @@ class Engines:
         for result in results:
             self.records.record_bench(result)
         return results
-
-
-def processes_using(engine_dir: Path) -> list[int]:
-    """PIDs of running processes started from files under `engine_dir` (Linux /proc)."""
-    prefix = str(engine_dir.resolve()) + os.sep
-    found = []
-    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(arg.decode(errors="replace").startswith(prefix) for arg in argv):
-            found.append(int(entry.name))
-    return sorted(found)
