@@ -442,7 +442,11 @@ def test_a_real_pinned_llama_cpp_tree_builds_as_a_fork_lane(
     with tarfile.open(sdist) as archive:
         archive.extractall(tmp_path / "src", filter="data")
     work = next((tmp_path / "src").glob("llama_cpp_python-*")) / "vendor" / "llama.cpp"
-    shutil.rmtree(work / ".git", ignore_errors=True)
+    dot_git = work / ".git"  # the sdist vendors a shallow clone: start a history of our own
+    if dot_git.is_dir():
+        shutil.rmtree(dot_git)
+    else:
+        dot_git.unlink(missing_ok=True)  # a gitlink file pointing at the sdist's own repo
     git(work, "init", "-q")
     git(work, "add", "-A")
     git(work, "commit", "-q", "-m", "llama.cpp as vendored by llama-cpp-python 0.3.36")
