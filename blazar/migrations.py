@@ -209,3 +209,38 @@ def m005_traces(db: sqlite_utils.Database) -> None:
     db["traces"].create_index(["trace_id"])  # type: ignore[union-attr]
     db["traces"].create_index(["model", "id"])  # type: ignore[union-attr]
     db["traces"].create_index(["time"])  # type: ignore[union-attr]
+
+
+@migration
+def m006_engine_lanes(db: sqlite_utils.Database) -> None:
+    """Engine lanes beside `engines` (whose `kind` column holds the lane's name), and what
+    each engine can load."""
+    db["lanes"].create(  # type: ignore[union-attr]
+        {
+            "lane": str,  # llamacpp, or a fork's offer id
+            "kind": str,  # the server's contract: llamacpp (whisper, piper, ...)
+            "origin": str,  # mainstream | fork
+            "offer": str,  # JSON: the catalog offer a fork was installed from
+            "architectures": str,  # JSON list: what a fork adds
+            "state": str,  # active | retiring | retired
+            "state_since": str,  # when it entered that state (ISO 8601, UTC)
+            "reason": str,  # why it is in that state
+            "updated_at": str,
+        },
+        pk="lane",
+        not_null={"lane", "kind", "origin", "state", "state_since", "updated_at"},
+        defaults={"offer": "{}", "architectures": "[]", "reason": ""},
+    )
+    db["engine_support"].create(  # type: ignore[union-attr]
+        {
+            "lane": str,
+            "tag": str,
+            "architecture": str,  # a GGUF general.architecture
+            "supported": int,
+            "how": str,  # probe | catalog
+            "detail": str,  # what the probe saw
+            "checked_at": str,
+        },
+        pk=("lane", "tag", "architecture"),
+        not_null={"lane", "tag", "architecture", "supported", "how", "checked_at"},
+    )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from blazar.errors import BlazarError, InvalidInput
@@ -71,9 +72,11 @@ class Pass:
     report: ApplyReport | None
 
 
-def plan_for(store: Store, paths: Paths, desired: Desired, *, prune: bool) -> Plan:
+def plan_for(
+    store: Store, paths: Paths, desired: Desired, *, prune: bool, now: datetime | None = None
+) -> Plan:
     try:
-        return make_plan(desired, real_ports(store, paths), prune=prune)
+        return make_plan(desired, real_ports(store, paths), prune=prune, now=now)
     except PlanError as exc:
         raise InvalidInput(str(exc)) from None
 
@@ -92,11 +95,15 @@ def reconcile(
     on_event: Event | None = None,
     progress_for: Callable[[Action], Progress | None] | None = None,
     lock_timeout: float = 600.0,
+    now: datetime | None = None,
 ) -> Pass:
-    """Plan (and apply, when asked) under the apply lock, so passes never interleave."""
+    """Plan (and apply, when asked) under the apply lock, so passes never interleave.
+
+    `now` is the clock fork retirement reads (tests inject one; default: the time now).
+    """
     desired = desired_from_manifest(manifest)
     with apply_lock(paths.state / "apply.lock", timeout=lock_timeout, notify=notify):
-        plan = plan_for(store, paths, desired, prune=prune)
+        plan = plan_for(store, paths, desired, prune=prune, now=now)
         if targets:
             unknown = [t for t in targets if not _declared(desired, t)]
             if unknown:

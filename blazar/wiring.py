@@ -22,8 +22,10 @@ from reconcilers.errors import PermanentError, TemporaryError
 from reconcilers.ports import (
     ObservedEngine,
     ObservedKey,
+    ObservedLane,
     ObservedLora,
     ObservedModel,
+    OfferView,
     Ports,
     Progress,
 )
@@ -114,6 +116,42 @@ class StoreEngines:
     def activate(self, kind: str, tag: str) -> None:
         self.records.activate(kind, tag, "apply")
 
+    def lanes(self, architectures: set[str]) -> list[ObservedLane]:
+        from blazar.engines import lanes
+        from blazar.engines.probe import ensure_probed
+
+        forks = {a for lane in lanes.LaneStore(self.store).all() for a in lane.architectures}
+        ensure_probed(self.store, self.paths, architectures | forks)
+        return lanes.observe(self.store, self.paths.engines)
+
+    def offers(self, catalog: str | None) -> list[OfferView]:
+        from blazar.engines.catalog import CatalogError, load_catalog
+
+        try:
+            found = load_catalog(catalog, self.paths.cache)
+        except CatalogError:
+            return []  # the plan still shows the refusal; `blazar engine offers` says why
+        return [offer_view(o) for o in found.offers.values()]
+
+    def install_fork(self, lane: str, backend: str, catalog: str | None) -> str:
+        with classified():
+            offer = self.service.catalog(catalog).get(lane)
+            return self.service.install_fork(offer, backend).tag
+
+    def set_lane_state(self, lane: str, state: str, reason: str, since: str) -> None:
+        from blazar.engines.lanes import LaneStore
+
+        LaneStore(self.store).set_state(lane, state, reason, since)
+
+    def remove_lane(self, lane: str) -> None:
+        with classified():
+            self.service.remove_lane(lane)
+
+
+def offer_view(offer: Any) -> OfferView:
+    """An `blazar.engines.catalog.Offer` as the reconcilers see it."""
+    return OfferView(offer.id, offer.kind, tuple(offer.architectures), offer.commit)
+
 
 class StoreModels:
     def __init__(self, registry: Registry, paths: Paths) -> None:
@@ -125,7 +163,9 @@ class StoreModels:
         # A record whose file is gone is a model the host does not have: the plan fetches
         # it again (level-triggered; `blazar doctor` names `blazar apply` as the fix).
         return [
-            ObservedModel(r.ref.short, r.sha256, r.source, r.size, r.managed, r.settings)
+            ObservedModel(
+                r.ref.short, r.sha256, r.source, r.size, r.managed, r.settings, r.architecture
+            )
             for r in self.store.list_models()
             if Path(r.path).is_file()
         ]

@@ -11,17 +11,25 @@ resource's Ready condition is written through the status port.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from reconcilers.desired import Desired
-from reconcilers.engines import apply_engine, plan_engines
+from reconcilers.engines import (
+    apply_engine,
+    apply_fork_state,
+    plan_engines,
+    plan_fork_installs,
+    plan_forks,
+)
 from reconcilers.errors import PermanentError, TemporaryError
 from reconcilers.keys import apply_key, plan_keys
 from reconcilers.loras import apply_lora, plan_loras
 from reconcilers.models import apply_model, plan_models
-from reconcilers.plan import Action, Plan
-from reconcilers.ports import Ports, Progress
+from reconcilers.plan import Action, Note, Plan
+from reconcilers.ports import ObservedLane, ObservedModel, OfferView, Ports, Progress
+from reconcilers.routing import route
 
 
 @dataclass(frozen=True)
@@ -46,16 +54,61 @@ class ApplyReport:
         return not self.failed
 
 
-def make_plan(desired: Desired, ports: Ports, *, prune: bool = False) -> Plan:
-    """Observe everything, then plan every kind (the planning itself is pure)."""
+def make_plan(
+    desired: Desired, ports: Ports, *, prune: bool = False, now: datetime | None = None
+) -> Plan:
+    """Observe everything, then plan every kind (the planning itself is pure).
+
+    `now` is the clock fork retirement reads (injected by tests; default: the time now).
+    """
+    now = now or datetime.now(UTC)
     actions = plan_engines(desired.engines, ports.engines.observe(), ports.engines.expected_tag)
-    model_actions, kept_models = plan_models(desired.models, ports.models.observe(), prune=prune)
+    observed_models = ports.models.observe()
+    wanted = {m.architecture for m in observed_models if m.architecture}
+    lanes = ports.engines.lanes(wanted)
+    fork_actions, notes = plan_fork_installs(desired.engines, lanes)
+    actions += fork_actions + plan_forks(lanes, now, desired.routing.fork_retire_days)
+    if route_notes(desired, observed_models, lanes, ()):  # read the catalog only when needed
+        offers = ports.engines.offers(desired.routing.catalog)
+        notes += route_notes(desired, observed_models, lanes, offers)
+    model_actions, kept_models = plan_models(desired.models, observed_models, prune=prune)
     lora_actions, kept_loras = plan_loras(desired.loras, ports.loras.observe(), prune=prune)
     key_actions, kept_keys = plan_keys(desired.keys, ports.keys.observe(), prune=prune)
     return Plan.of(
         [*actions, *model_actions, *lora_actions, *key_actions],
         [*kept_models, *kept_loras, *kept_keys],
+        notes,
     )
+
+
+def route_notes(
+    desired: Desired,
+    observed: Sequence[ObservedModel],
+    lanes: Sequence[ObservedLane],
+    offers: Sequence[OfferView],
+) -> list[Note]:
+    """Pure: a note for each declared model no installed engine can serve (the gateway
+    answers its requests with the same message, a 400), unless a fork lane this plan
+    installs adds its architecture."""
+    held = {m.name: m for m in observed}
+    routing = desired.routing
+    coming = {e.lane_name for e in desired.engines if e.fork}
+    offered = {o.id: o for o in offers}
+    notes = []
+    for model in desired.models:
+        found = held.get(model.name)
+        if found is None or not found.architecture:
+            continue  # not pulled yet: its architecture is not known
+        arch = found.architecture
+        if any(arch in offered[c].architectures for c in coming if c in offered):
+            continue
+        decided = route(
+            model.name, arch, lanes, offers, pin=routing.pins.get(model.name),
+            default=routing.defaults.get(model.name, "llamacpp"), mode=routing.mode,
+        )  # fmt: skip
+        if decided.refusal is not None:
+            notes.append(Note(f"models.{model.name}", decided.refusal))
+    return notes
 
 
 Event = Callable[[str, Action, str], None]  # (phase, action, message): start | retry | done | fail
@@ -92,8 +145,10 @@ def execute(
         progress = progress_for(action) if progress_for else None
 
         def run(action: Action = action, progress: Progress | None = progress) -> None:
-            if action.kind == "engine":
-                apply_engine(action, engines[action.name], ports.engines)
+            if action.kind == "engine" and "state" in action.details:
+                apply_fork_state(action, ports.engines)
+            elif action.kind == "engine":
+                apply_engine(action, engines[action.name], ports.engines, desired.routing.catalog)
             elif action.kind == "model":
                 apply_model(action, models.get(action.name), ports.models, progress)
             elif action.kind == "lora":
@@ -115,6 +170,10 @@ def execute(
         for name in names:
             if (kind, name) not in touched:
                 ports.status.set_condition(kind, name, True, "UpToDate", "matches the manifest")
+    for note in plan.notes:  # held but not servable: no engine supports it
+        kind, _, name = note.address.partition(".")
+        if kind == "models":
+            ports.status.set_condition("model", name, False, "NoEngine", note.message)
     return ApplyReport(tuple(outcomes))
 
 

@@ -15,6 +15,7 @@ from specs.manifest import Manifest
 from specs.names import parse_name
 
 LATEST = "latest"
+FORK = "fork"  # the install method of a lane declared with `lane = "ID"`
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,15 @@ class DesiredEngine:
     version: str  # "latest" or a pin
     backend: str = "cpu"
     options: dict[str, Any] = field(default_factory=dict)  # feed, source, gate
+    lane: str = ""  # the store's lane: a fork's offer id, else the kind
+
+    @property
+    def fork(self) -> bool:
+        return self.method == FORK
+
+    @property
+    def lane_name(self) -> str:
+        return self.lane or self.kind
 
 
 @dataclass(frozen=True)
@@ -52,11 +62,23 @@ class DesiredKey:
 
 
 @dataclass(frozen=True)
+class DesiredRouting:
+    """`[engine_routing]` and `engines.catalog`, with each model's lane resolved."""
+
+    mode: str = "auto"
+    fork_retire_days: int = 14
+    catalog: str | None = None
+    pins: dict[str, str] = field(default_factory=dict)  # model -> lane its `engine` names
+    defaults: dict[str, str] = field(default_factory=dict)  # model -> its lane in manual mode
+
+
+@dataclass(frozen=True)
 class Desired:
     engines: tuple[DesiredEngine, ...] = ()
     models: tuple[DesiredModel, ...] = ()
     loras: tuple[DesiredLora, ...] = ()
     keys: tuple[DesiredKey, ...] = ()
+    routing: DesiredRouting = field(default_factory=DesiredRouting)
 
 
 def desired_from_manifest(manifest: Manifest) -> Desired:
@@ -65,7 +87,7 @@ def desired_from_manifest(manifest: Manifest) -> Desired:
         DesiredEngine(
             name=name,
             kind=engine.kind,
-            method=engine.install,
+            method=FORK if engine.lane else engine.install,
             version=engine.version,
             backend=engine.backend,
             options={
@@ -74,6 +96,7 @@ def desired_from_manifest(manifest: Manifest) -> Desired:
                 "backend": engine.backend,
                 "gate": engine.rollback_on_drop,
             },
+            lane=engine.lane or "",
         )
         for name, engine in manifest.engines.items()
     )
@@ -92,4 +115,19 @@ def desired_from_manifest(manifest: Manifest) -> Desired:
     keys = tuple(
         DesiredKey(name, key.sha256, tuple(key.models)) for name, key in manifest.keys.items()
     )
-    return Desired(engines, tuple(models), tuple(loras), keys)
+    return Desired(engines, tuple(models), tuple(loras), keys, routing_of(manifest))
+
+
+def routing_of(manifest: Manifest) -> DesiredRouting:
+    """How models are routed to lanes: the mode, retirement, the catalog, pins by model."""
+    pins, defaults = {}, {}
+    for key, model in manifest.models.items():
+        name = parse_name(key).short
+        if model.engine is not None:
+            pins[name] = manifest.lane_of(model.engine)
+        default = manifest.engine_for(key)
+        defaults[name] = manifest.lane_of(default) if default else "llamacpp"
+    routing = manifest.engine_routing
+    return DesiredRouting(
+        routing.mode, routing.fork_retire_days, manifest.engine_catalog, pins, defaults
+    )

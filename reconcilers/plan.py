@@ -50,14 +50,29 @@ class Action:
 
 
 @dataclass(frozen=True)
+class Note:
+    """Something the plan cannot change but the user must hear: a model no engine can
+    serve, with the command that fixes it."""
+
+    address: str
+    message: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"address": self.address, "message": self.message}
+
+
+@dataclass(frozen=True)
 class Plan:
     actions: tuple[Action, ...] = ()
     kept: tuple[str, ...] = ()  # managed resources not in the manifest, kept without --prune
+    notes: tuple[Note, ...] = ()
 
     @classmethod
-    def of(cls, actions: Iterable[Action], kept: Iterable[str] = ()) -> Plan:
+    def of(
+        cls, actions: Iterable[Action], kept: Iterable[str] = (), notes: Iterable[Note] = ()
+    ) -> Plan:
         ordered = sorted(actions, key=lambda a: (KIND_ORDER.index(a.kind), a.name))
-        return cls(tuple(ordered), tuple(sorted(kept)))
+        return cls(tuple(ordered), tuple(sorted(kept)), tuple(notes))
 
     @property
     def empty(self) -> bool:
@@ -72,7 +87,8 @@ class Plan:
     def only(self, names: Iterable[str]) -> Plan:
         """The plan restricted to resources with these names (apply --target)."""
         wanted = set(names)
-        return Plan(tuple(a for a in self.actions if a.name in wanted or a.address in wanted))
+        actions = tuple(a for a in self.actions if a.name in wanted or a.address in wanted)
+        return Plan(actions, notes=self.notes)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -80,6 +96,7 @@ class Plan:
             "changes": [a.to_json() for a in self.actions],
             "summary": self.counts(),
             "kept_without_prune": list(self.kept),
+            "notes": [n.to_json() for n in self.notes],
         }
 
 
@@ -99,7 +116,7 @@ def render(plan: Plan) -> str:
         text = "No changes. The host matches the manifest."
         if plan.kept:
             text += f"\n{_kept_note(plan)}"
-        return text
+        return text + _notes(plan)
     out = []
     for action in plan.actions:
         out.append(f"  {SYMBOLS[action.change]:>3} {action.address}")
@@ -113,7 +130,13 @@ def render(plan: Plan) -> str:
     )
     if plan.kept:
         out.append(_kept_note(plan))
-    return "\n".join(out)
+    return "\n".join(out) + _notes(plan)
+
+
+def _notes(plan: Plan) -> str:
+    """`!` lines: what the plan cannot fix, and what to run."""
+    lines = [f"\n  !   {n.address}\n        # ({n.message})" for n in plan.notes]
+    return "\n" + "".join(lines) if lines else ""
 
 
 def _kept_note(plan: Plan) -> str:

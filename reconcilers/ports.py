@@ -24,6 +24,35 @@ class ObservedEngine:
 
 
 @dataclass(frozen=True)
+class ObservedLane:
+    """An engine lane on the host: a kind of server, where its builds come from, its state."""
+
+    lane: str  # llamacpp, or a fork's offer id
+    kind: str  # the server's contract: llamacpp
+    origin: str  # mainstream | fork
+    state: str = "active"  # active | retiring | retired
+    since: str = ""  # when it entered `state` (ISO 8601, UTC)
+    reason: str = ""
+    active: str | None = None  # tag of the lane's active engine
+    build: int | None = None  # its mainstream build number (b11549 -> 11549), if known
+    tags: tuple[str, ...] = ()  # every engine installed in the lane
+    adds: tuple[str, ...] = ()  # architectures a fork lane was installed for
+    upstream: int | None = None  # the mainstream build that added them (from the catalog)
+    support: dict[str, bool] = field(default_factory=dict)  # the active engine's, recorded
+    in_use: tuple[int, ...] = ()  # pids of processes running one of its engines
+
+
+@dataclass(frozen=True)
+class OfferView:
+    """A catalog offer, as planning and routing see it."""
+
+    id: str
+    kind: str
+    architectures: tuple[str, ...]
+    commit: str
+
+
+@dataclass(frozen=True)
 class ObservedModel:
     name: str  # short form: name, or name:tag
     sha256: str
@@ -31,6 +60,7 @@ class ObservedModel:
     size: int
     managed: bool  # created by apply (a manifest owns it) rather than `blazar import`
     settings: dict[str, Any] = field(default_factory=dict)  # runtime fields last applied
+    architecture: str | None = None  # the GGUF's general.architecture
 
 
 @dataclass(frozen=True)
@@ -63,6 +93,25 @@ class EnginesPort(Protocol):
         ...
 
     def activate(self, kind: str, tag: str) -> None: ...
+
+    def lanes(self, architectures: set[str]) -> list[ObservedLane]:
+        """Every lane, with the recorded support of each active engine for `architectures`
+        (probing a mainstream engine once for an architecture it was never asked about)."""
+        ...
+
+    def offers(self, catalog: str | None) -> list[OfferView]:
+        """The catalog's usable offers (empty when it cannot be read)."""
+        ...
+
+    def install_fork(self, lane: str, backend: str, catalog: str | None) -> str:
+        """Fetch, verify and build the catalog offer `lane`; return the new engine's tag."""
+        ...
+
+    def set_lane_state(self, lane: str, state: str, reason: str, since: str) -> None: ...
+
+    def remove_lane(self, lane: str) -> None:
+        """Delete a retired fork lane's engines (its row stays, as history)."""
+        ...
 
 
 class ModelsPort(Protocol):

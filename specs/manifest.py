@@ -10,9 +10,16 @@ refused by diff, apply and serve (`specs.support`) rather than silently ignored.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    model_validator,
+)
 
 from specs.chat_templates import known_names
 from specs.durations import Duration
@@ -26,6 +33,7 @@ from specs.fields import (
     HttpUrl,
     KeyModels,
     KeyName,
+    LaneId,
     LoraName,
     ModelName,
     ModelParams,
@@ -35,12 +43,19 @@ from specs.fields import (
     SourceText,
     is_download,
 )
-from specs.problems import FieldError, FindingsError, Location, Path
-from specs.references import DEFAULT_ENGINE, canonical, reference_findings, resolve_engine
+from specs.problems import FieldError, Finding, FindingsError, Location, Path
+from specs.references import (
+    DEFAULT_ENGINE,
+    canonical,
+    default_candidates,
+    reference_findings,
+    resolve_engine,
+)
 
 __all__ = [
     "DEFAULT_ENGINE",
     "Engine",
+    "EngineRouting",
     "Key",
     "Lora",
     "Manifest",
@@ -208,9 +223,30 @@ class Engine(_Table):
     backend: Literal["cpu", "cuda"] = Field(
         default="cpu", description="Compute backend of the build."
     )
+    lane: LaneId | None = Field(
+        default=None,
+        description="A fork lane: the id of a catalog offer (`blazar engine offers`), built "
+        "from source at the commit the catalog pins; install, version, feed and source do "
+        "not apply. Models whose architecture it adds are routed to it.",
+    )
+
+    @property
+    def lane_name(self) -> str:
+        """The lane in the store: a fork's offer id, else the kind."""
+        return self.lane or self.kind
 
     @model_validator(mode="after")
     def _consistent(self) -> Engine:
+        if self.lane is not None:
+            given = sorted({"install", "version", "feed", "source"} & self.model_fields_set)
+            if given:
+                raise FieldError(
+                    given[0],
+                    f"{given[0]} does not apply to a fork lane (lane = {self.lane!r}): the "
+                    "catalog pins its commit",
+                    f"remove {given[0]}",
+                )
+            return self
         if self.version != "latest":
             forms = {
                 "wheel": (WHEEL_VERSION, "an xllamacpp version such as '2026.10.11549'"),
@@ -384,6 +420,24 @@ class Remote(_Table):
     models: list[ModelName] = Field(default=[], description="Model names served through it.")
 
 
+class EngineRouting(_Table):
+    """How each model is routed to an engine lane."""
+
+    mode: Literal["auto", "manual"] = Field(
+        default="auto",
+        description="auto: each model runs on an engine that supports its GGUF architecture "
+        "(mainstream, else an installed fork lane that adds it; a model's own engine pins "
+        "it); manual: each model runs on its declared engine, or the default one.",
+    )
+    fork_retire_days: int = Field(
+        default=14,
+        ge=0,
+        description="Days a fork lane keeps its models once the active mainstream engine "
+        "supports every architecture it adds; then they move to mainstream and the fork is "
+        "removed.",
+    )
+
+
 class Manifest(_Table):
     """The desired state of one host: the whole manifest, possibly merged from several files."""
 
@@ -396,7 +450,12 @@ class Manifest(_Table):
     serving: Serving = Field(default_factory=Serving, description="The gateway.")
     engines: dict[EngineName, Engine] = Field(
         default_factory=dict,
-        description="Engine lanes by name.",
+        description='Engine lanes by name. Beside them, `catalog = "PATH or URL"` names the '
+        "catalog of fork lanes (default: the one shipped with Blazar).",
+        json_schema_extra={"properties": {"catalog": {"type": "string", "minLength": 1}}},
+    )
+    engine_routing: EngineRouting = Field(
+        default_factory=EngineRouting, description="How models are routed to engine lanes."
     )
     models: dict[ModelName, Model] = Field(
         default_factory=dict,
@@ -415,6 +474,25 @@ class Manifest(_Table):
         description="(not supported yet) Remote servers by name.",
     )
     _origins: dict[Path, Location] = PrivateAttr(default_factory=dict)
+    _engine_catalog: str | None = PrivateAttr(default=None)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _catalog(cls, data: Any, handler: ModelWrapValidatorHandler[Manifest]) -> Manifest:
+        """`engines.catalog` is a string beside the lane tables, not a lane."""
+        catalog = None
+        engines = data.get("engines") if isinstance(data, dict) else None
+        if isinstance(engines, dict) and "catalog" in engines:
+            engines = dict(engines)
+            catalog = engines.pop("catalog")
+            if not isinstance(catalog, str) or not catalog.strip():
+                raise FindingsError(
+                    [Finding(("engines", "catalog"), "engines.catalog must be a path or URL")]
+                )
+            data = {**data, "engines": engines}
+        manifest = handler(data)
+        manifest._engine_catalog = catalog
+        return manifest
 
     @model_validator(mode="after")
     def _references(self) -> Manifest:
@@ -456,11 +534,22 @@ class Manifest(_Table):
                 return name
         return None
 
-    def engine_for(self, model: str) -> str:
-        """The engine lane `model` runs on: its own, the only one declared, or 'llamacpp'."""
-        found = resolve_engine(self.models[model].model_dump(), list(self.engines))
-        assert found is not None, "validation guarantees one engine per model"
-        return found
+    def engine_for(self, model: str) -> str | None:
+        """The engine `model` runs on when not routed by architecture: its own, the only one
+        declared, or 'llamacpp'; None when several are declared and it names none (auto
+        routing chooses)."""
+        doc = self.model_dump()
+        return resolve_engine(self.models[model].model_dump(), default_candidates(doc))
+
+    def lane_of(self, engine: str) -> str:
+        """The store's lane for engine `engine` (a fork's offer id, else its kind)."""
+        declared = self.engines.get(engine)
+        return declared.lane_name if declared is not None else engine
+
+    @property
+    def engine_catalog(self) -> str | None:
+        """`engines.catalog`: the catalog of fork lanes, when the manifest names one."""
+        return self._engine_catalog
 
     def ctx_for(self, model: str) -> int:
         """The context size `model` is served with."""

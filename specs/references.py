@@ -60,6 +60,26 @@ def resolve_engine(model: Mapping[str, Any], engines: list[str]) -> str | None:
     return engines[0] if len(engines) == 1 else None
 
 
+def _engine_tables(doc: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """The `[engines.NAME]` tables (`engines.catalog`, a string, is not one)."""
+    raw = doc.get("engines")
+    catalog = isinstance(raw, Mapping) and isinstance(raw.get("catalog"), str)
+    return {e: b for e, b in _tables(doc, "engines").items() if not (catalog and e == "catalog")}
+
+
+def _engine_names(doc: Mapping[str, Any]) -> list[str]:
+    return list(_engine_tables(doc))
+
+
+def default_candidates(doc: Mapping[str, Any]) -> list[str]:
+    """The engines a model that names none may default to: every one declared with
+    `engine_routing.mode = "manual"`; with "auto", only the mainstream ones (fork lanes
+    take the models whose architecture they add by themselves)."""
+    routing = doc.get("engine_routing")
+    manual = isinstance(routing, Mapping) and routing.get("mode") == "manual"
+    return [e for e, body in _engine_tables(doc).items() if manual or body.get("lane") is None]
+
+
 def reference_findings(doc: Mapping[str, Any]) -> list[Finding]:
     """Every dangling or ambiguous reference in the document, in declaration order."""
     models = _tables(doc, "models")
@@ -117,26 +137,27 @@ def reference_findings(doc: Mapping[str, Any]) -> list[Finding]:
 
 
 def _engine_findings(doc: Mapping[str, Any], models: dict[str, Mapping[str, Any]]) -> list[Finding]:
-    engines = list(_tables(doc, "engines"))
+    engines, candidates = _engine_names(doc), default_candidates(doc)
     found: list[Finding] = []
     for name, body in models.items():
-        engine = resolve_engine(body, engines)
-        if engine is None:
-            found.append(
-                Finding(
-                    ("models", name, "engine"),
-                    f"model {name!r} names no engine and {len(engines)} are declared "
-                    f"({', '.join(engines)})",
-                    "set engine to one of them",
+        named = body.get("engine")
+        if isinstance(named, str):
+            if named not in engines and (engines or named != DEFAULT_ENGINE):
+                hint = _suggest(named, engines or [DEFAULT_ENGINE])
+                found.append(
+                    Finding(
+                        ("models", name, "engine"),
+                        f"model {name!r} names engine {named!r}, which is not declared",
+                        hint or f"declare [engines.{named}] or leave engine out",
+                    )
                 )
-            )
-        elif engine not in engines and (engines or engine != DEFAULT_ENGINE):
-            hint = _suggest(engine, engines or [DEFAULT_ENGINE])
+        elif resolve_engine(body, candidates) is None:
             found.append(
                 Finding(
                     ("models", name, "engine"),
-                    f"model {name!r} names engine {engine!r}, which is not declared",
-                    hint or f"declare [engines.{engine}] or leave engine out",
+                    f"model {name!r} names no engine and {len(candidates)} are declared "
+                    f"({', '.join(candidates)})",
+                    "set engine to one of them",
                 )
             )
     return found

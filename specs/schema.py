@@ -28,6 +28,7 @@ SECTIONS = [
     ("serving", "[serving]", "Serving"),
     ("serving.trace_retention", "[serving.trace_retention]", "TraceRetention"),
     ("engines", "[engines.NAME]", "Engine"),
+    ("engine_routing", "[engine_routing]", "EngineRouting"),
     ("models", "[models.NAME]", "Model"),
     ("loras", "[loras.NAME]", "Lora"),
     ("keys", "[keys.NAME]", "Key"),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -18,8 +18,10 @@ from reconcilers.plan import Action, Change, Plan, render
 from reconcilers.ports import (
     ObservedEngine,
     ObservedKey,
+    ObservedLane,
     ObservedLora,
     ObservedModel,
+    OfferView,
     Ports,
     Progress,
 )
@@ -206,6 +208,8 @@ class FakeWorld:
     conditions: dict[tuple[str, str], tuple[bool, str]] = field(default_factory=dict)
     failures: dict[str, list[Exception]] = field(default_factory=dict)  # name -> errors to raise
     calls: list[str] = field(default_factory=list)
+    lanes: list[ObservedLane] = field(default_factory=list)
+    offers: list[OfferView] = field(default_factory=list)
 
     def _maybe_fail(self, name: str) -> None:
         pending = self.failures.get(name)
@@ -233,6 +237,29 @@ class Engines:
         self.w.calls.append(f"activate {tag}")
         self.w.engines = [
             ObservedEngine(e.kind, e.tag, e.method, e.version, e.tag == tag) for e in self.w.engines
+        ]
+
+    def lanes(self, architectures: set[str]) -> list[ObservedLane]:
+        return list(self.w.lanes)
+
+    def offers(self, catalog: str | None) -> list[OfferView]:
+        return list(self.w.offers)
+
+    def install_fork(self, lane: str, backend: str, catalog: str | None) -> str:
+        self.w.calls.append(f"install fork {lane} {backend}")
+        return f"fork-{lane}-0000000-{backend}"
+
+    def set_lane_state(self, lane: str, state: str, reason: str, since: str) -> None:
+        self.w.calls.append(f"lane {lane} {state}")
+        self.w.lanes = [
+            replace(x, state=state, reason=reason, since=since) if x.lane == lane else x
+            for x in self.w.lanes
+        ]
+
+    def remove_lane(self, lane: str) -> None:
+        self.w.calls.append(f"remove lane {lane}")
+        self.w.lanes = [
+            replace(x, tags=(), active=None) if x.lane == lane else x for x in self.w.lanes
         ]
 
 

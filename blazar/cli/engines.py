@@ -1,4 +1,5 @@
-"""Engine commands: `blazar engine list|update|build|use|rollback|rm` and `blazar bench`."""
+"""Engine commands: `blazar engine list|update|build|use|rollback|rm|offers|install` and
+`blazar bench` (the fork-lane commands live in `blazar.cli.forks`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 import click
 
+from blazar.cli import forks
 from blazar.cli.context import Context, pass_context
 from blazar.cli.format import echo_json, table
 from blazar.engines.base import KIND, METHODS
@@ -49,7 +51,7 @@ def lane_settings(ctx: Context, kind: str) -> tuple[str | None, float | None, st
     except ManifestError:
         return None, None, None
     for engine in manifest.engines.values():
-        if engine.kind == kind:
+        if engine.lane_name == kind:
             feed = str(engine.feed) if engine.feed else None
             return feed, engine.rollback_on_drop, engine.install
     return None, None, None
@@ -68,16 +70,23 @@ def engine() -> None:
 
 @engine.command("list")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per engine (JSON Lines).")
+@click.option("--lanes", "lanes_only", is_flag=True, help="Only the lanes, with state and why.")
 @pass_context
-def list_(ctx: Context, as_json: bool) -> None:
-    """List installed engines, the active one per lane, and their last bench figures."""
+def list_(ctx: Context, as_json: bool, lanes_only: bool) -> None:
+    """List installed engines, the active one per lane, and their last bench figures; then
+    the lanes (mainstream and forks) with their state (active, retiring in N days,
+    retired) and why."""
     svc = engines(ctx)
     records = svc.records.installed()
+    lanes = forks.lane_rows(ctx, svc)
     if as_json:
-        for record in records:
-            echo_json(engine_json(svc, record))
+        for row in lanes if lanes_only else [engine_json(svc, r) for r in records]:
+            echo_json(row)
         return
-    if not records:
+    if lanes_only:
+        forks.echo_lanes(lanes)
+        return
+    if not records and not lanes:
         click.echo("No engines yet: `blazar engine update` installs the newest llama.cpp.")
         return
     rows = []
@@ -98,9 +107,10 @@ def list_(ctx: Context, as_json: bool) -> None:
                 r.path,
             ]
         )
-    click.echo(
-        table(["KIND", "TAG", "ACTIVE", "METHOD", "VERSION", "INSTALLED", "BENCH", "PATH"], rows)
-    )
+    if rows:
+        headers = ["LANE", "TAG", "ACTIVE", "METHOD", "VERSION", "INSTALLED", "BENCH", "PATH"]
+        click.echo(table(headers, rows) + "\n")
+    forks.echo_lanes(lanes)
 
 
 def _report(outcome: UpdateOutcome, as_json: bool) -> None:
@@ -116,7 +126,14 @@ def _report(outcome: UpdateOutcome, as_json: bool) -> None:
 
 
 @engine.command("update")
-@click.option("--kind", default=KIND, show_default=True, help="The lane to update.")
+@click.option(
+    "--kind",
+    "--lane",
+    "kind",
+    default=KIND,
+    show_default=True,
+    help="The lane to update: llamacpp, or an installed fork lane's id.",
+)
 @click.option("--all", "all_lanes", is_flag=True, help="Update every installed lane.")
 @click.option(
     "--install",
@@ -139,6 +156,7 @@ def _report(outcome: UpdateOutcome, as_json: bool) -> None:
     default=None,
     help="Release feed base URL (default: $BLAZAR_RELEASE_FEED, the manifest's feed, GitHub).",
 )
+@forks.CATALOG_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 @pass_context
 def update(
@@ -150,6 +168,7 @@ def update(
     gate: float | None,
     bench_model: str | None,
     feed: str | None,
+    catalog: str | None,
     as_json: bool,
 ) -> None:
     """Install the newest engine beside the others and activate it if it is not slower.
@@ -157,33 +176,48 @@ def update(
     With an engine already active, both run the same fixed workload in one run;
     the new one becomes active only if its decode tokens/s dropped no more than
     the gate. Otherwise the old one stays active and the new one stays
-    installed, inactive.
+    installed, inactive. A fork lane's newest is the commit its catalog offer
+    pins now. `--all` walks every installed lane and prints one line per lane
+    (progress goes to stderr).
     """
-    manifest_feed, manifest_gate, manifest_method = lane_settings(ctx, kind)
+    manifest_feed, _, manifest_method = lane_settings(ctx, KIND if all_lanes else kind)
     feed = feed or os.environ.get("BLAZAR_RELEASE_FEED") or manifest_feed
-    if gate is None and "BLAZAR_ENGINE_GATE" not in os.environ and manifest_gate is not None:
-        gate = manifest_gate
     if method is None and manifest_method in ("wheel", "release"):
         method = manifest_method
-    max_drop = _gate_default() if gate is None else gate
-    if not 0 <= max_drop < 1:
-        raise InvalidInput(f"--gate must be a fraction in [0, 1), got {max_drop}")
+
+    def gate_for(lane: str) -> float:
+        """The flag, $BLAZAR_ENGINE_GATE, the lane's rollback_on_drop, else the default."""
+        chosen = gate
+        if chosen is None and "BLAZAR_ENGINE_GATE" not in os.environ:
+            chosen = lane_settings(ctx, lane)[1]
+        chosen = _gate_default() if chosen is None else chosen
+        if not 0 <= chosen < 1:
+            raise InvalidInput(f"--gate must be a fraction in [0, 1), got {chosen}")
+        return chosen
+
+    max_drop = gate_for(kind)
     svc = engines(ctx)
+    location = forks.catalog_location(ctx, catalog)
     if all_lanes:
         installed: set[str] = set(svc.records.kinds())
-        for lane in (KIND,):
+        for lane in sorted({KIND, *(lane.lane for lane in svc.lanes.all())}):
             if lane not in installed:
                 click.echo(f"{lane}: skipped (not installed)")
                 continue
             outcome = svc.update(
-                lane, method=method, version=version, max_drop=max_drop, model=bench_model,
-                feed=feed, progress=click.echo,
+                lane, method=method if lane == KIND else None,
+                version=version if lane == KIND else None, max_drop=gate_for(lane),
+                model=bench_model, feed=feed, catalog=location,
+                progress=lambda line: click.echo(line, err=True),
             )  # fmt: skip
-            _report(outcome, as_json)
+            if as_json:
+                echo_json(asdict(outcome))
+            else:
+                click.echo(f"{lane}: {outcome.message}")
         return
     outcome = svc.update(
         kind, method=method, version=version, max_drop=max_drop, model=bench_model, feed=feed,
-        progress=click.echo,
+        progress=click.echo, catalog=location,
     )  # fmt: skip
     _report(outcome, as_json)
 
@@ -280,6 +314,9 @@ def bench(ctx: Context, model: str, tag: str | None, as_json: bool) -> None:
         f"({result.predicted_n} tokens), median of {result.runs}"
     )
 
+
+engine.add_command(forks.offers)
+engine.add_command(forks.install)
 
 COMMANDS = [engine, bench]
 __all__ = ["COMMANDS", "METHODS"]

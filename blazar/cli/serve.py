@@ -115,7 +115,7 @@ def _remaining(value: float | None) -> str:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per instance.")
 @pass_context
 def ps(ctx: Context, url: str | None, as_json: bool) -> None:
-    """The running instances: model, replica, engine, pid, port, slots, load."""
+    """The running instances: model, replica, engine lane and tag, pid, port, slots, load."""
     rows = call(daemon_url(ctx.paths, url), "/api/blazar/ps")["instances"]
     if as_json:
         for row in rows:
@@ -124,7 +124,7 @@ def ps(ctx: Context, url: str | None, as_json: bool) -> None:
     if not rows:
         click.echo("No model is loaded.")
         return
-    headers = ["MODEL", "REPLICA", "ENGINE", "PID", "PORT", "SLOTS", "CTX", "IN FLIGHT",
+    headers = ["MODEL", "REPLICA", "LANE", "ENGINE", "PID", "PORT", "SLOTS", "CTX", "IN FLIGHT",
                "KEEP ALIVE", "STATE"]  # fmt: skip
     click.echo(
         table(
@@ -133,6 +133,7 @@ def ps(ctx: Context, url: str | None, as_json: bool) -> None:
                 [
                     r["model"],
                     r["replica"],
+                    r.get("lane"),
                     r["engine"],
                     r["pid"],
                     r["port"],

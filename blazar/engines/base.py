@@ -1,4 +1,4 @@
-"""What every install method produces, and where engines live on disk.
+"""What every install method produces, where engines live on disk, and which processes run them.
 
 Layout: `<data>/engines/<kind>/<tag>/` holds one engine; installs are built in
 `<data>/engines/<kind>/.tmp-<uuid>/` and renamed into place only once they
@@ -62,3 +62,19 @@ def staging(engines_root: Path, tag: str, kind: str = KIND) -> Iterator[tuple[Pa
 def publish(tmp: Path, final: Path) -> None:
     """Make a finished engine visible under its final name, atomically."""
     os.rename(tmp, final)
+
+
+def processes_using(engine_dir: Path) -> list[int]:
+    """PIDs of running processes started from files under `engine_dir` (Linux /proc)."""
+    prefix = str(engine_dir.resolve()) + os.sep
+    found = []
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(arg.decode(errors="replace").startswith(prefix) for arg in argv):
+            found.append(int(entry.name))
+    return sorted(found)

@@ -1,28 +1,33 @@
 """Engine operations behind `blazar engine ...` and `blazar bench`.
 
-Installs go through the method modules (wheel, release, source); adopting a new
-engine runs the regression gate against the active one; every switch and
-bench figure is recorded in the store.
+Installs go through the method modules (wheel, release, source, and a fork
+lane's catalog offer: `blazar.engines.forks`); adopting a new engine runs the
+regression gate against its lane's active one; every switch and bench figure
+is recorded in the store. Lanes are independent: `update` of a fork lane builds
+the commit its catalog offer pins now, gated against the fork's active engine.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from blazar.engines import wheel
-from blazar.engines.base import KIND, InstalledEngine
+from blazar.engines.base import KIND, InstalledEngine, processes_using
 from blazar.engines.bench import GateVerdict, Workload, bench_engines, gate
+from blazar.engines.catalog import Catalog, Offer, load_catalog
+from blazar.engines.lanes import ACTIVE, FORK, RETIRED, LaneRecord, LaneStore
 from blazar.engines.records import BenchResult, EngineRecord, EngineStore
 from blazar.errors import BlazarError, InvalidInput, NotFound
 from blazar.paths import Paths
-from blazar.store import Store
+from blazar.store import Store, utcnow
 from specs.names import parse_name
 
 DEFAULT_GATE = 0.10
+Runner = Callable[..., Any]
 SYNTHETIC_MODEL = "tiny (synthetic)"
 
 
@@ -55,6 +60,11 @@ class Engines:
         self.store = store
         self.paths = paths
         self.records = EngineStore(store)
+        self.lanes = LaneStore(store)
+
+    def catalog(self, location: str | None = None) -> Catalog:
+        """The catalog of fork lanes (`location`: a path or URL; None: the shipped one)."""
+        return load_catalog(location, self.paths.cache)
 
     # -- installing -----------------------------------------------------------
 
@@ -96,6 +106,44 @@ class Engines:
 
     def add_built(self, installed: InstalledEngine) -> EngineRecord:
         return self.records.add(installed)
+
+    def install_fork(
+        self,
+        offer: Offer,
+        backend: str = "cpu",
+        *,
+        jobs: int | None = None,
+        log: Callable[[str], None] | None = None,
+        runner: Runner | None = None,
+    ) -> EngineRecord:
+        """Build `offer` as an engine of its own lane and record what it supports."""
+        import subprocess
+        import tempfile
+
+        from blazar.engines.forks import install_offer
+
+        work = Path(tempfile.mkdtemp(prefix=f"fork-{offer.id}-", dir=self.paths.cache))
+        try:
+            installed = install_offer(
+                offer, backend, self.paths.engines, work_dir=work, downloads=self.paths.downloads,
+                jobs=jobs, log=log, runner=runner or subprocess.run,
+            )  # fmt: skip
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        record = self.records.add(installed)
+        lane = self.lanes.get(offer.id)
+        keep = lane.origin == FORK and lane.state != RETIRED  # a retiring fork stays retiring
+        self.lanes.put(
+            LaneRecord(
+                lane=offer.id, kind=offer.kind, origin=FORK,
+                state=lane.state if keep else ACTIVE, since=lane.since if keep else utcnow(),
+                reason=lane.reason if keep else f"installed from the catalog offer {offer.id}",
+                offer=offer.to_json(), architectures=offer.architectures,
+            )
+        )  # fmt: skip
+        for arch in offer.architectures:
+            self.lanes.record_support(offer.id, record.tag, arch, True, "catalog")
+        return record
 
     # -- adopting -------------------------------------------------------------
 
@@ -141,9 +189,18 @@ class Engines:
         model: str | None = None,
         feed: str | None = None,
         progress: Callable[[str], None] = lambda _: None,
+        catalog: str | None = None,
+        runner: Runner | None = None,
     ) -> UpdateOutcome:
+        lane = self.lanes.get(kind)
+        if lane.origin == FORK:
+            return self.update_fork(lane, max_drop=max_drop, model=model, catalog=catalog,
+                                    progress=progress, runner=runner)  # fmt: skip
         if kind != KIND:
-            raise InvalidInput(f"unknown engine kind {kind!r}: Blazar has the {KIND!r} lane")
+            raise InvalidInput(
+                f"unknown engine lane {kind!r}: the lanes are {KIND!r} and the fork lanes "
+                "installed (`blazar engine list`)"
+            )
         active = self.records.active(kind)
         method = method or (active.method if active else "wheel")
         version = self.resolve_version(method, version, feed=feed)
@@ -162,6 +219,44 @@ class Engines:
             )  # fmt: skip
         progress(f"installing {kind} {tag} ({method} {version}) ...")
         candidate = self.install(method, version, feed=feed)
+        if active:
+            progress(f"benchmarking {active.tag} against {tag} ...")
+        return self.adopt(candidate, max_drop=max_drop, model=model)
+
+    def update_fork(
+        self,
+        lane: LaneRecord,
+        *,
+        max_drop: float = DEFAULT_GATE,
+        model: str | None = None,
+        catalog: str | None = None,
+        progress: Callable[[str], None] = lambda _: None,
+        runner: Runner | None = None,
+    ) -> UpdateOutcome:
+        """Build the commit the catalog pins for fork `lane` now, behind the lane's gate."""
+        name = lane.lane
+        if lane.state == RETIRED:
+            return UpdateOutcome(name, "", False, False, f"skipped (retired: {lane.reason})")
+        active = self.records.active(name)
+        found = self.catalog(catalog).offers.get(name)
+        if found is None:
+            tag = active.tag if active else ""
+            return UpdateOutcome(name, tag, False, False, "current (the catalog offers no update)")
+        backend = str(active.details.get("backend", "cpu")) if active else "cpu"
+        tag = found.tag(backend)
+        try:
+            existing = self.records.get(name, tag)
+        except NotFound:
+            existing = None
+        if existing is not None:
+            if existing.active:
+                return UpdateOutcome(name, tag, False, False, f"{tag} is current (active)")
+            return UpdateOutcome(
+                name, tag, False, False,
+                f"{tag} is already installed but inactive: `blazar engine use {tag}` activates it",
+            )  # fmt: skip
+        progress(f"building fork {name} at {found.short} ({backend}) ...")
+        candidate = self.install_fork(found, backend, log=progress, runner=runner)
         if active:
             progress(f"benchmarking {active.tag} against {tag} ...")
         return self.adopt(candidate, max_drop=max_drop, model=model)
@@ -190,12 +285,37 @@ class Engines:
         return record, active.tag
 
     def remove(self, tag: str) -> EngineRecord:
+        """Remove one engine: never one a running process uses, nor a mainstream lane's
+        active one (a fork's may go: its models then route elsewhere, or are refused)."""
         record = self.records.find_tag(tag)
-        if record.active:
+        fork = self.lanes.get(record.kind).origin == FORK
+        if record.active and not fork:
             raise EngineInUse(
                 f"{record.tag} is the active {record.kind} engine; "
                 "activate another first (`blazar engine use TAG` or `blazar engine rollback`)"
             )
+        self._refuse_in_use(record)
+        self.records.remove(record.kind, record.tag)
+        self.lanes.forget_engine(record.kind, record.tag)
+        shutil.rmtree(record.path, ignore_errors=True)
+        alone = fork and not self.records.installed(record.kind)
+        if alone and self.lanes.get(record.kind).state != RETIRED:  # a retired one stays
+            self.lanes.drop(record.kind)
+        return record
+
+    def remove_lane(self, lane: str) -> list[EngineRecord]:
+        """Remove every engine of a (retired) fork lane; refused while one is in use."""
+        records = self.records.installed(lane)
+        for record in records:
+            self._refuse_in_use(record)
+        for record in records:
+            self.records.remove(record.kind, record.tag)
+            self.lanes.forget_engine(record.kind, record.tag)
+            shutil.rmtree(record.path, ignore_errors=True)
+        return records
+
+    @staticmethod
+    def _refuse_in_use(record: EngineRecord) -> None:
         users = processes_using(Path(record.path))
         if users:
             pids = ", ".join(str(p) for p in users)
@@ -203,9 +323,6 @@ class Engines:
                 f"{record.tag} is in use by running instance(s) with pid {pids}; "
                 "stop them first (`blazar stop MODEL`, or kill the pids)"
             )
-        self.records.remove(record.kind, record.tag)
-        shutil.rmtree(record.path, ignore_errors=True)
-        return record
 
     @staticmethod
     def _check_present(record: EngineRecord) -> None:
@@ -217,12 +334,21 @@ class Engines:
 
     # -- benchmarking ---------------------------------------------------------
 
-    def bench_model(self, name: str | None) -> BenchModel:
-        """The named model, else the smallest model in the store, else a synthetic tiny one."""
+    def bench_model(self, name: str | None, lane: str = KIND) -> BenchModel:
+        """The named model, else the smallest model in the store that `lane` can load, else a
+        synthetic tiny one."""
         if name:
             record = self.store.get_model(parse_name(name))
             return BenchModel(record.ref.short, Path(record.path), record.sha256)
         models = sorted(self.store.list_models(), key=lambda r: r.size)
+        if self.lanes.get(lane).origin != FORK:  # not what mainstream cannot load
+            active = self.records.active(lane)
+            known = self.lanes.support(lane, active.tag) if active else {}
+            forks = {a for f in self.lanes.all() if f.origin == FORK for a in f.architectures}
+            models = [
+                m for m in models if known.get(m.architecture or "") is not False
+                and (m.architecture not in forks or known.get(m.architecture or ""))
+            ]  # fmt: skip
         if models:
             return BenchModel(models[0].ref.short, Path(models[0].path), models[0].sha256)
         from blazar.hashing import sha256_file
@@ -244,7 +370,7 @@ class Engines:
     ) -> list[BenchResult]:
         for engine in engines:
             self._check_present(engine)
-        chosen = self.bench_model(model)
+        chosen = self.bench_model(model, engines[0].kind if engines else KIND)
         results = bench_engines(
             engines,
             chosen.path,
@@ -257,19 +383,3 @@ class Engines:
         for result in results:
             self.records.record_bench(result)
         return results
-
-
-def processes_using(engine_dir: Path) -> list[int]:
-    """PIDs of running processes started from files under `engine_dir` (Linux /proc)."""
-    prefix = str(engine_dir.resolve()) + os.sep
-    found = []
-    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(arg.decode(errors="replace").startswith(prefix) for arg in argv):
-            found.append(int(entry.name))
-    return sorted(found)

@@ -337,8 +337,15 @@ def build_source(
     runner: Runner = subprocess.run,
     cuda: CudaInfo | None = None,
     extra: Sequence[str] = (),
+    lane: str = KIND,
+    tag: str | None = None,
 ) -> InstalledEngine:
-    """Build llama-server from `spec` for `backend` and install it as a new engine."""
+    """Build llama-server from `spec` for `backend` and install it as a new engine.
+
+    `lane` and `tag` are a fork lane's (`blazar.engines.forks`): its own directory
+    and a tag that names the pinned commit; the mainstream lane's tag comes from
+    the tree's build number.
+    """
     say = log or (lambda _msg: None)
     if backend not in BACKENDS:
         raise InvalidInput(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
@@ -347,9 +354,9 @@ def build_source(
         if cuda is None:
             raise SourceBuildError("no nvcc found: install the CUDA toolkit, or build cpu")
     tree = resolve_source(spec, work_dir, runner=runner)
-    tag = engine_tag(tree, backend)
-    if (lane_dir(engines_root) / tag).exists():  # fail before a ten-minute build
-        raise AlreadyExists(f"engine {KIND} {tag} is already installed: `blazar engine rm {tag}`")
+    tag = tag or engine_tag(tree, backend)
+    if (lane_dir(engines_root, lane) / tag).exists():  # fail before a ten-minute build
+        raise AlreadyExists(f"engine {lane} {tag} is already installed: `blazar engine rm {tag}`")
     build_dir = work_dir / f"build-{backend}"
     cache = build_dir / "CMakeCache.txt"
     if cache.exists() and f"CMAKE_HOME_DIRECTORY:INTERNAL={tree.root}\n" not in cache.read_text():
@@ -374,7 +381,7 @@ def build_source(
     built = build_dir / "bin"
     if not (built / "llama-server").is_file():
         raise SourceBuildError(f"the build finished but made no {built / 'llama-server'}")
-    with staging(engines_root, tag) as (tmp, final):
+    with staging(engines_root, tag, lane) as (tmp, final):
         (tmp / "bin").mkdir()
         for item in [built / "llama-server", *sorted(built.glob("*.so*"))]:
             shutil.copy2(item, tmp / "bin" / item.name)
@@ -385,13 +392,13 @@ def build_source(
         if check.returncode != 0:
             raise SourceBuildError(f"the built llama-server does not start:\n{_tail(said, 8)}")
         publish(tmp, final)
-    say(f"installed {KIND} {tag} at {final}")
+    say(f"installed {lane} {tag} at {final}")
     details = {"source": spec, "backend": backend, "cmake_args": " ".join(commands[0])}
     details["version_output"] = next((ln for ln in said.splitlines() if "version" in ln), "")
     if backend == "cuda" and cuda is not None:
         details["cuda"] = f"{cuda.version[0]}.{cuda.version[1]}"
     return InstalledEngine(
-        kind=KIND,
+        kind=lane,
         tag=tag,
         method="source",
         version=tree.commit or f"b{tree.build_number or 0}",

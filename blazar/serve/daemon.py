@@ -18,11 +18,15 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from aiohttp import web
 
+from blazar.engines.catalog import CatalogError, load_catalog
+from blazar.engines.probe import ensure_probed
 from blazar.errors import BlazarError
 from blazar.locking import LockTimeout
 from blazar.paths import Paths
@@ -35,6 +39,8 @@ from blazar.serve.runtime import build_runtimes
 from blazar.serve.scheduler import Scheduler
 from blazar.serve.services import Control, Services
 from blazar.store import Store
+from blazar.wiring import offer_view
+from reconcilers.ports import OfferView
 from specs.manifest import Manifest
 
 TIMER = 30.0
@@ -67,10 +73,17 @@ def daemon_file(paths: Paths) -> Path:
     return paths.state / "serve.json"
 
 
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
 class Daemon:
-    def __init__(self, paths: Paths, options: ServeOptions) -> None:
+    def __init__(
+        self, paths: Paths, options: ServeOptions, clock: Callable[[], datetime] = utc_now
+    ) -> None:
         self.paths = paths
         self.options = options
+        self.clock = clock  # what fork retirement reads
         # A manifest that is refused at start stops serve (exit 1, every problem named);
         # one refused on a later reload leaves what runs as it is (see `_load`).
         self.manifest = load(options.manifest) if options.manifest.exists() else Manifest()
@@ -95,7 +108,9 @@ class Daemon:
         """One reconcile pass with its own store connection (it runs in a worker thread)."""
         with Store(self.paths.db) as store:
             try:
-                result = reconcile(store, self.paths, manifest, apply=True, lock_timeout=0)
+                result = reconcile(
+                    store, self.paths, manifest, apply=True, lock_timeout=0, now=self.clock()
+                )
             except LockTimeout:
                 log("another apply is running; this pass only refreshes what is served")
                 return
@@ -115,7 +130,8 @@ class Daemon:
         self.manifest = manifest
         if self.options.apply and self.options.manifest.exists():
             await asyncio.to_thread(self._apply, manifest)
-        runtimes = build_runtimes(self.store, manifest)
+        offers = await asyncio.to_thread(self._engines, manifest)
+        runtimes = build_runtimes(self.store, manifest, offers)
         assert self.scheduler is not None
         self.scheduler.max_loaded = manifest.serving.max_loaded_models
         self.scheduler.max_queue = manifest.serving.max_queue
@@ -131,6 +147,20 @@ class Daemon:
             self.observer.configure(Settings.from_serving(manifest.serving))
         except BlazarError as exc:  # the OTLP extra is missing: serve on, and say so
             log(str(exc))
+
+    def _engines(self, manifest: Manifest) -> tuple[OfferView, ...]:
+        """Probe active mainstream engines for the held models' architectures not probed yet
+        (apply does it too; serve without a manifest does not apply), and read the catalog's
+        offers from disk or the cache (never the network here) for refusal messages."""
+        with Store(self.paths.db) as store:
+            wanted = {m.architecture for m in store.list_models() if m.architecture}
+            for line in ensure_probed(store, self.paths, wanted):
+                log(f"engine probe: {line}")
+        try:
+            catalog = load_catalog(manifest.engine_catalog, self.paths.cache, fetch=False)
+        except CatalogError:
+            return ()
+        return tuple(offer_view(o) for o in catalog.offers.values())
 
     async def refresh(self, reason: str) -> None:
         """Run a pass once no other runs (the loop's, or one a gateway route asked for)."""
@@ -174,9 +204,13 @@ class Daemon:
 
     async def _reaper(self) -> None:
         assert self.scheduler is not None
+        draining = False
         while True:
             await asyncio.sleep(REAP_EVERY)
             await self.scheduler.reap()
+            if draining and not self.scheduler.retired:
+                self.wake.set()  # drained: a pass may now remove an engine nothing runs
+            draining = bool(self.scheduler.retired)
 
     async def _loop(self) -> None:
         while True:

@@ -10,7 +10,8 @@ here and the same for all three:
 2. `require`: the model can do what the route needs (a chat template for chat,
    embeddings for embeddings), or one 400 that says how to fix it.
 3. `lease`: a slot from the scheduler (`x-blazar-priority` read here), with
-   the load time measured the way ollama reports it; a start failure is a 502.
+   the load time measured the way ollama reports it; a start failure is a 502,
+   a model no installed engine supports a 400 that says what to install.
 4. `engine_body`: the body with the adapters the request chose (`model+adapter`,
    `model+none`; the model's always-on ones otherwise) on, for that request only,
    and the model's `system` prompt and `params` where the request sets none.
@@ -173,8 +174,12 @@ async def lease(
     """A slot on an instance of the target's model, loading it if needed.
 
     Raises SchedulerError (503 busy, ...) or a 502 ProtocolError when the model
-    failed to start. Give it back with `scheduler.release(timed.lease, ...)`.
+    failed to start; a 400 before any spawn when no installed engine supports the
+    model's architecture (what to install is in the message). Give it back with
+    `scheduler.release(timed.lease, ...)`.
     """
+    if target.runtime.refusal is not None:
+        raise ProtocolError(400, target.runtime.refusal, "invalid_request_error")
     ready = target.ready
     begin = time.perf_counter_ns()
     try:

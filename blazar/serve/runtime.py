@@ -1,7 +1,10 @@
 """What the gateway can serve: each model's runtime settings and its engine's arguments.
 
-Built from the store (models held, the active engine of each lane, adapters)
-overlaid with the manifest's declarations (ctx, slots, replicas, pins,
+Built from the store (models held, the engine lanes, adapters) overlaid with
+the manifest's declarations. Each model's engine is routed by its GGUF
+architecture (`reconcilers.routing`): a model no installed engine supports is
+still listed, with the teaching `refusal` its requests get (a 400) before any
+spawn. The rest: the manifest's declarations (ctx, slots, replicas, pins,
 keep_alive, templates). A model the store holds but the manifest does not
 declare is served with the defaults of `[serving]`. The effective arguments
 of an instance are a pure function of its runtime, so hot reload restarts
@@ -19,9 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from blazar.chat_templates import AppliedTemplate, model_template
+from blazar.engines.lanes import observe as observe_lanes
 from blazar.engines.records import EngineRecord, EngineStore
 from blazar.protocols.capabilities import TemplateCapabilities, template_capabilities
 from blazar.store import LoraRecord, Store
+from reconcilers.desired import routing_of
+from reconcilers.ports import OfferView
+from reconcilers.routing import route
 from specs.manifest import Manifest, Model, Serving
 from specs.names import AdapterChoice, Requested, parse_name, parse_requested
 
@@ -60,6 +67,9 @@ class ModelRuntime:
     system: str | None = None  # a system prompt for chat requests that send none
     params: Mapping[str, Any] = field(default_factory=dict, hash=False)  # request defaults
     facts: dict[str, object] = field(default_factory=dict, compare=False, hash=False)
+    # -- engine routing (fork lanes) --
+    engine_lane: str = ""  # the lane serving it: llamacpp, or a fork's id
+    refusal: str | None = None  # no engine supports it: what its requests are told (400)
 
     @property
     def instances(self) -> int:
@@ -177,26 +187,33 @@ def default_threads() -> int:
     return max(1, (os.cpu_count() or 1) // 2)
 
 
-def build_runtimes(store: Store, manifest: Manifest) -> dict[str, ModelRuntime]:
-    """Every model the gateway can serve now, keyed by its short name."""
+def build_runtimes(
+    store: Store, manifest: Manifest, offers: tuple[OfferView, ...] = ()
+) -> dict[str, ModelRuntime]:
+    """Every model the gateway can serve now, keyed by its short name; `offers` (the
+    catalog's) name the lane to install in a refusal."""
     serving = manifest.serving
     engines = EngineStore(store)
     declared = {parse_name(k).short: k for k in manifest.models}
     loras = store.list_loras()
+    lanes, routing = observe_lanes(store), routing_of(manifest)
     runtimes: dict[str, ModelRuntime] = {}
     for record in store.list_models():
         name = record.ref.short
         key = declared.get(name)
         spec = manifest.models[key] if key is not None else None
-        lane = manifest.engine_for(key) if key is not None else None
-        kind = manifest.engines[lane].kind if lane and lane in manifest.engines else "llamacpp"
-        engine = engines.active(kind)
-        if engine is None:
+        decided = route(
+            name, record.architecture, lanes, offers, pin=routing.pins.get(name),
+            default=routing.defaults.get(name, "llamacpp"), mode=routing.mode,
+        )  # fmt: skip
+        engine = engines.get(decided.lane, decided.tag) if decided.lane and decided.tag else None
+        if engine is None and decided.refusal is None:
             continue  # nothing to run it with yet: `blazar engine update` or apply
         template = model_template(manifest, key, record.facts)
         runtimes[name] = _runtime(
-            name, record.path, record.facts, spec, serving, engine, loras, template
-        )
+            name, record.path, record.facts, spec, serving, engine, loras, template,
+            decided.refusal,
+        )  # fmt: skip
     return runtimes
 
 
@@ -206,9 +223,10 @@ def _runtime(
     facts: dict[str, Any],
     model: Model | None,
     serving: Serving,
-    engine: EngineRecord,
+    engine: EngineRecord | None,
     loras: list[LoraRecord],
     template: AppliedTemplate,
+    refusal: str | None = None,
 ) -> ModelRuntime:
     keep_alive = serving.keep_alive
     if model is not None and model.keep_alive is not None:
@@ -236,8 +254,8 @@ def _runtime(
         replicas=model.replicas if model else 0,
         pin=model.pin if model else False,
         keep_alive=float(keep_alive),
-        engine_tag=engine.tag,
-        command=tuple(engine.command),
+        engine_tag=engine.tag if engine else "",
+        command=tuple(engine.command) if engine else (),
         has_template=bool(facts.get("has_chat_template")),
         chat_template=template.text if template.declared else None,
         embeddings=model.embeddings if model else False,
@@ -248,6 +266,8 @@ def _runtime(
         system=model.system if model else None,
         params=dict(model.params or {}) if model else {},
         facts=dict(facts),
+        engine_lane=engine.kind if engine else "",
+        refusal=refusal,
     )
 
 

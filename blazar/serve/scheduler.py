@@ -230,7 +230,7 @@ class Scheduler:
     async def warm_up(self) -> None:
         """Start the warm replicas of every model that declares some."""
         for pool in list(self.pools.values()):
-            if pool.runtime.replicas > 0 and not pool.loaded:
+            if pool.runtime.replicas > 0 and not pool.loaded and pool.runtime.refusal is None:
                 await self._load(pool)
                 for member in pool.members:
                     self._spawn(self._quiet_ready(member.instance))
@@ -448,6 +448,8 @@ class Scheduler:
                 changes[name] = "removed"
                 self._retire(pool)
                 del self.pools[name]
+            elif new.command != pool.runtime.command and pool.loaded and new.command:
+                changes[name] = await self._roll(pool, new)
             elif new.args() != pool.runtime.args() or new.command != pool.runtime.command:
                 changes[name] = "restarted"
                 self._retire(pool)
@@ -463,10 +465,29 @@ class Scheduler:
         await self.warm_up()
         return changes
 
-    def _retire(self, pool: Pool) -> None:
-        """Drain, then stop: in-flight requests finish on the old instances."""
+    async def _roll(self, pool: Pool, new: ModelRuntime) -> str:
+        """Move a loaded model to another engine without losing a request: the new
+        instances start and become healthy while the old ones keep serving; only then do
+        requests go to the new pool and the old one drains and stops. A new instance that
+        fails to start leaves the old pool serving (the next pass tries again)."""
+        fresh = self._pool(new)
+        try:
+            await asyncio.gather(*(m.instance.ensure_ready() for m in fresh.members))
+        except Exception as exc:
+            await asyncio.gather(*(m.instance.close() for m in fresh.members))
+            return f"kept on {pool.runtime.engine_tag}: {new.engine_tag} failed to start ({exc})"
+        fresh.loaded = True
+        fresh.last_used = pool.last_used
+        self._settle(fresh, None)
+        self._retire(pool, drain_queue=True)
+        self.pools[new.name] = fresh
+        return f"rolled from {pool.runtime.engine_tag} to {new.engine_tag}"
+
+    def _retire(self, pool: Pool, *, drain_queue: bool = False) -> None:
+        """Drain, then stop: in-flight requests finish on the old instances (and, with
+        `drain_queue`, the queued ones too, as slots free up)."""
         pool.retired = True
-        for waiter in pool.waiters:
+        for waiter in pool.waiters if not drain_queue else ():
             if not waiter.future.done():
                 waiter.future.cancel()
         self.retired.append(pool)
@@ -490,6 +511,7 @@ class Scheduler:
                         "model": pool.runtime.name,
                         "replica": inst.spec.replica,
                         "engine": pool.runtime.engine_tag,
+                        "lane": pool.runtime.engine_lane,
                         "pid": inst.pid,
                         "port": inst.port,
                         "slots": pool.runtime.slots,

@@ -139,6 +139,7 @@ def write_tiny_model(
     n_head_kv: int = 4,
     name: str = "blazar-tiny",
     license: str | None = None,
+    architecture: str = ARCH,
 ) -> Path:
     """Write a tiny llama-architecture GGUF model to `path` and return the path.
 
@@ -147,7 +148,9 @@ def write_tiny_model(
     for ChatML (`CHATML_TEMPLATE`), a string for a template of your own, or
     None/False for none. `n_head` 2 gives a head size of 32, which quantized KV
     cache types need; `n_head_kv` below `n_head` gives grouped-query attention;
-    `license` is written as `general.license`.
+    `license` is written as `general.license`. `architecture` writes the same model
+    under another `general.architecture` (its keys prefixed with that name): one
+    mainstream llama.cpp does not know, for the fork-lane tests.
     """
     if N_EMBD % n_head or n_head % n_head_kv:
         raise ValueError(f"n_head {n_head} and n_head_kv {n_head_kv} must divide {N_EMBD}")
@@ -167,7 +170,7 @@ def write_tiny_model(
     layer_norm = norm.copy()
     layer_norm[BIAS_DIM] = 0.0  # the layers never read the constant dimension
 
-    writer = gguf.GGUFWriter(path, ARCH)
+    writer = gguf.GGUFWriter(path, architecture)
     writer.add_name(name)
     if license is not None:
         writer.add_license(license)
@@ -296,3 +299,35 @@ def is_tiny_text(text: str, *, allow: Sequence[str] = LORA_WORDS) -> bool:
     known = set(TINY_WORDS) - set(LORA_WORDS) | set(allow)
     words = text.split(" ")
     return bool(text.strip()) and all(w in known for w in words if w)
+
+
+def copy_with_architecture(
+    src: str | os.PathLike[str], dst: str | os.PathLike[str], architecture: str
+) -> Path:
+    """Copy the GGUF at `src` to `dst` under another `general.architecture`.
+
+    Every `OLD.*` key becomes `ARCHITECTURE.*`; tensors are copied as they are. The
+    fork-lane tests' stand-in fork uses it to map an architecture mainstream llama.cpp
+    rejects back onto `llama` before it loads the model.
+    """
+    reader = gguf.GGUFReader(src)
+    old = str(reader.fields["general.architecture"].contents())
+    writer = gguf.GGUFWriter(dst, architecture)
+    skip = {"general.architecture", "GGUF.version", "GGUF.tensor_count", "GGUF.kv_count"}
+    for field in reader.fields.values():
+        if field.name in skip:
+            continue
+        key = field.name
+        if key.startswith(old + "."):
+            key = architecture + key[len(old) :]
+        kind = field.types[0]
+        if kind == gguf.GGUFValueType.ARRAY:
+            writer.add_array(key, field.contents())
+        else:
+            writer.add_key_value(key, field.contents(), kind)
+    for tensor in reader.tensors:
+        writer.add_tensor(
+            tensor.name, np.asarray(tensor.data), raw_dtype=tensor.tensor_type,
+            raw_shape=tuple(int(n) for n in reversed(tensor.shape)),
+        )  # fmt: skip
+    return _finish(writer, dst)

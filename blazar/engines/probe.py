@@ -1,0 +1,91 @@
+"""Which GGUF architectures a mainstream engine loads, by a load probe (once per engine, arch).
+
+llama.cpp checks `general.architecture` before anything else when it loads a
+model and fails with "unknown model architecture: 'X'" for one it does not
+know. The probe starts the engine on a tiny model written under that
+architecture's name (`blazar.testing.tiny`, a few hundred KB): a server that
+comes up, or one that fails for any other reason (a missing tensor: the tiny
+llama weights do not fit architecture X, which llama.cpp therefore knows),
+means supported. The answer is recorded in the store's `engine_support`, so
+each engine is probed once per architecture; a fork's support comes from the
+catalog instead. The engines port (`blazar.wiring`) and the gateway's passes
+(`blazar.serve.daemon`) call `ensure_probed` before they route models.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+from blazar.engines.lanes import MAINSTREAM, LaneStore
+from blazar.engines.process import EngineServer, EngineStartError
+from blazar.engines.records import EngineRecord
+from blazar.errors import BlazarError
+from blazar.paths import Paths
+from blazar.store import Store
+
+UNKNOWN = re.compile(r"unknown model architecture: '([^']*)'")
+PROBE_ARGS = ("--ctx-size", "256", "--parallel", "1", "--threads", "1", "--threads-batch", "1")
+
+
+def probe_model(cache: Path, architecture: str) -> Path:
+    """The tiny model written under `architecture`'s name (made once, kept in the cache)."""
+    from blazar.testing.tiny import write_tiny_model
+
+    safe = architecture if re.fullmatch(r"[a-z0-9._-]{1,64}", architecture) else None
+    name = safe or hashlib.sha256(architecture.encode()).hexdigest()[:16]
+    path = cache / "probes" / f"{name}.gguf"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".part")
+        write_tiny_model(tmp, architecture=architecture, chat_template=None)
+        tmp.replace(path)
+    return path
+
+
+async def _probe(engine: EngineRecord, model: Path, log: Path) -> tuple[bool, str]:
+    server = EngineServer(engine.command, ["--model", str(model), *PROBE_ARGS], log)
+    try:
+        async with server:
+            return True, "loaded"
+    except EngineStartError as exc:
+        text = str(exc)
+        if UNKNOWN.search(text):
+            return False, UNKNOWN.search(text).group(0)  # type: ignore[union-attr]
+        return True, "known (the probe model's tensors do not fit it): " + text.splitlines()[-1]
+
+
+def probe(engine: EngineRecord, architecture: str, paths: Paths) -> tuple[bool, str]:
+    """(supported, what the probe saw) for `architecture` on `engine`."""
+    model = probe_model(paths.cache, architecture)
+    log = paths.logs / f"probe-{engine.kind}-{engine.tag}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    return asyncio.run(_probe(engine, model, log))
+
+
+def ensure_probed(store: Store, paths: Paths, architectures: Iterable[str]) -> list[str]:
+    """Probe each active mainstream engine for every architecture it has no answer for.
+
+    Returns "lane tag architecture: yes|no" for each probe run now.
+    """
+    lanes = LaneStore(store)
+    done = []
+    for lane in lanes.all():
+        if lane.origin != MAINSTREAM or lane.kind != "llamacpp":  # GGUF architectures only
+            continue
+        engine = lanes.engines.active(lane.lane)
+        if engine is None or not Path(engine.path).is_dir():
+            continue
+        known = lanes.support(lane.lane, engine.tag)
+        for architecture in sorted(set(architectures) - set(known)):
+            try:
+                supported, detail = probe(engine, architecture, paths)
+            except (BlazarError, OSError) as exc:  # unknown stays unknown; the load will tell
+                done.append(f"{lane.lane} {engine.tag} {architecture}: probe failed: {exc}")
+                continue
+            lanes.record_support(lane.lane, engine.tag, architecture, supported, "probe", detail)
+            done.append(f"{lane.lane} {engine.tag} {architecture}: {'yes' if supported else 'no'}")
+    return done
