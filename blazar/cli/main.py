@@ -42,6 +42,7 @@ COMMANDS: dict[str, str] = {
     "run": "blazar.cli.serve:run_",
     "schema": "blazar.cli.manifest:schema",
     "serve": "blazar.cli.serve:serve",
+    "session": "blazar.cli.sessions:session",
     "show": "blazar.cli.models:show",
     "status": "blazar.cli.manifest:status",
     "stop": "blazar.cli.serve:stop",

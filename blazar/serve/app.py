@@ -23,6 +23,7 @@ from blazar.serve import (
     ollama_pull,
     openai_api,
     pipeline,
+    sessions_api,
 )
 from blazar.serve.envelopes import for_path
 from blazar.serve.http import TRACE, trace_id
@@ -62,4 +63,5 @@ def build_app(services: Services) -> web.Application:
     ollama_admin.register(app, services)
     ollama_pull.register(app, services)
     anthropic_api.register(app, services)
+    sessions_api.register(app, services)
     return app

@@ -12,6 +12,9 @@ here and the same for all three:
 3. `lease`: a slot from the scheduler (`x-blazar-priority` read here), with
    the load time measured the way ollama reports it; a start failure is a 502.
 4. `engine_body`: the body with the adapter of a `model#adapter` request on.
+   `admit` (docs/sessions.md), after the lease: the prompt preflight (a 400 for
+   a prompt that cannot fit) and the sessions' slot routing (`id_slot`), and
+   `keep_alive` reads a request's keep_alive (body field or header).
 5. `failure`: every exception a route may raise -> (status, message, code,
    Retry-After). The `errors` middleware in `blazar.serve.app` answers with it
    in the route's envelope (`blazar.serve.envelopes`), so routes only raise.
@@ -30,15 +33,20 @@ from aiohttp import web
 
 from blazar.errors import BlazarError, InvalidInput, NotFound
 from blazar.protocols import ProtocolError
+from blazar.protocols.ollama import keep_alive_seconds
 from blazar.reconcile import InvalidManifest
+from blazar.serve.child_http import UpstreamError
 from blazar.serve.http import wants_priority
 from blazar.serve.instance import InstanceFailed
+from blazar.serve.prompts import KINDS, Prompts
 from blazar.serve.runtime import ModelRuntime
 from blazar.serve.scheduler import Lease, Scheduler, SchedulerError, Target
+from blazar.serve.sessions import Sessions
 from specs.names import InvalidName
 from specs.sources import InvalidSource
 
 CHAT, EMBEDDINGS, ANY = "chat", "embeddings", "any"
+KEEP_ALIVE = "x-blazar-keep-alive"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -149,3 +157,53 @@ def engine_body(lease: Lease, body: dict[str, Any]) -> dict[str, Any]:
     index = lease.runtime.adapter_index(lease.adapter)
     scale = lease.runtime.adapters[index].scale if index is not None else 1.0
     return {**body, "lora": [{"id": index, "scale": scale}]}
+
+
+def keep_alive(request: web.Request, body: dict[str, Any]) -> float | None:
+    """A request's keep_alive in seconds for the scheduler, from its `keep_alive` field or
+    the `x-blazar-keep-alive` header (the field wins): None (the model's own), -1 (forever),
+    or seconds (0: unload after this request). As ollama spells it ("5m", 0, -1)."""
+    value = body.get("keep_alive")
+    if value is None:
+        value = request.headers.get(KEEP_ALIVE)
+        if value is None:
+            return None
+    seconds = keep_alive_seconds(value)
+    return -1.0 if seconds is None else seconds
+
+
+async def admit(
+    prompts: Prompts,
+    sessions: Sessions | None,
+    lease: Lease,
+    path: str,
+    body: dict[str, Any],
+    size: int,
+) -> int | None:
+    """What happens between the lease and the engine call: the preflight refuses (400) a
+    prompt that cannot fit its slot, and the sessions name the slot the request must go to
+    (restoring a banked session into it first). Returns that slot (`id_slot`), or None.
+
+    Cheap when nothing needs the prompt's tokens: `size` (the body's bytes) bounds them."""
+    kind = KINDS.get(path)
+    if kind is None:
+        return None
+    runtime = lease.runtime
+    routed = sessions is not None and sessions.wants_tokens(lease)
+    if not routed and not runtime.preflight:
+        return None
+    tokens = None
+    if routed:
+        try:
+            tokens = await prompts.token_ids(lease.url, kind, body)
+        except UpstreamError:
+            tokens = None
+    if runtime.preflight:
+        instance = lease.member.instance
+        await prompts.preflight(
+            instance, lease.url, model=runtime.name, ctx=runtime.ctx, kind=kind, body=body,
+            size=size, tokens=tokens,
+        )  # fmt: skip
+    if sessions is not None and tokens is not None:
+        return await sessions.route(lease, tokens)
+    return None

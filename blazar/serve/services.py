@@ -1,6 +1,7 @@
 """What the gateway's routes work with, as one small value the daemon builds.
 
-`Services` holds the scheduler, the one HTTP client to the children, and the
+`Services` holds the scheduler, the one HTTP client to the children, the
+prompt counter, the sessions and singleflight (docs/sessions.md), and the
 daemon's hooks for routes that edit the manifest (`Control`). Route modules
 (`openai_api`, `ollama_api`, `ollama_admin`, `ollama_pull`, `anthropic_api`,
 `blazar_api`) receive it from `blazar.serve.app` and import nothing of the
@@ -17,7 +18,10 @@ from pathlib import Path
 from blazar.paths import Paths
 from blazar.protocols import ProtocolError
 from blazar.serve.child_http import ChildConnections
+from blazar.serve.prompts import Prompts
 from blazar.serve.scheduler import Scheduler
+from blazar.serve.sessions import Sessions
+from blazar.serve.singleflight import SingleFlight
 from blazar.store import Store
 
 
@@ -38,12 +42,19 @@ class Control:
 
 @dataclass
 class Services:
-    """The scheduler, the child client and (under `blazar serve`) the daemon's hooks."""
+    """The scheduler, the child client, what counts prompts, and (under `blazar serve`) the
+    sessions and the daemon's hooks."""
 
     scheduler: Scheduler
     children: ChildConnections = field(default_factory=ChildConnections)
     control: Control | None = None
     started: float = field(default_factory=time.time)
+    sessions: Sessions | None = None  # None: sessions and the bank are off (no daemon)
+    prompts: Prompts = field(init=False)
+    singleflight: SingleFlight = field(default_factory=SingleFlight)
+
+    def __post_init__(self) -> None:
+        self.prompts = Prompts(self.children)
 
     def need_control(self) -> Control:
         """The daemon's hooks; routes that edit the manifest need `blazar serve`."""
