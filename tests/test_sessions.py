@@ -308,13 +308,28 @@ def test_cache_fields_reach_the_engine_and_are_refused_when_the_gguf_cannot_take
         assert "narrow: not started until its settings are fixed" in served.log
 
 
-def test_deterministic_allows_one_slot_only(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"slots": 2, "deterministic": True}, "deterministic serves one slot"),
+        ({"cache_type": "q5_1"}, "cache_type"),
+        ({"kv_unified": "yes"}, "kv_unified"),
+        ({"cache_ram_mb": -2}, "cache_ram_mb"),
+        ({"cache_reuse": -1}, "cache_reuse"),
+        ({"ctx_extend": 1.0}, "ctx_extend"),
+        ({"load_mode": "fast"}, "load_mode"),
+        ({"flash_attn": True}, "flash_attn"),
+        ({"args": ["-ctk", "q8_0"]}, "use cache_type"),
+        ({"args": ["--slot-save-path", "/tmp"]}, "Blazar keeps sessions"),
+    ],
+)
+def test_the_manifest_refuses_bad_cache_values(
+    tmp_path: Path, fields: dict[str, Any], reason: str
+) -> None:
     from specs.loader import ManifestError, load_manifest
 
-    path = write_manifest(
-        tmp_path, model_block("m", tmp_path / "m.gguf", slots=2, deterministic=True)
-    )
-    with pytest.raises(ManifestError, match="deterministic serves one slot"):
+    path = write_manifest(tmp_path, model_block("m", tmp_path / "m.gguf", **fields))
+    with pytest.raises(ManifestError, match=reason):
         load_manifest(path)
 
 

@@ -224,7 +224,7 @@ class Prompts:
         it might not. `tokens`: the prompt's ids when the caller has them already."""
         output = requested_output(body)
         try:
-            probe = await self.probe(instance, url, ctx)
+            probe = self._probes.get(instance_id(instance)) or await self.probe(instance, url, ctx)
             n = messages_of(kind, body)
             bounded = tokens is None and n is not None and (n == 0 or probe.overhead is not None)
             if bounded and fits(bound(size, n or 0, probe.overhead or 0), output, probe.slot_ctx):
