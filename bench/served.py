@@ -36,7 +36,7 @@ class SetupFailed(Exception):
 class Serve:
     """`blazar serve` in a subprocess, in a temporary home; stopped by its PID."""
 
-    def __init__(self, root: Path, models: str) -> None:
+    def __init__(self, root: Path, models: str, serving: str = "") -> None:
         self.root = root
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -46,7 +46,7 @@ class Serve:
         self.manifest = root / "manifest" / "blazar.toml"
         self.manifest.parent.mkdir()
         self.manifest.write_text(
-            f"[serving]\nport = {self.port}\nkeep_alive = -1\n\n"
+            f"[serving]\nport = {self.port}\nkeep_alive = -1\n{serving}\n"
             f'[engines.llamacpp]\nversion = "{ENGINE_VERSION}"\n\n{models}'
         )
         self.proc: subprocess.Popen[bytes] | None = None
@@ -107,11 +107,12 @@ class Serve:
 
 
 @contextmanager
-def served(prefix: str, models: Callable[[Path], str]) -> Iterator[Serve]:
-    """A started `Serve` in a fresh temporary folder; `models(root)` gives its models."""
+def served(prefix: str, models: Callable[[Path], str], serving: str = "") -> Iterator[Serve]:
+    """A started `Serve` in a fresh temporary folder; `models(root)` gives its models and
+    `serving` more lines of its `[serving]` table."""
     root = Path(tempfile.mkdtemp(prefix=prefix))
     try:
-        serve = Serve(root, models(root))
+        serve = Serve(root, models(root), serving)
         try:
             serve.start()
             yield serve

@@ -6,7 +6,10 @@ The estimate (every term is reported by `blazar fit --json`):
     kv/token = layers x kv_heads x (key_length + value_length) x bytes per cache element
     kv       = kv/token x ctx
     compute  = 4 bytes x ubatch (512) x (vocab + 4 x embedding + feed_forward) + 32 MiB
+    prompt cache = cache_ram_mb MiB when it is set and the budget is system RAM
 
+`blazar fit` takes ctx (times slots), cache_type, ctx_extend and cache_ram_mb from
+the manifest when the model is declared there, as serve would start it.
 `compute` approximates llama.cpp's scratch buffers: the logits of one
 micro-batch dominate for large vocabularies. Sliding-window layers (Gemma 3)
 need less KV cache than counted here, so the estimate errs on the safe side.
@@ -54,13 +57,23 @@ class FitReport:
     fits: bool
     max_ctx: int
     context_length: int | None
+    prompt_cache: int = 0
     notes: list[str] = field(default_factory=list)
 
 
 def estimate(
-    model: str, facts: dict[str, Any], devices: list[Device], *, ctx: int | None, cache_type: str
+    model: str,
+    facts: dict[str, Any],
+    devices: list[Device],
+    *,
+    ctx: int | None,
+    cache_type: str,
+    ctx_extend: float | None = None,
+    cache_ram_mb: int | None = None,
 ) -> FitReport:
-    """Pure: the fit of one model's facts on the given devices."""
+    """Pure: the fit of one model's facts on the given devices. `ctx_extend` (YaRN) raises
+    the largest context to that factor of the training context; `cache_ram_mb` is the
+    engine's host-memory prompt cache, counted when the budget is system RAM."""
     per_elem = cache_bytes_per_element(cache_type)
     layers = facts.get("block_count") or 0
     heads = facts.get("head_count") or 0
@@ -80,22 +93,26 @@ def estimate(
         ctx = min(DEFAULT_CTX, train_ctx) if train_ctx else DEFAULT_CTX
     if ctx <= 0:
         raise InvalidInput(f"--ctx must be a positive number of tokens, got {ctx}")
-    if train_ctx and ctx > train_ctx:
-        notes.append(f"ctx {ctx} is above the training context {train_ctx}")
+    limit = int(train_ctx * ctx_extend) if train_ctx and ctx_extend else train_ctx
+    if limit and ctx > limit:
+        extended = f" x ctx_extend {ctx_extend:g}" if ctx_extend else ""
+        notes.append(f"ctx {ctx} is above the training context {train_ctx}{extended}")
 
     weights = int(facts.get("size") or 0)
     kv_per_token = int(layers * kv_heads * (key_len + value_len) * per_elem)
     kv = kv_per_token * ctx
     compute = 4 * UBATCH * (vocab + 4 * embd + ff) + COMPUTE_FIXED
-    needed = weights + kv + compute
-
     budget = max(devices, key=lambda d: d.free)
+    on_ram = budget.kind != "gpu"
+    prompt_cache = cache_ram_mb * 1024 * 1024 if on_ram and cache_ram_mb and cache_ram_mb > 0 else 0
+    needed = weights + kv + compute + prompt_cache
+
     if budget.kind == "gpu" and len(devices) > 1:
         notes.append("budget is the GPU with most free memory; a split across GPUs may hold more")
-    room = budget.free - weights - compute
-    max_ctx = max(0, room // kv_per_token) if kv_per_token else (train_ctx or 0)
-    if train_ctx:
-        max_ctx = min(max_ctx, train_ctx)
+    room = budget.free - weights - compute - prompt_cache
+    max_ctx = max(0, room // kv_per_token) if kv_per_token else (limit or 0)
+    if limit:
+        max_ctx = min(max_ctx, limit)
     if room <= 0:
         max_ctx = 0
     return FitReport(
@@ -113,7 +130,9 @@ def estimate(
             "feed_forward_length": ff,
             "ubatch": UBATCH,
             "compute_fixed": COMPUTE_FIXED,
-            "formula": "needed = weights + kv_per_token * ctx + compute",
+            "ctx_extend": ctx_extend,
+            "cache_ram_mb": cache_ram_mb,
+            "formula": "needed = weights + kv_per_token * ctx + compute + prompt_cache",
         },
         weights=weights,
         kv_per_token=kv_per_token,
@@ -126,5 +145,6 @@ def estimate(
         fits=needed <= budget.free,
         max_ctx=int(max_ctx),
         context_length=train_ctx,
+        prompt_cache=prompt_cache,
         notes=notes,
     )

@@ -81,6 +81,10 @@ class GGUFFacts:
     key_length: int | None
     value_length: int | None
     sliding_window: int | None
+    rope_dimension_count: int | None
+    rope_freq_base: float | None
+    rope_scaling_type: str | None  # none | linear | yarn | ..., when the GGUF declares one
+    rope_scaling_factor: float | None
     vocab_size: int | None
     tokenizer_model: str | None
     has_chat_template: bool
@@ -229,6 +233,16 @@ def _int(meta: dict[str, Any], key: str) -> int | None:
     return int(value) if isinstance(value, int | float) else None
 
 
+def _float(meta: dict[str, Any], key: str) -> float | None:
+    value = meta.get(key)
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _text(meta: dict[str, Any], key: str) -> str | None:
+    value = meta.get(key)
+    return value if isinstance(value, str) else None
+
+
 def _length(value: Any) -> int | None:
     if isinstance(value, Array):
         return value.length
@@ -295,6 +309,10 @@ def _facts(version: int, meta: dict[str, Any], tensors: list[TensorInfo], size: 
         key_length=key("attention.key_length"),
         value_length=key("attention.value_length"),
         sliding_window=key("attention.sliding_window"),
+        rope_dimension_count=key("rope.dimension_count"),
+        rope_freq_base=_float(meta, f"{arch}.rope.freq_base"),
+        rope_scaling_type=_text(meta, f"{arch}.rope.scaling.type"),
+        rope_scaling_factor=_float(meta, f"{arch}.rope.scaling.factor"),
         vocab_size=_length(meta.get("tokenizer.ggml.tokens")) or key("vocab_size"),
         tokenizer_model=tokenizer if isinstance(tokenizer, str) else None,
         has_chat_template=template is not None,

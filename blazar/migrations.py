@@ -244,3 +244,26 @@ def m006_engine_lanes(db: sqlite_utils.Database) -> None:
         pk=("lane", "tag", "architecture"),
         not_null={"lane", "tag", "architecture", "supported", "how", "checked_at"},
     )
+
+
+@migration
+def m007_sessions(db: sqlite_utils.Database) -> None:
+    """Saved KV sessions: explicit ones (`blazar session save`) and the session bank's."""
+    db["sessions"].create(  # type: ignore[union-attr]
+        {
+            "name": str,
+            "model": str,  # the model's short name
+            "kind": str,  # saved | bank
+            "file": str,  # its file's name under Paths.sessions
+            "n_tokens": int,  # tokens the engine saved (its save response)
+            "size": int,  # bytes of the file
+            "model_sha256": str,  # of the model file it was saved from
+            "engine_tag": str,  # the engine build that wrote it
+            "cache_type": str,  # KV cache element type: the state is only valid for it
+            "created_at": str,
+            "last_used": str,  # saved or restored; the bank drops the oldest first
+        },
+        pk="name",
+        not_null={"name", "model", "kind", "file", "n_tokens", "size", "created_at"},
+    )
+    db["sessions"].create_index(["model", "kind"])  # type: ignore[union-attr]

@@ -46,6 +46,11 @@ class Paths:
         return self.data / "engines"
 
     @property
+    def sessions(self) -> Path:
+        """Saved KV sessions (llama-server's --slot-save-path), named by Blazar."""
+        return self.data / "sessions"
+
+    @property
     def logs(self) -> Path:
         return self.state / "logs"
 

@@ -31,6 +31,11 @@ def utcnow() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
+def utcnow_us() -> str:
+    """To the microsecond: what least-recently-used orders by."""
+    return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
 @dataclass(frozen=True)
 class ModelRecord:
     """One model Blazar holds, as the store records it."""
@@ -107,6 +112,23 @@ class KeyRecord:
     models: tuple[str, ...]
     managed: bool = True
     added_at: str = field(default_factory=utcnow)
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    """A saved KV session: which model, engine and cache it belongs to, and its file."""
+
+    name: str
+    model: str
+    kind: str  # saved (by `blazar session save`) | bank (by the session bank)
+    file: str  # the file's name under `Paths.sessions`
+    n_tokens: int
+    size: int
+    model_sha256: str
+    engine_tag: str
+    cache_type: str
+    created_at: str = field(default_factory=utcnow)
+    last_used: str = field(default_factory=utcnow_us)
 
 
 @dataclass(frozen=True)
@@ -255,6 +277,42 @@ class Store:
         with self.db.atomic():
             self.db.execute("DELETE FROM keys WHERE name = ?", [name])
             self._event("key", name, "removed", "")
+
+    # -- sessions -------------------------------------------------------------
+
+    def find_session(self, name: str) -> SessionRecord | None:
+        rows = list(self.db["sessions"].rows_where("name = ?", [name]))
+        return SessionRecord(**rows[0]) if rows else None
+
+    def list_sessions(
+        self, model: str | None = None, kind: str | None = None
+    ) -> list[SessionRecord]:
+        """Sessions, most recently used first; of one model or kind when given."""
+        where, args = [], []
+        for column, value in (("model", model), ("kind", kind)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                args.append(value)
+        rows = self.db["sessions"].rows_where(
+            " AND ".join(where) or None, args, order_by="last_used DESC, name"
+        )
+        return [SessionRecord(**r) for r in rows]
+
+    def put_session(self, record: SessionRecord) -> None:
+        with self.db.atomic():
+            self.db["sessions"].upsert(asdict(record), pk="name")  # type: ignore[union-attr]
+            self._event(
+                "session", record.name, "saved", f"{record.model}: {record.n_tokens} tokens"
+            )
+
+    def touch_session(self, name: str) -> None:
+        with self.db.atomic():
+            self.db.execute("UPDATE sessions SET last_used = ? WHERE name = ?", [utcnow_us(), name])
+
+    def delete_session(self, name: str, reason: str = "removed") -> None:
+        with self.db.atomic():
+            self.db.execute("DELETE FROM sessions WHERE name = ?", [name])
+            self._event("session", name, reason, "")
 
     # -- conditions -----------------------------------------------------------
 

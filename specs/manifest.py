@@ -77,7 +77,32 @@ _RESERVED_ARGS = {
     "--lora": "declare the adapter under [loras]",
     "--chat-template": "use chat_template",
     "--chat-template-file": "use chat_template",
+    # Sessions and the prompt cache (docs/sessions.md): fields, so they are validated.
+    "-ctk": "use cache_type",
+    "--cache-type-k": "use cache_type",
+    "-ctv": "use cache_type",
+    "--cache-type-v": "use cache_type",
+    "-kvu": "use kv_unified",
+    "--kv-unified": "use kv_unified",
+    "-no-kvu": "use kv_unified",
+    "--no-kv-unified": "use kv_unified",
+    "-cram": "use cache_ram_mb",
+    "--cache-ram": "use cache_ram_mb",
+    "--cache-reuse": "use cache_reuse",
+    "--rope-scaling": "use ctx_extend",
+    "--rope-scale": "use ctx_extend",
+    "--yarn-orig-ctx": "use ctx_extend",
+    "-lm": "use load_mode",
+    "--load-mode": "use load_mode",
+    "--mmap": "use load_mode",
+    "--no-mmap": "use load_mode",
+    "-fa": "use flash_attn",
+    "--flash-attn": "use flash_attn",
+    "--slot-save-path": "Blazar keeps sessions under its data directory",
 }
+CacheType = Literal["f16", "q8_0", "q4_0"]
+LoadMode = Literal["mmap", "none", "mlock", "mmap+mlock"]
+FlashAttn = Literal["on", "off", "auto"]
 
 
 class _Table(BaseModel):
@@ -137,6 +162,66 @@ class Serving(_Table):
         description="Longest the gateway waits for a model's next bytes (a long prompt's first "
         "token, or a whole answer that is not streamed) before answering 504; a limit between "
         "chunks, not on a whole stream. 0 or -1: no limit.",
+    )
+    # -- sessions and the prompt cache (docs/sessions.md) --
+    session_bank: bool = Field(
+        default=False,
+        description="Save the slots that hold a conversation before a model is unloaded "
+        "(keep_alive, eviction, `blazar stop`, a restart or reload; not a crash) and restore "
+        "the best match when a request for it comes back, also after serve restarts. Per "
+        "model: models.NAME.session_bank.",
+    )
+    session_bank_mb: int = Field(
+        default=4096,
+        ge=1,
+        description="Most MiB of banked sessions kept on disk; the least recently used go first.",
+    )
+    prompt_preflight: bool = Field(
+        default=True,
+        description="Count a request's prompt tokens with the model's tokenizer before it "
+        "reaches the engine and refuse (400) one whose prompt and requested output cannot "
+        "fit the slot's context.",
+    )
+    singleflight: bool = Field(
+        default=False,
+        description="Identical concurrent non-streamed deterministic requests (temperature 0 "
+        "or a seed) for the same model share one engine call; each client gets its own id.",
+    )
+    cache_type: CacheType | None = Field(
+        default=None,
+        description="Default KV cache element type (K and V) of every model: f16, q8_0 or "
+        "q4_0 (quantized types need a head size that is a multiple of 32). Default: the "
+        "engine's (f16).",
+    )
+    kv_unified: bool | None = Field(
+        default=None,
+        description="Default for models: one KV buffer shared by all slots (true) or one per "
+        "slot (false). Default: the engine's.",
+    )
+    cache_ram_mb: int | None = Field(
+        default=None,
+        ge=-1,
+        description="Default MiB of host memory for the engine's prompt cache, which keeps "
+        "prefixes a slot has lost (0: off, -1: no limit). Default: the engine's (8192).",
+    )
+    cache_reuse: int | None = Field(
+        default=None,
+        ge=0,
+        description="Default smallest chunk (tokens) the engine reuses from the cache by "
+        "shifting it (llama-server --cache-reuse; 0: off). Default: the engine's (0).",
+    )
+    load_mode: LoadMode | None = Field(
+        default=None,
+        description="Default way models are loaded: mmap (map the file), none (read it into "
+        "memory), mlock (read and lock it in RAM), mmap+mlock. Default: the engine's.",
+    )
+    flash_attn: FlashAttn | None = Field(
+        default=None,
+        description="Default flash attention: on, off or auto. Default: the engine's (auto).",
+    )
+    deterministic: bool = Field(
+        default=False,
+        description="Default for models: a fixed seed and one slot, for reproducible outputs.",
     )
     cors_origins: list[str] = Field(
         default=[],
@@ -352,9 +437,58 @@ class Model(_Table):
         "repeat_last_n, presence_penalty, frequency_penalty, mirostat, mirostat_tau, "
         "mirostat_eta, num_keep, num_predict, stop (a list).",
     )
+    # -- sessions and the prompt cache (docs/sessions.md); None: serving's default --
+    session_bank: bool | None = Field(
+        default=None,
+        description="Bank this model's sessions when it is unloaded. Default: "
+        "serving.session_bank.",
+    )
+    cache_type: CacheType | None = Field(
+        default=None,
+        description="KV cache element type (K and V): f16, q8_0 or q4_0; checked against the "
+        "GGUF (quantized types need a head size that is a multiple of 32, and q*_0 V needs "
+        "flash_attn on or auto). Default: serving.cache_type.",
+    )
+    kv_unified: bool | None = Field(
+        default=None,
+        description="One KV buffer for all slots (true) or one per slot. Default: "
+        "serving.kv_unified.",
+    )
+    cache_ram_mb: int | None = Field(
+        default=None,
+        ge=-1,
+        description="MiB of host memory for the engine's prompt cache (0: off, -1: no "
+        "limit). Default: serving.cache_ram_mb.",
+    )
+    cache_reuse: int | None = Field(
+        default=None,
+        ge=0,
+        description="Smallest chunk (tokens) reused from the cache by KV shifting; must be "
+        "below ctx. Default: serving.cache_reuse.",
+    )
+    ctx_extend: float | None = Field(
+        default=None,
+        gt=1,
+        description="Extend the context past the training context by this factor with YaRN "
+        "RoPE scaling (ctx may then be up to factor x the training context); refused for a "
+        "model without RoPE and beyond the factor its GGUF declares (4 when it declares none).",
+    )
+    load_mode: LoadMode | None = Field(
+        default=None,
+        description="mmap, none (read into memory), mlock or mmap+mlock. Default: "
+        "serving.load_mode.",
+    )
+    deterministic: bool | None = Field(
+        default=None,
+        description="A fixed seed and one slot, for reproducible outputs (slots may not be "
+        "above 1). Default: serving.deterministic.",
+    )
+    flash_attn: FlashAttn | None = Field(
+        default=None, description="Flash attention: on, off or auto. Default: serving.flash_attn."
+    )
     args: list[str] = Field(
         default=[],
-        description="Extra llama-server flags, such as ['--flash-attn', 'on'].",
+        description="Extra llama-server flags, such as ['--batch-size', '1024'].",
     )
 
     @model_validator(mode="after")
@@ -366,6 +500,12 @@ class Model(_Table):
             flag = arg.split("=", 1)[0]
             if flag in _RESERVED_ARGS:
                 raise FieldError("args", f"args may not set {flag}", _RESERVED_ARGS[flag])
+        if self.deterministic and self.slots is not None and self.slots > 1:
+            raise FieldError(
+                "deterministic",
+                f"deterministic serves one slot, and slots = {self.slots} asks for more",
+                "remove slots, or set deterministic = false",
+            )
         return self
 
 

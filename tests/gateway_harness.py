@@ -26,6 +26,7 @@ from blazar.serve.instance import State
 from blazar.serve.runtime import ModelRuntime
 from blazar.serve.scheduler import Scheduler
 from blazar.serve.services import Control, Services
+from blazar.serve.sessions import Sessions
 from blazar.store import Store
 
 
@@ -108,8 +109,8 @@ class InProcessGateway:
             make_instance=Instance,
         )
         self.children = ChildConnections(timeout=self.upstream_timeout)
-        control = None
-        if self.manifest is not None:
+        control, sessions = None, None
+        if self.manifest is not None:  # as under `blazar serve`: manifest hooks and sessions
             paths = resolve_paths()
             self.store = Store(paths.db)  # opened on the loop's thread, which uses it
 
@@ -117,7 +118,11 @@ class InProcessGateway:
                 return None
 
             control = Control(paths, self.manifest, self.store, refresh)
-        self.app = build_app(Services(self.scheduler, self.children, control))
+            sessions = Sessions(
+                self.store, self.children, paths.sessions, runtimes=lambda: self.scheduler.runtimes
+            )
+        services = Services(self.scheduler, self.children, control, sessions=sessions)
+        self.app = build_app(services)
         self._runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)

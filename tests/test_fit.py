@@ -178,3 +178,31 @@ def test_kv_estimate_matches_what_the_engine_allocates(
     assert (cells, layers) == (ctx, 2)
     # llama.cpp prints MiB with two decimals: 4.00, 1.06 (1.0625), 0.56 (0.5625)
     assert size == f"{per_token * ctx / 2**20:.2f}"
+
+
+def test_fit_cli_takes_the_manifest_cache_fields(blazar: Blazar, tmp_path: Path) -> None:
+    narrow = write_tiny_model(tmp_path / "narrow.gguf")  # heads of 16
+    wide = write_tiny_model(tmp_path / "wide.gguf", n_head=2, n_head_kv=2)  # heads of 32
+    blazar("import", str(narrow), "--name", "narrow")
+    blazar("import", str(wide), "--name", "wide")
+    manifest = tmp_path / "blazar.toml"
+    manifest.write_text(
+        f'[models.narrow]\nsource = "{narrow.as_uri()}"\nctx = 1024\nslots = 2\n'
+        'cache_type = "q8_0"\n\n'
+        f'[models.wide]\nsource = "{wide.as_uri()}"\nctx = 4096\nctx_extend = 2.0\n'
+        "cache_ram_mb = 64\n"
+    )
+    data = json.loads(blazar("fit", "narrow", "--manifest", str(manifest), "--json").output)
+    assert data["ctx"] == 2048 and data["cache_type"] == "q8_0"  # ctx x slots, as served
+    assert data["kv_per_token"] == 272  # 2 layers x 4 kv heads x (16 + 16) x 34/32 bytes
+    assert any("multiple of 32" in note for note in data["notes"])  # the engine would refuse
+    data = json.loads(blazar("fit", "wide", "--manifest", str(manifest), "--json").output)
+    assert data["ctx"] == 4096 and not any("training context" in n for n in data["notes"])
+    assert data["max_ctx"] == 4096  # 2 x the training context of 2048
+    if data["budget_device"].startswith("cpu"):
+        assert data["prompt_cache"] == 64 * 1024 * 1024
+    # A flag still wins over the manifest.
+    data = json.loads(
+        blazar("fit", "narrow", "--manifest", str(manifest), "--cache-type", "f16", "--json").output
+    )
+    assert data["cache_type"] == "f16" and data["notes"] == []

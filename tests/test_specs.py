@@ -51,7 +51,8 @@ def test_full_toml_manifest_loads_to_the_declared_values() -> None:
     )
     assert gemma.keep_alive == FOREVER
     assert gemma.aliases == ["gemma", "g3:small"]
-    assert gemma.args == ["--flash-attn", "on"]
+    assert gemma.args == ["--batch-size", "1024"]
+    assert (gemma.flash_attn, gemma.cache_type) == ("on", "q8_0")
     assert gemma.chat_template == "chatml"
     assert list(m.models) == ["gemma3-270m", "qwen3:0.6b", "nomic-embed"]
     assert m.models["nomic-embed"].embeddings and m.models["nomic-embed"].pooling == "mean"
@@ -68,12 +69,12 @@ def test_yaml_manifest_equals_its_toml_twin() -> None:
 def test_origins_point_at_each_declaration() -> None:
     toml = load_manifest(GOOD / "full.toml")
     name = str(GOOD / "full.toml")
-    assert toml.origins[("models", "qwen3:0.6b")] == Location(name, 43, 1)
+    assert toml.origins[("models", "qwen3:0.6b")] == Location(name, 45, 1)
     assert toml.origins[("models", "gemma3-270m", "aliases", 1)] == Location(name, 40, 21)
-    assert toml.location_of("models", "qwen3:0.6b", "ctx") == Location(name, 43, 1)
+    assert toml.location_of("models", "qwen3:0.6b", "ctx") == Location(name, 45, 1)
     yaml = load_manifest(GOOD / "full.yaml")
-    assert yaml.origins[("models", "qwen3:0.6b")] == Location(str(GOOD / "full.yaml"), 40, 3)
-    assert str(yaml.origins[("loras", "fox", "model")]) == f"{GOOD / 'full.yaml'}:51"
+    assert yaml.origins[("models", "qwen3:0.6b")] == Location(str(GOOD / "full.yaml"), 42, 3)
+    assert str(yaml.origins[("loras", "fox", "model")]) == f"{GOOD / 'full.yaml'}:53"
 
 
 def test_a_directory_merges_its_manifest_files_in_name_order() -> None:

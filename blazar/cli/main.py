@@ -51,6 +51,7 @@ COMMANDS: dict[str, str] = {
     "schema": "blazar.cli.manifest:schema",
     "search": "blazar.cli.hub:search",
     "serve": "blazar.cli.serve:serve",
+    "session": "blazar.cli.sessions:session",
     "show": "blazar.cli.models:show",
     "signin": "blazar.cli.shell:signin",
     "signout": "blazar.cli.shell:signout",

@@ -18,6 +18,7 @@ from blazar.store import ModelRecord
 from specs.names import InvalidName, parse_name
 
 if TYPE_CHECKING:  # kept out of `blazar list`'s start: it loads the manifest models
+    from blazar.cache_settings import CacheSettings
     from blazar.chat_templates import AppliedTemplate
 
 
@@ -249,17 +250,31 @@ def _template_line(template: AppliedTemplate) -> str:
 
 @click.command("fit")
 @click.argument("target")
-@click.option("--ctx", "ctx_size", type=int, default=None, help="Context length (default 4096).")
+@click.option(
+    "--ctx",
+    "ctx_size",
+    type=int,
+    default=None,
+    help="Context length (default: the manifest's ctx x slots, else 4096).",
+)
 @click.option(
     "--cache-type",
     type=click.Choice(CACHE_TYPES),
-    default="f16",
-    show_default=True,
-    help="KV cache element type.",
+    default=None,
+    help="KV cache element type (default: the manifest's cache_type, else f16).",
 )
+@click.option("--manifest", type=click.Path(path_type=Path), default=None,
+              help="The manifest whose settings count (default: yours).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the estimate and its terms.")
 @pass_context
-def fit(ctx: Context, target: str, ctx_size: int | None, cache_type: str, as_json: bool) -> None:
+def fit(
+    ctx: Context,
+    target: str,
+    ctx_size: int | None,
+    cache_type: str | None,
+    manifest: Path | None,
+    as_json: bool,
+) -> None:
     """Estimate the memory a model needs and whether this machine has it.
 
     TARGET is a model Blazar holds, or one on Hugging Face before it is pulled:
@@ -267,7 +282,14 @@ def fit(ctx: Context, target: str, ctx_size: int | None, cache_type: str, as_jso
     qwen3-0.6b. For those, file sizes come from the hub and the layers, heads
     and context from the GGUF header (range requests: its first megabytes
     only); every quantization is shown and the largest that fits suggested.
+    A model declared in the manifest is estimated as serve starts it: its ctx
+    times its slots, cache_type, ctx_extend and cache_ram_mb (and `[serving]`'s
+    defaults).
     """
+    from dataclasses import replace
+
+    from blazar import cache_settings
+
     record = _held(ctx, target)
     if record is None:
         from blazar.cli.hub import fit_remote, hub_target
@@ -279,19 +301,38 @@ def fit(ctx: Context, target: str, ctx_size: int | None, cache_type: str, as_jso
                 "model on Hugging Face: give owner/repo[:QUANT], hf://owner/repo[:QUANT] or a "
                 "short name such as qwen3-0.6b"
             )
-        fit_remote(source, target, ctx_size=ctx_size, cache_type=cache_type, as_json=as_json)
+        fit_remote(
+            source, target, ctx_size=ctx_size, cache_type=cache_type or "f16", as_json=as_json
+        )
         return
+    settings, declared_ctx = _declared(manifest or ctx.paths.manifest, record.ref.short)
+    if cache_type is not None:
+        settings = replace(settings, cache_type=cache_type)
     report = estimate(
-        record.ref.short, record.facts, memory_devices(), ctx=ctx_size, cache_type=cache_type
+        record.ref.short,
+        record.facts,
+        memory_devices(),
+        ctx=ctx_size or declared_ctx,
+        cache_type=settings.kv_type,
+        ctx_extend=settings.ctx_extend,
+        cache_ram_mb=settings.cache_ram_mb,
+    )
+    report.notes.extend(
+        f"the engine would refuse this: {problem}"
+        for problem in cache_settings.problems(
+            settings, record.facts, name=record.ref.short, ctx=report.ctx
+        )
     )
     if as_json:
         echo_json(asdict(report))
         return
     verdict = "fits" if report.fits else "does NOT fit"
-    click.echo(f"{report.model} at ctx {report.ctx} ({cache_type} KV cache) {verdict}")
+    click.echo(f"{report.model} at ctx {report.ctx} ({report.cache_type} KV cache) {verdict}")
     click.echo(f"  weights    {human_bytes(report.weights)}")
     click.echo(f"  kv cache   {human_bytes(report.kv)} ({human_bytes(report.kv_per_token)}/token)")
     click.echo(f"  compute    {human_bytes(report.compute)} (estimate)")
+    if report.prompt_cache:
+        click.echo(f"  prompt cache {human_bytes(report.prompt_cache)} (cache_ram_mb, at most)")
     click.echo(f"  needed     {human_bytes(report.needed)}")
     click.echo(f"  available  {human_bytes(report.available)} on {report.budget_device}")
     click.echo(f"  largest ctx that fits: {report.max_ctx}")
@@ -305,6 +346,22 @@ def _held(ctx: Context, name: str) -> ModelRecord | None:
     except InvalidName:
         return None
     return ctx.store.find_model(ref)
+
+
+def _declared(path: Path, model: str) -> tuple[CacheSettings, int | None]:
+    """The model's cache settings and engine context (ctx x slots) as the manifest at
+    `path` declares them; the defaults when it does not declare the model."""
+    from blazar import cache_settings
+    from blazar.reconcile import load_or_empty
+
+    manifest = load_or_empty(path)
+    key = manifest.resolve_model(model)
+    spec = manifest.models[key] if key is not None else None
+    settings = cache_settings.settings_for(spec, manifest.serving)
+    if key is None:
+        return settings, None
+    slots = 1 if settings.deterministic else manifest.slots_for(key)
+    return settings, manifest.ctx_for(key) * slots
 
 
 COMMANDS = [import_, list_, show, fit]

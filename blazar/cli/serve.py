@@ -59,10 +59,16 @@ def no_daemon(url: str, exc: Exception) -> NoDaemon:
     )
 
 
-def call(url: str, path: str, body: dict[str, Any] | None = None, timeout: float = 600) -> Any:
+def call(
+    url: str,
+    path: str,
+    body: dict[str, Any] | None = None,
+    timeout: float = 600,
+    method: str | None = None,
+) -> Any:
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(
-        url + path, data=data, headers={"Content-Type": "application/json"}
+        url + path, data=data, headers={"Content-Type": "application/json"}, method=method
     )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as resp:

@@ -47,6 +47,8 @@ POOLING_TYPES = ("none", "mean", "cls", "last", "rank")
 # --load-mode values as llama-server spells them, and their llama_load_mode names
 LOAD_MODES = {"auto": "AUTO", "none": "NONE", "mmap": "MMAP", "mlock": "MLOCK",
               "mmap+mlock": "MMAP_MLOCK", "dio": "DIRECT_IO"}  # fmt: skip
+FLASH_ATTN = {"on": "ENABLED", "off": "DISABLED", "auto": "AUTO"}
+ROPE_SCALING = {"none": "NONE", "linear": "LINEAR", "yarn": "YARN"}
 
 
 class UsageError(Exception):
@@ -111,6 +113,16 @@ def _gpu_layers(value: str) -> int:
 _cache_type = _enum("ggml_type", "GGML_TYPE_", {t: t.upper() for t in CACHE_TYPES})
 _pooling = _enum("llama_pooling_type", "LLAMA_POOLING_TYPE_", {p: p.upper() for p in POOLING_TYPES})
 _load_mode = _enum("llama_load_mode", "LLAMA_LOAD_MODE_", LOAD_MODES)
+_flash_attn = _enum("llama_flash_attn_type", "LLAMA_FLASH_ATTN_TYPE_", FLASH_ATTN)
+_rope_scaling = _enum("llama_rope_scaling_type", "LLAMA_ROPE_SCALING_TYPE_", ROPE_SCALING)
+
+
+def _rope_scale(value: str) -> float:
+    """--rope-scale N stretches the context N times: llama-server sets freq_scale = 1/N."""
+    factor = float(_parse(float, "a number", value))
+    if factor <= 0:
+        raise UsageError(f"expected a positive factor, got {value!r}")
+    return 1.0 / factor
 
 
 def _directory(value: str) -> str:
@@ -236,6 +248,13 @@ _TABLE: list[tuple[str, str | None, str, Apply]] = [
     ("--kv-unified -kvu", None, "one KV buffer for all slots", _switch("kv_unified")),
     ("--no-kv-unified -no-kvu", None, "a KV buffer per slot", _switch("kv_unified", False)),
     ("--cache-reuse", "N", "min chunk to reuse by KV shifting", _set("n_cache_reuse", _int)),
+    ("--cache-ram -cram", "MiB", "host-memory prompt cache (0: off, -1: no limit)",
+     _set("cache_ram_mib", _int)),
+    ("--flash-attn -fa", "on|off|auto", "flash attention", _set("flash_attn_type", _flash_attn)),
+    ("--rope-scaling", "none|linear|yarn", "RoPE frequency scaling",
+     _set("rope_scaling_type", _rope_scaling)),
+    ("--rope-scale", "N", "extend the context N times", _set("rope_freq_scale", _rope_scale)),
+    ("--yarn-orig-ctx", "N", "YaRN: the training context", _set("yarn_orig_ctx", _int)),
     ("--load-mode -lm", "|".join(LOAD_MODES), "how to load", _set("load_mode", _load_mode)),
     ("--mmap", None, "same as --load-mode mmap", _switch("load_mode", _MMAP)),
     ("--no-mmap", None, "same as --load-mode none", _switch("load_mode", _NO_MMAP)),

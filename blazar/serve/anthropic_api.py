@@ -10,9 +10,11 @@ and normalizes what comes back, whole or event by event. Each request takes the
 gateway's one request path (`blazar.serve.pipeline`: slots, queue,
 `x-blazar-priority`; tools need a template that renders them); `count_tokens`
 too, since the model's own tokenizer and chat template count. `anthropic-version`
-and `x-api-key` are accepted (API keys are not checked yet). Failures are raised
-and answered as Anthropic's `{"type": "error", "error": {...}}` by the gateway's
-error middleware:
+and `x-api-key` are accepted (API keys are not checked yet). `keep_alive` (a body
+field or the `x-blazar-keep-alive` header) is honoured as on ollama's routes, and
+`pipeline.admit` runs the prompt preflight and the sessions' slot routing.
+Failures are raised and answered as Anthropic's `{"type": "error", "error":
+{...}}` by the gateway's error middleware:
 404 not_found_error, 400 invalid_request_error, 503 overloaded_error with
 `Retry-After`, 502 api_error when a child fails.
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
@@ -72,7 +75,10 @@ class AnthropicAPI:
         pipeline.require(target.runtime, pipeline.CHAT)
         for need in anthropic.needs(body):
             pipeline.require(target.runtime, need, requested=model)
-        timed = await pipeline.lease(scheduler, request, target, started=started)
+        seconds = pipeline.keep_alive(request, body)
+        timed = await pipeline.lease(
+            scheduler, request, target, keep_alive=seconds, started=started
+        )
         # The engine's /v1/messages would drop a `lora` list and most sampling defaults:
         # requests that need them go to its chat endpoint instead (`anthropic_chat`).
         bridged = not count and (
@@ -82,9 +88,16 @@ class AnthropicAPI:
         if bridged:
             req = anthropic_chat.chat_request(req)
         try:
+            services = self.services
+            slot = await pipeline.admit(
+                services.prompts, services.sessions, timed.lease, req.path, req.body,
+                request.content_length or 0,
+            )  # fmt: skip
+            if slot is not None:
+                req = replace(req, body={**req.body, "id_slot": slot})
             return await self._answer(request, timed, req, model, count, bridged)
         finally:
-            scheduler.release(timed.lease)
+            scheduler.release(timed.lease, keep_alive=seconds)
 
     async def _answer(
         self,

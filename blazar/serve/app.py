@@ -29,6 +29,7 @@ from blazar.serve import (
     openai_api,
     pipeline,
     responses_api,
+    sessions_api,
 )
 from blazar.serve.envelopes import for_request
 from blazar.serve.http import TRACE, trace_id
@@ -103,4 +104,5 @@ def build_app(services: Services) -> web.Application:
     ollama_admin.register(app, services)
     ollama_pull.register(app, services)
     anthropic_api.register(app, services)
+    sessions_api.register(app, services)
     return app

@@ -26,8 +26,9 @@ and the story.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
-from typing import cast
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 # llama-server closes a keep-alive connection after 5 s idle: reuse none that old, so a
@@ -303,12 +304,13 @@ class ChildConnections:
             found = self._addresses[base_url] = (parts.hostname or "", parts.port or 80)
         return found
 
-    async def post(self, base_url: str, path: str, body: bytes) -> Exchange:
-        """Send a JSON POST; return the exchange with the response's head read. Give the
-        exchange back with `release` (in a `finally`: that closes one left unfinished)."""
+    async def post(self, base_url: str, path: str, body: bytes, method: str = "POST") -> Exchange:
+        """Send a JSON POST (or, with `method`, a GET); return the exchange with the
+        response's head read. Give the exchange back with `release` (in a `finally`: that
+        closes one left unfinished)."""
         host, port = address = self.address(base_url)
         request = (
-            f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+            f"{method} {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
         ).encode("latin-1") + body
         exchange = self._reuse(address)
@@ -366,6 +368,24 @@ class ChildConnections:
         except OSError as exc:
             raise UpstreamError(f"Cannot connect to {host}:{port}: {exc}") from None
         return exchange
+
+    async def json(
+        self, base_url: str, path: str, payload: Any = None, *, raw: bytes | None = None
+    ) -> tuple[int, Any]:
+        """One small exchange that is not a client's (slots, tokenizer, templates): POST
+        `payload` as JSON (or `raw` bytes), or GET when both are None; (status, decoded body).
+        Raises UpstreamError as `post` does."""
+        body = raw if raw is not None else b"" if payload is None else json.dumps(payload).encode()
+        method = "GET" if payload is None and raw is None else "POST"
+        exchange = await self.post(base_url, path, body, method)
+        try:
+            data = await exchange.read_all()
+        finally:
+            self.release(base_url, exchange)
+        try:
+            return exchange.status, json.loads(data)
+        except ValueError:
+            return exchange.status, data.decode(errors="replace")
 
     def close(self) -> None:
         for idle in self._idle.values():

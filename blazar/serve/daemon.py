@@ -4,7 +4,9 @@ The control loop is level-triggered: a pass loads the manifest, applies it
 (fetching what is missing, under the apply lock, in a worker thread) and
 hands the scheduler the models that are now ready; hot reload restarts only
 the instances whose arguments changed. Passes run on start, on a manifest
-change (watchfiles), when a child exits, and on a timer. When serve stops
+change (watchfiles), when a child exits, and on a timer. Sessions
+(`blazar.serve.sessions`) live under `Paths.sessions`; the session bank saves a
+model's slots before the scheduler stops it (serve's own stop included). When serve stops
 (SIGTERM, SIGINT, or an error in its own loop) every child is stopped; the
 children also get SIGTERM from the kernel if serve itself dies.
 """
@@ -38,6 +40,7 @@ from blazar.serve.observer import Observer, Settings
 from blazar.serve.runtime import build_runtimes
 from blazar.serve.scheduler import Scheduler
 from blazar.serve.services import Control, Services
+from blazar.serve.sessions import Sessions
 from blazar.store import Store
 from blazar.wiring import offer_view
 from reconcilers.ports import OfferView
@@ -91,6 +94,7 @@ class Daemon:
         self.wake = asyncio.Event()
         self.stopping = asyncio.Event()
         self.scheduler: Scheduler | None = None
+        self.sessions: Sessions | None = None
         self.children = ChildConnections(timeout=read_timeout(self.manifest))
         self.observer = Observer(Settings.from_serving(self.manifest.serving), db_path=paths.db)
         self.passing = asyncio.Lock()  # one pass at a time, whoever asks for it
@@ -131,7 +135,7 @@ class Daemon:
         if self.options.apply and self.options.manifest.exists():
             await asyncio.to_thread(self._apply, manifest)
         offers = await asyncio.to_thread(self._engines, manifest)
-        runtimes = build_runtimes(self.store, manifest, offers)
+        runtimes = build_runtimes(self.store, manifest, offers, slot_dir=self.paths.sessions)
         assert self.scheduler is not None
         self.scheduler.max_loaded = manifest.serving.max_loaded_models
         self.scheduler.max_queue = manifest.serving.max_queue
@@ -141,6 +145,12 @@ class Daemon:
         changes = await self.scheduler.update(runtimes)
         for model, change in sorted(changes.items()):
             log(f"{model}: {change} ({reason})")
+            problem = runtimes[model].settings_problem if model in runtimes else None
+            if problem is not None and change != "updated":
+                log(f"{model}: not started until its settings are fixed: {problem}")
+        if self.sessions is not None:
+            self.sessions.bank_mb = manifest.serving.session_bank_mb
+            self.sessions.prune()  # banked sessions of removed models or changed files
 
     def _observe(self, manifest: Manifest) -> None:
         try:
@@ -230,8 +240,20 @@ class Daemon:
             log_dir=self.paths.logs,
             on_event=self._on_instance,
         )
+        scheduler = self.scheduler
+        self.sessions = Sessions(
+            self.store,
+            self.children,
+            self.paths.sessions,
+            runtimes=lambda: scheduler.runtimes,
+            bank_mb=serving.session_bank_mb,
+        )
+        self.sessions.sweep()
+        scheduler.before_stop = self.sessions.bank
         control = Control(self.paths, self.options.manifest, self.store, self.refresh)
-        services = Services(self.scheduler, self.children, control, observer=self.observer)
+        services = Services(
+            self.scheduler, self.children, control, observer=self.observer, sessions=self.sessions
+        )
         runner = web.AppRunner(build_app(services), handler_cancellation=True, access_log=None)
         await runner.setup()
         tasks: list[asyncio.Task[None]] = []

@@ -22,6 +22,12 @@ The request's trace (`blazar.observe.trace`) gets references to the body and
 the answer's bytes, and a clock reading per chunk; they are read once the answer
 is gone (`blazar.serve.observer`), or at once for serving.sentinel_enforce.
 
+`keep_alive` (a body field, or the `x-blazar-keep-alive` header) is honoured as on
+ollama's routes. After the lease, `pipeline.admit` runs the prompt preflight and the
+sessions' slot routing; it counts nothing for a body whose size proves it fits, so
+the bytes stay untouched unless a slot must be named. With `serving.singleflight`,
+identical concurrent deterministic requests share one engine call (`_shared`).
+
 Failures before any byte is sent are raised and answered in OpenAI's envelope
 by the gateway's error middleware; a child that fails mid-stream gets an error
 event, since the headers are gone. An engine 500 that is the client's mistake
@@ -34,6 +40,7 @@ event, since the headers are gone. An engine 500 that is the client's mistake
 from __future__ import annotations
 
 import json
+import uuid
 from datetime import UTC, datetime
 from typing import Any
 
@@ -42,13 +49,15 @@ from aiohttp import web
 from blazar.observe.trace import current
 from blazar.protocols import ProtocolError, model_lists
 from blazar.protocols.openai_completions import IdRenamer, ReplyStream, reshape_body
-from blazar.protocols.openai_requests import Reply, engine_refusal, shape_request
+from blazar.protocols.openai_requests import Reply, Shaping, engine_refusal, shape_request
 from blazar.serve import pipeline
 from blazar.serve.child_http import Exchange, UpstreamError
 from blazar.serve.engine import child_failed, gate
 from blazar.serve.envelopes import ANTHROPIC, OPENAI, wants_anthropic
 from blazar.serve.http import TRACE, parse_json_object, trace_id
+from blazar.serve.scheduler import Lease, Target
 from blazar.serve.services import Services
+from blazar.serve.singleflight import deterministic
 
 ROUTES = (
     ("/v1/chat/completions", pipeline.CHAT),
@@ -56,6 +65,18 @@ ROUTES = (
     ("/v1/embeddings", pipeline.EMBEDDINGS),
 )
 NO_TEMPLATE_HINT = "use /v1/completions, or "
+
+
+def own_id(payload: bytes) -> bytes:
+    """An answer shared by singleflight, under a new id of the same kind (chatcmpl-...)."""
+    try:
+        data = json.loads(payload)
+    except ValueError:
+        return payload
+    if not isinstance(data, dict) or not isinstance(data.get("id"), str):
+        return payload
+    prefix = data["id"].split("-", 1)[0] if "-" in data["id"] else "chatcmpl"
+    return json.dumps({**data, "id": f"{prefix}-{uuid.uuid4().hex[:24]}"}).encode()
 
 
 def register(app: web.Application, services: Services) -> None:
@@ -122,19 +143,75 @@ class OpenAIAPI:
         shaping = shape_request(path, data)
         for extra in shaping.needs:
             pipeline.require(target.runtime, extra, requested=data["model"])
-        timed = await pipeline.lease(scheduler, request, target)
+        seconds = pipeline.keep_alive(request, data)
+        if target.runtime.singleflight and deterministic(data):
+            return await self._shared(request, target, path, body, data, seconds, shaping)
+        timed = await pipeline.lease(scheduler, request, target, keep_alive=seconds)
         if (trace := current()) is not None:
             trace.sending(path, data)
         try:
-            asked = shaping.body if shaping.body is not None else data
-            sent = pipeline.engine_body(timed.lease, asked, path)
-            if sent is not data:  # reshaped, adapters or model defaults added: re-encoded
-                body = json.dumps(sent).encode()
+            body = await self._admitted(timed.lease, path, body, data, shaping)
             return await self._forward(
                 request, timed.lease.url, target.runtime.name, path, body, shaping.reply
             )
         finally:
-            scheduler.release(timed.lease)
+            scheduler.release(timed.lease, keep_alive=seconds)
+
+    async def _admitted(
+        self, lease: Lease, path: str, body: bytes, data: dict[str, Any], shaping: Shaping
+    ) -> bytes:
+        """The bytes to send: as they came, unless the request must be asked differently
+        (`shape_request`), adapters or model defaults added, or a slot named (sessions)."""
+        services = self.services
+        slot = await pipeline.admit(
+            services.prompts, services.sessions, lease, path, data, len(body)
+        )
+        asked = shaping.body if shaping.body is not None else data
+        sent = pipeline.engine_body(lease, asked, path)
+        if sent is data and slot is None:
+            return body  # the common case: the client's bytes as they came
+        return json.dumps(sent if slot is None else {**sent, "id_slot": slot}).encode()
+
+    async def _shared(
+        self,
+        request: web.Request,
+        target: Target,
+        path: str,
+        body: bytes,
+        data: dict[str, Any],
+        seconds: float | None,
+        shaping: Shaping,
+    ) -> web.Response:
+        """Singleflight: one engine call for identical concurrent deterministic requests;
+        each client after the first gets the answer under an id of its own."""
+        scheduler, model = self.services.scheduler, target.runtime.name
+
+        async def call() -> tuple[int, str, bytes]:
+            timed = await pipeline.lease(scheduler, request, target, keep_alive=seconds)
+            try:
+                sent = await self._admitted(timed.lease, path, body, data, shaping)
+                return await self._fetch(timed.lease.url, model, path, sent)
+            finally:
+                scheduler.release(timed.lease, keep_alive=seconds)
+
+        key = (model, pipeline.adapters_text(target), target.replica, path, body)
+        (status, content_type, payload), leader = await self.services.singleflight.share(key, call)
+        if not leader and status == 200:
+            payload = own_id(payload)
+        return self._whole(request, status, content_type, payload, shaping.reply)
+
+    async def _fetch(self, base: str, model: str, path: str, body: bytes) -> tuple[int, str, bytes]:
+        children = self.services.children
+        exchange: Exchange | None = None
+        try:
+            exchange = await children.post(base, path, body)
+            payload = await exchange.read_all()
+            return exchange.status, exchange.content_type or "application/json", payload
+        except (UpstreamError, ConnectionError) as exc:
+            raise child_failed(model, exc) from None
+        finally:
+            if exchange is not None:
+                children.release(base, exchange)
 
     def _whole(
         self,

@@ -15,6 +15,9 @@ here and the same for all three:
 4. `engine_body`: the body with the adapters the request chose (`model+adapter`,
    `model+none`; the model's always-on ones otherwise) on, for that request only,
    and the model's `system` prompt and `params` where the request sets none.
+   `admit` (docs/sessions.md), after the lease: the prompt preflight (a 400 for
+   a prompt that cannot fit) and the sessions' slot routing (`id_slot`), and
+   `keep_alive` reads a request's keep_alive (body field or header).
    Steps 1 and 3 note what they did on the request's trace (`blazar.observe.trace`).
 5. `failure`: every exception a route may raise -> (status, message, code,
    Retry-After). The `errors` middleware in `blazar.serve.app` answers with it
@@ -35,17 +38,22 @@ from aiohttp import web
 from blazar.errors import BlazarError, InvalidInput, NotFound
 from blazar.observe.trace import current
 from blazar.protocols import ProtocolError
+from blazar.protocols.ollama import keep_alive_seconds
 from blazar.protocols.ollama_options import SAMPLING_OPTIONS
 from blazar.reconcile import InvalidManifest
+from blazar.serve.child_http import UpstreamError
 from blazar.serve.http import wants_priority
 from blazar.serve.instance import InstanceFailed
+from blazar.serve.prompts import KINDS, Prompts
 from blazar.serve.runtime import ModelRuntime
 from blazar.serve.scheduler import Lease, Scheduler, SchedulerError, Target
+from blazar.serve.sessions import Sessions
 from specs.names import InvalidName
 from specs.sources import InvalidSource
 
 CHAT, EMBEDDINGS, ANY = "chat", "embeddings", "any"
 TOOLS, THINKING = "tools", "thinking"  # what a chat template may or may not render
+KEEP_ALIVE = "x-blazar-keep-alive"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -251,3 +259,53 @@ def with_defaults(
         if key == "num_predict" and any(limit in body for limit in LIMITS):
             continue  # the request's own token limit (n_predict would override it)
         body[name] = value
+
+
+def keep_alive(request: web.Request, body: dict[str, Any]) -> float | None:
+    """A request's keep_alive in seconds for the scheduler, from its `keep_alive` field or
+    the `x-blazar-keep-alive` header (the field wins): None (the model's own), -1 (forever),
+    or seconds (0: unload after this request). As ollama spells it ("5m", 0, -1)."""
+    value = body.get("keep_alive")
+    if value is None:
+        value = request.headers.get(KEEP_ALIVE)
+        if value is None:
+            return None
+    seconds = keep_alive_seconds(value)
+    return -1.0 if seconds is None else seconds
+
+
+async def admit(
+    prompts: Prompts,
+    sessions: Sessions | None,
+    lease: Lease,
+    path: str,
+    body: dict[str, Any],
+    size: int,
+) -> int | None:
+    """What happens between the lease and the engine call: the preflight refuses (400) a
+    prompt that cannot fit its slot, and the sessions name the slot the request must go to
+    (restoring a banked session into it first). Returns that slot (`id_slot`), or None.
+
+    Cheap when nothing needs the prompt's tokens: `size` (the body's bytes) bounds them."""
+    kind = KINDS.get(path)
+    if kind is None:
+        return None
+    runtime = lease.runtime
+    routed = sessions is not None and sessions.wants_tokens(lease)
+    if not routed and not runtime.preflight:
+        return None
+    tokens = None
+    if routed:
+        try:
+            tokens = await prompts.token_ids(lease.url, kind, body)
+        except UpstreamError:
+            tokens = None
+    if runtime.preflight:
+        instance = lease.member.instance
+        await prompts.preflight(
+            instance, lease.url, model=runtime.name, ctx=runtime.ctx, kind=kind, body=body,
+            size=size, tokens=tokens,
+        )  # fmt: skip
+    if sessions is not None and tokens is not None:
+        return await sessions.route(lease, tokens)
+    return None

@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from blazar import cache_settings
+from blazar.cache_settings import CacheSettings
 from blazar.chat_templates import AppliedTemplate, model_template
 from blazar.engines.lanes import observe as observe_lanes
 from blazar.engines.records import EngineRecord, EngineStore
+from blazar.errors import BlazarError
 from blazar.protocols.capabilities import TemplateCapabilities, template_capabilities
 from blazar.store import LoraRecord, Store
 from reconcilers.desired import routing_of
@@ -66,6 +69,14 @@ class ModelRuntime:
     template_problem: str | None = None  # why the declared template cannot be used
     system: str | None = None  # a system prompt for chat requests that send none
     params: Mapping[str, Any] = field(default_factory=dict, hash=False)  # request defaults
+    # Sessions and the prompt cache (docs/sessions.md).
+    sha256: str = ""  # of the model file: a session saved from another file is refused
+    cache: CacheSettings = field(default_factory=CacheSettings)
+    settings_problem: str | None = None  # why `cache` cannot serve this GGUF: never spawned
+    slot_dir: str | None = None  # --slot-save-path: where sessions are saved and restored
+    session_bank: bool = False
+    preflight: bool = True
+    singleflight: bool = False
     facts: dict[str, object] = field(default_factory=dict, compare=False, hash=False)
     # -- engine routing (fork lanes) --
     engine_lane: str = ""  # the lane serving it: llamacpp, or a fork's id
@@ -136,6 +147,12 @@ class ModelRuntime:
                 out += ["--pooling", self.pooling]
         for adapter in self.adapters:  # loaded off; each request says which are on (lora_field)
             out += ["--lora-scaled", f"{adapter.path}:0"]
+        train_ctx = self.facts.get("context_length")
+        out += cache_settings.flags(
+            self.cache, train_ctx=train_ctx if isinstance(train_ctx, int) else None
+        )
+        if self.slot_dir is not None:
+            out += ["--slot-save-path", self.slot_dir]
         if not any(a.split("=")[0] in ("--threads", "-t") for a in self.extra_args):
             threads = str(default_threads())
             out += ["--threads", threads, "--threads-batch", threads]
@@ -188,10 +205,15 @@ def default_threads() -> int:
 
 
 def build_runtimes(
-    store: Store, manifest: Manifest, offers: tuple[OfferView, ...] = ()
+    store: Store,
+    manifest: Manifest,
+    offers: tuple[OfferView, ...] = (),
+    *,
+    slot_dir: Path | None = None,
 ) -> dict[str, ModelRuntime]:
     """Every model the gateway can serve now, keyed by its short name; `offers` (the
-    catalog's) name the lane to install in a refusal."""
+    catalog's) name the lane to install in a refusal; `slot_dir` is where their sessions
+    are saved (`Paths.sessions`), or None for none."""
     serving = manifest.serving
     engines = EngineStore(store)
     declared = {parse_name(k).short: k for k in manifest.models}
@@ -210,10 +232,11 @@ def build_runtimes(
         if engine is None and decided.refusal is None:
             continue  # nothing to run it with yet: `blazar engine update` or apply
         template = model_template(manifest, key, record.facts)
-        runtimes[name] = _runtime(
+        runtime = _runtime(
             name, record.path, record.facts, spec, serving, engine, loras, template,
             decided.refusal,
         )  # fmt: skip
+        runtimes[name] = _with_sessions(runtime, record.sha256, spec, serving, slot_dir)
     return runtimes
 
 
@@ -269,6 +292,52 @@ def _runtime(
         engine_lane=engine.kind if engine else "",
         refusal=refusal,
     )
+
+
+def _with_sessions(
+    runtime: ModelRuntime,
+    sha256: str,
+    model: Model | None,
+    serving: Serving,
+    slot_dir: Path | None,
+) -> ModelRuntime:
+    """The runtime with its cache settings (checked against the GGUF) and session fields."""
+    cache = cache_settings.settings_for(model, serving)
+    facts = runtime.facts
+    train_ctx = facts.get("context_length")
+    # ctx again, as `_runtime` caps it, but up to the YaRN-extended limit with ctx_extend.
+    ctx = model.ctx if model and model.ctx else serving.default_ctx
+    limit = cache_settings.ctx_limit(cache, train_ctx if isinstance(train_ctx, int) else None)
+    ctx = min(ctx, limit) if limit else ctx
+    if cache.ctx_extend is not None and "rope_freq_base" not in facts:
+        facts = {**facts, **_rope_facts(runtime.path)}  # imported before Blazar read RoPE keys
+    found = cache_settings.problems(cache, facts, name=runtime.name, ctx=ctx)
+    bank = model.session_bank if model and model.session_bank is not None else serving.session_bank
+    return replace(
+        runtime,
+        ctx=ctx,
+        slots=1 if cache.deterministic else runtime.slots,
+        sha256=sha256,
+        cache=cache,
+        settings_problem="; ".join(found) or None,
+        slot_dir=str(slot_dir) if slot_dir is not None else None,
+        session_bank=bank,
+        preflight=serving.prompt_preflight,
+        singleflight=serving.singleflight,
+        facts=facts,
+    )
+
+
+def _rope_facts(path: str) -> dict[str, Any]:
+    """The RoPE keys of a GGUF, read from its header (a record imported before they were
+    recorded lacks them); {} when the file cannot be read: the engine decides then."""
+    from blazar.gguf_info import inspect_gguf
+
+    try:
+        facts = inspect_gguf(Path(path)).to_dict()
+    except (OSError, ValueError, BlazarError):
+        return {}
+    return {k: v for k, v in facts.items() if k.startswith("rope_")}
 
 
 def resolve(runtimes: dict[str, ModelRuntime], requested: str) -> tuple[ModelRuntime, Requested]:

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,14 @@ from specs.names import AdapterChoice
 # overflow the dates `/api/ps` shows.
 FOREVER = 100 * 365 * 24 * 3600.0
 
+logger = logging.getLogger("blazar.serve")
 InstanceFactory = Callable[[InstanceSpec], Instance]
+# Called with a pool whose instances are about to be stopped for any reason but a crash
+# (idle, evicted, `blazar stop`, a reload, serve's shutdown), while they still run: the
+# session bank saves their slots there (`blazar.serve.sessions`). It only talks HTTP to
+# the children; stopping them stays their owners' job.
+BeforeStop = Callable[["Pool"], Awaitable[None]]
+BEFORE_STOP_TIMEOUT = 60.0
 
 
 class SchedulerError(Exception):
@@ -58,6 +66,14 @@ class Busy(SchedulerError):
 
 class NoCapacity(SchedulerError):
     code = "max_loaded_models"
+
+
+class Misconfigured(SchedulerError):
+    """The model's settings cannot serve its GGUF (`ModelRuntime.settings_problem`): it is
+    never spawned, and requests for it say why."""
+
+    status = 400
+    code = "model_misconfigured"
 
 
 @dataclass
@@ -181,6 +197,7 @@ class Scheduler:
         on_event: Callable[[Instance, str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         make_instance: InstanceFactory | None = None,
+        before_stop: BeforeStop | None = None,
     ) -> None:
         self.max_loaded = max_loaded
         self.max_queue = max_queue
@@ -189,6 +206,7 @@ class Scheduler:
         self.on_event = on_event
         self.clock = clock
         self.make_instance = make_instance or self._real_instance
+        self.before_stop = before_stop
         self.runtimes = dict(runtimes)
         self.pools: dict[str, Pool] = {}
         self.retired: list[Pool] = []
@@ -230,7 +248,12 @@ class Scheduler:
     async def warm_up(self) -> None:
         """Start the warm replicas of every model that declares some."""
         for pool in list(self.pools.values()):
-            if pool.runtime.replicas > 0 and not pool.loaded and pool.runtime.refusal is None:
+            if (
+                pool.runtime.replicas > 0
+                and not pool.loaded
+                and pool.runtime.refusal is None
+                and not pool.runtime.settings_problem
+            ):
                 await self._load(pool)
                 for member in pool.members:
                     self._spawn(self._quiet_ready(member.instance))
@@ -275,6 +298,11 @@ class Scheduler:
         """A slot on an instance of the target's model, loading it and waiting in its
         queue as needed. Raises SchedulerError (Busy, NoCapacity) or InstanceFailed."""
         pool = target.pool
+        if pool.runtime.settings_problem is not None:
+            raise Misconfigured(
+                f"model '{pool.runtime.name}' is not started: {pool.runtime.settings_problem}; "
+                "then apply"
+            )
         if keep_alive is not None:
             pool.expires_at = None  # decided again when the request is done
         begin = time.perf_counter_ns()
@@ -408,11 +436,21 @@ class Scheduler:
             return
         pool.loaded = False
         pool.expires_at = None
+        await self._before_stop(pool)
         await asyncio.gather(*(m.instance.stop() for m in pool.members))
         if pool.retired:
             await asyncio.gather(*(m.instance.close() for m in pool.members))
             if pool in self.retired:
                 self.retired.remove(pool)
+
+    async def _before_stop(self, pool: Pool) -> None:
+        """The hook, bounded in time; its failure never keeps a model loaded."""
+        if self.before_stop is None:
+            return
+        try:
+            await asyncio.wait_for(self.before_stop(pool), BEFORE_STOP_TIMEOUT)
+        except Exception:
+            logger.exception("saving the sessions of '%s' failed", pool.runtime.name)
 
     async def stop_model(self, requested: str) -> bool:
         """Unload a model now (`blazar stop`); its in-flight requests finish first."""
@@ -531,5 +569,7 @@ class Scheduler:
         """Stop every child: nothing is left running when serve ends."""
         for task in list(self._tasks):
             task.cancel()
+        loaded = [p for p in self._all_pools() if p.loaded and not p.in_flight]
+        await asyncio.gather(*(self._before_stop(p) for p in loaded))
         members = [m for p in self._all_pools() for m in p.members]
         await asyncio.gather(*(m.instance.close() for m in members), return_exceptions=True)

@@ -1,6 +1,7 @@
 """What the gateway's routes work with, as one small value the daemon builds.
 
 `Services` holds the scheduler, the one HTTP client to the children, the
+prompt counter, the sessions and singleflight (docs/sessions.md), the
 daemon's hooks for routes that edit the manifest (`Control`), and the
 observer (traces and metrics, `blazar.serve.observer`). Route modules
 (`openai_api`, `ollama_api`, `ollama_admin`, `ollama_pull`, `anthropic_api`,
@@ -19,7 +20,10 @@ from blazar.paths import Paths
 from blazar.protocols import ProtocolError
 from blazar.serve.child_http import ChildConnections
 from blazar.serve.observer import Observer
+from blazar.serve.prompts import Prompts
 from blazar.serve.scheduler import Scheduler
+from blazar.serve.sessions import Sessions
+from blazar.serve.singleflight import SingleFlight
 from blazar.store import Store
 
 
@@ -40,16 +44,21 @@ class Control:
 
 @dataclass
 class Services:
-    """The scheduler, the child client and (under `blazar serve`) the daemon's hooks."""
+    """The scheduler, the child client, what counts prompts, and (under `blazar serve`) the
+    sessions and the daemon's hooks."""
 
     scheduler: Scheduler
     children: ChildConnections = field(default_factory=ChildConnections)
     control: Control | None = None
     started: float = field(default_factory=time.time)
     observer: Observer = field(default_factory=Observer)  # traces and metrics
+    sessions: Sessions | None = None  # None: sessions and the bank are off (no daemon)
+    prompts: Prompts = field(init=False)
+    singleflight: SingleFlight = field(default_factory=SingleFlight)
 
     def __post_init__(self) -> None:
         self.observer.bind(self.scheduler)
+        self.prompts = Prompts(self.children)
 
     def need_control(self) -> Control:
         """The daemon's hooks; routes that edit the manifest need `blazar serve`."""
