@@ -187,3 +187,13 @@ def m004_manifest_state(db: sqlite_utils.Database) -> None:
         pk=("kind", "name", "type"),
         not_null={"kind", "name", "type", "status", "last_transition", "updated_at"},
     )
+
+
+@migration
+def m005_key_usage(db: sqlite_utils.Database) -> None:
+    """When each API key was last used, by key name (never the key, nor its hash)."""
+    db["key_usage"].create(  # type: ignore[union-attr]
+        {"name": str, "last_used": str},  # ISO 8601, UTC
+        pk="name",
+        not_null={"name", "last_used"},
+    )

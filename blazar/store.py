@@ -224,6 +224,18 @@ class Store:
             self.db.execute("DELETE FROM keys WHERE name = ?", [name])
             self._event("key", name, "removed", "")
 
+    def record_key_use(self, last_used: dict[str, str]) -> None:
+        """Remember when keys were last used (name -> ISO 8601 time), in one transaction."""
+        if not last_used:
+            return
+        rows = [{"name": name, "last_used": when} for name, when in last_used.items()]
+        with self.db.atomic():
+            self.db["key_usage"].upsert_all(rows, pk="name")  # type: ignore[union-attr]
+
+    def key_usage(self) -> dict[str, str]:
+        """When each key name was last used (ISO 8601, UTC)."""
+        return {r["name"]: r["last_used"] for r in self.db["key_usage"].rows}
+
     # -- conditions -----------------------------------------------------------
 
     def set_condition(

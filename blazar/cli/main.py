@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from blazar import __version__
-from blazar.cli import config, engines, imperative, manifest, models, serve
+from blazar.cli import config, engines, imperative, keys, manifest, models, serve
 from blazar.errors import BlazarError
 from specs.names import InvalidName
 
@@ -38,6 +38,7 @@ for command in [
     *imperative.COMMANDS,
     *manifest.COMMANDS,
     *engines.COMMANDS,
+    *keys.COMMANDS,
     *serve.COMMANDS,
 ]:
     cli.add_command(command)

@@ -7,9 +7,10 @@ what the engine would accept wrongly, such as a request without `max_tokens`)
 and normalizes what comes back, whole or event by event. Each request takes the
 gateway's one request path (`blazar.serve.pipeline`: slots, queue,
 `x-blazar-priority`); `count_tokens` too, since the model's own tokenizer and
-chat template count. `anthropic-version` and `x-api-key` are accepted (API keys
-are not checked yet). Failures are raised and answered as Anthropic's
-`{"type": "error", "error": {...}}` by the gateway's error middleware:
+chat template count. `anthropic-version` is accepted; `x-api-key` is checked by
+the access middleware (`blazar.serve.access`) when keys are declared. Failures
+are raised and answered as Anthropic's `{"type": "error", "error": {...}}` by
+the gateway's error middleware:
 404 not_found_error, 400 invalid_request_error, 503 overloaded_error with
 `Retry-After`, 502 api_error when a child fails.
 """
@@ -64,7 +65,7 @@ class AnthropicAPI:
         translate = anthropic.count_tokens_request if count else anthropic.messages_request
         req = translate(body)
         model = str(body["model"])
-        target = pipeline.resolve(scheduler, model)
+        target = pipeline.resolve(scheduler, model, request)
         pipeline.require(target.runtime, pipeline.CHAT)
         timed = await pipeline.lease(scheduler, request, target, started=started)
         try:

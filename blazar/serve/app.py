@@ -2,10 +2,12 @@
 
 `build_app` registers every protocol's routes (OpenAI, ollama, Anthropic,
 Blazar's own) on one application and installs the middleware every request
-passes through: `errors` gives each response its trace id and answers what a
-route raised in the route's protocol envelope (`pipeline.failure`,
-`envelopes.for_path`): a client's mistake as a 4xx, a bug as a 500 in the same
-shape with the traceback only in serve's log. The route modules depend on
+passes through: the access layer (`blazar.serve.access`: Host, Origin and
+CORS, API keys and scopes, rate and body limits), inside `errors`, which
+gives each response its trace id and answers what a route raised in the
+route's protocol envelope (`pipeline.failure`, `envelopes.for_path`): a
+client's mistake as a 4xx, a bug as a 500 in the same shape with the
+traceback only in serve's log. The route modules depend on
 `Services`, never on this module or the daemon.
 """
 
@@ -18,12 +20,15 @@ from aiohttp import web
 from blazar.serve import (
     anthropic_api,
     blazar_api,
+    keys_api,
     ollama_admin,
     ollama_api,
+    ollama_blobs,
     ollama_pull,
     openai_api,
     pipeline,
 )
+from blazar.serve.access import Access, add_cors_headers
 from blazar.serve.envelopes import for_path
 from blazar.serve.http import TRACE, trace_id
 from blazar.serve.services import Services
@@ -53,13 +58,19 @@ async def errors(request: web.Request, handler: pipeline.Handler) -> web.StreamR
     return response
 
 
-def build_app(services: Services) -> web.Application:
-    """Every route of the gateway on one application, behind the middleware."""
-    app = web.Application(client_max_size=MAX_BODY, middlewares=[errors])
+def build_app(services: Services, access: Access | None = None) -> web.Application:
+    """Every route of the gateway on one application, behind the middleware; `access` is
+    the daemon's (a default one checks Host and Origin, with no keys)."""
+    access = access or Access()
+    access.max_body = MAX_BODY
+    app = web.Application(client_max_size=MAX_BODY, middlewares=[errors, access.middleware])
+    app.on_response_prepare.append(add_cors_headers)
     blazar_api.register(app, services)
     openai_api.register(app, services)
     ollama_api.register(app, services)
     ollama_admin.register(app, services)
     ollama_pull.register(app, services)
+    ollama_blobs.register(app, services)
     anthropic_api.register(app, services)
+    keys_api.register(app, services)
     return app

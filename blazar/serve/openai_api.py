@@ -27,6 +27,7 @@ from blazar.serve import pipeline
 from blazar.serve.child_http import Exchange, UpstreamError
 from blazar.serve.engine import child_failed
 from blazar.serve.envelopes import OPENAI
+from blazar.serve.grants import sees
 from blazar.serve.http import TRACE, trace_id
 from blazar.serve.services import Services
 
@@ -58,6 +59,7 @@ class OpenAIAPI:
         data = [
             {"id": name, "object": "model", "created": created, "owned_by": "blazar"}
             for runtime in self.services.scheduler.runtimes.values()
+            if sees(request, runtime.name, runtime.aliases)  # a key lists only its models
             for name in (runtime.name, *runtime.aliases)
         ]
         return web.json_response({"object": "list", "data": data})
@@ -77,7 +79,7 @@ class OpenAIAPI:
         if not isinstance(data, dict):
             raise ProtocolError(400, "the request body must be a JSON object", "invalid_json")
         scheduler = self.services.scheduler
-        target = pipeline.resolve(scheduler, data.get("model"))
+        target = pipeline.resolve(scheduler, data.get("model"), request)
         pipeline.require(target.runtime, need, alternative=NO_TEMPLATE_HINT)
         timed = await pipeline.lease(scheduler, request, target)
         try:

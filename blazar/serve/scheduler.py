@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,15 @@ class SchedulerError(Exception):
 class ModelNotFound(SchedulerError):
     status = 404
     code = "model_not_found"
+
+
+def model_not_found(requested: str, served: Iterable[str]) -> ModelNotFound:
+    """The 404 for a name that is not served, naming the models that are."""
+    names = ", ".join(sorted(served)) or "none"
+    return ModelNotFound(
+        f"model '{requested}' not found; models served here: {names}. "
+        "Declare it in the manifest (or `blazar pull`) first."
+    )
 
 
 class Busy(SchedulerError):
@@ -208,11 +217,7 @@ class Scheduler:
         try:
             runtime, adapter = resolve(self.runtimes, requested)
         except KeyError:
-            names = ", ".join(sorted(self.runtimes)) or "none"
-            raise ModelNotFound(
-                f"model '{requested}' not found; models served here: {names}. "
-                "Declare it in the manifest (or `blazar pull`) first."
-            ) from None
+            raise model_not_found(requested, self.runtimes) from None
         if adapter is not None and runtime.adapter_index(adapter) is None:
             known = ", ".join(a.name for a in runtime.adapters) or "none"
             raise ModelNotFound(

@@ -1,7 +1,8 @@
 """What the gateway's routes work with, as one small value the daemon builds.
 
-`Services` holds the scheduler, the one HTTP client to the children, and the
-daemon's hooks for routes that edit the manifest (`Control`). Route modules
+`Services` holds the scheduler, the one HTTP client to the children, the
+daemon's hooks for routes that edit the manifest (`Control`), and the
+manifest's current `[serving]` settings (the daemon replaces them on reload). Route modules
 (`openai_api`, `ollama_api`, `ollama_admin`, `ollama_pull`, `anthropic_api`,
 `blazar_api`) receive it from `blazar.serve.app` and import nothing of the
 daemon; the daemon (`blazar.serve.daemon`) assembles both.
@@ -19,6 +20,7 @@ from blazar.protocols import ProtocolError
 from blazar.serve.child_http import ChildConnections
 from blazar.serve.scheduler import Scheduler
 from blazar.store import Store
+from specs.manifest import Serving
 
 
 @dataclass(frozen=True)
@@ -38,12 +40,14 @@ class Control:
 
 @dataclass
 class Services:
-    """The scheduler, the child client and (under `blazar serve`) the daemon's hooks."""
+    """The scheduler, the child client, (under `blazar serve`) the daemon's hooks, and the
+    `[serving]` settings routes read (upload limits, import roots)."""
 
     scheduler: Scheduler
     children: ChildConnections = field(default_factory=ChildConnections)
     control: Control | None = None
     started: float = field(default_factory=time.time)
+    serving: Serving = field(default_factory=Serving)
 
     def need_control(self) -> Control:
         """The daemon's hooks; routes that edit the manifest need `blazar serve`."""
