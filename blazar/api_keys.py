@@ -23,6 +23,7 @@ from typing import Any
 
 from blazar import manifest_ops
 from blazar.errors import AlreadyExists, BlazarError, Conflict, NotFound
+from blazar.locking import apply_lock
 from blazar.manifest_edit import ManifestError
 from blazar.paths import Paths
 from blazar.reconcile import InvalidManifest, reconcile
@@ -157,5 +158,5 @@ def remove_key(paths: Paths, manifest_path: Path, name: str, *, force: bool = Fa
         raise InvalidManifest(
             f"key {name} not removed: the manifest would not be valid:\n{exc}"
         ) from None
-    with Store(paths.db) as store:
-        store.delete_key(name)
+    with apply_lock(paths.state / "apply.lock"), Store(paths.db) as store:
+        store.delete_key(name)  # under the lock: an apply's transactions fail beside a writer

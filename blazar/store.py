@@ -228,9 +228,14 @@ class Store:
         """Remember when keys were last used (name -> ISO 8601 time), in one transaction."""
         if not last_used:
             return
-        rows = [{"name": name, "last_used": when} for name, when in last_used.items()]
-        with self.db.atomic():
-            self.db["key_usage"].upsert_all(rows, pk="name")  # type: ignore[union-attr]
+        # One plain upsert: its first statement writes, so SQLite waits for the write lock
+        # (busy timeout) instead of failing on a read snapshot another writer made stale.
+        with self.db.conn:
+            self.db.conn.executemany(
+                "INSERT INTO key_usage (name, last_used) VALUES (?, ?) "
+                "ON CONFLICT(name) DO UPDATE SET last_used = excluded.last_used",
+                list(last_used.items()),
+            )
 
     def key_usage(self) -> dict[str, str]:
         """When each key name was last used (ISO 8601, UTC)."""

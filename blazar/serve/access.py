@@ -197,6 +197,11 @@ class Access:
             n: datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds") for n, t in used.items()
         }
 
+    def keep_usage(self, used: dict[str, str]) -> None:
+        """Put back what `take_usage` gave when it could not be written (newer uses win)."""
+        for name, when in used.items():
+            self.last_used.setdefault(name, datetime.fromisoformat(when).timestamp())
+
     # -- the middleware ----------------------------------------------------------------
 
     def _route(self, request: web.Request) -> tuple[str, bool]:

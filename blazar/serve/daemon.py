@@ -26,6 +26,7 @@ import errno
 import json
 import os
 import signal
+import sqlite3
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,7 @@ from pathlib import Path
 from aiohttp import web
 
 from blazar.errors import BlazarError
-from blazar.locking import LockTimeout
+from blazar.locking import LockTimeout, apply_lock
 from blazar.paths import Paths
 from blazar.reconcile import InvalidManifest, load, reconcile
 from blazar.serve import uploads
@@ -163,7 +164,23 @@ class Daemon:
         self.limits.max_connections_per_client = serving.max_connections_per_client
         if self.tls is not None and (note := self.tls.reload_if_changed()) is not None:
             log(note)
-        self.store.record_key_use(self.access.take_usage())
+
+    async def _record_key_use(self) -> None:
+        """Write when keys were last used: in a worker thread, under the apply lock (an
+        apply's transactions fail if another writer commits under them), and not now if an
+        apply holds it: the next pass writes it."""
+        used = self.access.take_usage()
+        if not used:
+            return
+
+        def write() -> None:
+            with apply_lock(self.paths.state / "apply.lock", timeout=0), Store(self.paths.db) as db:
+                db.record_key_use(used)
+
+        try:
+            await asyncio.to_thread(write)
+        except (LockTimeout, sqlite3.Error):
+            self.access.keep_usage(used)
 
     async def run_pass(self, reason: str) -> None:
         manifest = self._load()
@@ -185,6 +202,7 @@ class Daemon:
             log(f"{model}: {change} ({reason})")
         for gone in uploads.sweep(self.paths, uploads.used_blobs(manifest, self.store)):
             log(f"removed upload {gone.name}: no model used it within an hour")
+        await self._record_key_use()
 
     async def refresh(self, reason: str) -> None:
         """Run a pass once no other runs (the loop's, or one a gateway route asked for)."""
@@ -312,11 +330,11 @@ class Daemon:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await self.scheduler.close()
+            await self._record_key_use()
             await runner.cleanup()
             self.children.close()
             with contextlib.suppress(OSError):
                 daemon_file(self.paths).unlink()
-            self.store.record_key_use(self.access.take_usage())
             if self.access.audit is not None:
                 self.access.audit.close()
             self.store.close()
