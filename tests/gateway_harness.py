@@ -17,6 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
+from blazar.serve.access import Access
 from blazar.serve.app import build_app
 from blazar.serve.child_http import ChildConnections
 from blazar.serve.instance import State
@@ -68,9 +69,14 @@ class InProcessGateway:
     """build_app on 127.0.0.1:<free port> in a background thread; a context manager."""
 
     def __init__(
-        self, child_url: str, *runtimes: ModelRuntime, upstream_timeout: float | None = None
+        self,
+        child_url: str,
+        *runtimes: ModelRuntime,
+        upstream_timeout: float | None = None,
+        access: Access | None = None,
     ) -> None:
         self.child_url = child_url
+        self.access = access
         self.runtimes = runtimes or (runtime("tiny"),)
         self.upstream_timeout = upstream_timeout
         self.loop = asyncio.new_event_loop()
@@ -98,7 +104,7 @@ class InProcessGateway:
             make_instance=Instance,
         )
         self.children = ChildConnections(timeout=self.upstream_timeout)
-        app = build_app(Services(self.scheduler, self.children))
+        app = build_app(Services(self.scheduler, self.children), self.access)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)

@@ -12,9 +12,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
@@ -29,6 +32,7 @@ from blazar.serve.access import (
     scope_of,
 )
 from blazar.serve.app import build_app
+from blazar.serve.daemon import Daemon, ServeOptions, Unprotected, exposure
 from blazar.serve.policy import (
     BodyBudget,
     OriginPolicy,
@@ -39,8 +43,11 @@ from blazar.serve.policy import (
 )
 from blazar.serve.scheduler import Scheduler
 from blazar.serve.services import Services
-from specs.manifest import Key, Serving
+from specs.manifest import Key, Manifest, Serving
 from specs.sizes import InvalidSize, format_size, parse_size
+from tests.gateway_harness import InProcessGateway
+from tests.loopback import LoopbackHTTP
+from tests.test_gateway_faults import Silent
 
 ADMIN_KEY, INFERENCE_KEY = "plm_admin-secret", "plm_inference-secret"
 
@@ -309,3 +316,74 @@ def test_sizes(text: object, size: int) -> None:
 def test_bad_sizes(text: object) -> None:
     with pytest.raises(InvalidSize, match="expected a size"):
         parse_size(text)
+
+
+def test_bodies_held_at_once_are_capped_and_the_next_waits_then_gets_a_503() -> None:
+    """Bodies count against serving.max_buffered until their request ends: while a 6 MiB
+    request waits on a (silent) model, another 6 MiB body is not read into memory; it
+    waits body_timeout and gets 503 with Retry-After, and a small request still goes on."""
+    child = LoopbackHTTP(Silent)
+    access = Access()
+    access.configure(Serving(max_buffered="8MiB", body_timeout="1s"), {})
+    big = {"model": "tiny", "prompt": "x" * (6 * 1024**2)}
+    try:
+        with InProcessGateway(child.url, upstream_timeout=2.5, access=access) as gateway:
+            held = threading.Thread(
+                target=httpx.post, args=(f"{gateway.url}/v1/completions",),
+                kwargs={"json": big, "timeout": 30},
+            )  # fmt: skip
+            held.start()
+            deadline = time.monotonic() + 10
+            while access.budget.used < 6 * 1024**2:
+                assert time.monotonic() < deadline, "the first body was never held"
+                time.sleep(0.02)
+            began = time.monotonic()
+            refused = httpx.post(f"{gateway.url}/v1/completions", json=big, timeout=30)
+            waited = time.monotonic() - began
+            assert refused.status_code == 503 and refused.headers["Retry-After"] == "1"
+            assert refused.json()["error"]["code"] == "bodies_busy"
+            assert 0.9 < waited < 4, waited  # it waited body_timeout, not the model
+            assert access.budget.used < 7 * 1024**2  # its body was never taken in
+            small = {"model": "tiny", "prompt": "hi", "max_tokens": 1}
+            went_on = httpx.post(f"{gateway.url}/v1/completions", json=small, timeout=30)
+            assert went_on.status_code == 504  # read, and sent on to the (silent) model
+            held.join(timeout=30)
+    finally:
+        child.stop()
+    assert access.budget.used == 0
+
+
+def test_beyond_loopback_a_key_or_consent_is_needed(
+    paths: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    keyed = Manifest(keys={"ops": Key(sha256="a" * 64, scope="admin")})
+    consenting = Manifest(serving=Serving(allow_unauthenticated=True))
+    assert exposure("127.0.0.1", Manifest()) is None and exposure("::1", Manifest()) is None
+    assert "blazar keys add" in (exposure("0.0.0.0", Manifest()) or "")
+    assert exposure("0.0.0.0", keyed) is None and exposure("192.168.1.2", consenting) is None
+    path = tmp_path / "blazar.toml"
+    path.write_text('[keys.ops]\nsha256 = "' + "a" * 64 + '"\nscope = "admin"\n')
+    daemon = Daemon(paths, ServeOptions(path, host="0.0.0.0"))
+    try:
+        daemon._start_checks()
+        daemon._guard(daemon.manifest)
+        assert daemon.access.keyed
+        daemon._guard(Manifest())  # a reload that drops every key, while exposed
+        assert daemon.access.keyed
+        assert "keys not changed: the manifest declares none" in capsys.readouterr().err
+    finally:
+        daemon.store.close()
+    path.write_text("[serving]\nallow_unauthenticated = true\n")
+    daemon = Daemon(paths, ServeOptions(path, host="0.0.0.0"))
+    try:
+        daemon._start_checks()  # the user means it: serve starts, and says so loudly
+        assert "WARNING: serving on 0.0.0.0 with NO API KEY" in capsys.readouterr().err
+    finally:
+        daemon.store.close()
+    path.write_text("")
+    daemon = Daemon(paths, ServeOptions(path, host="0.0.0.0"))
+    try:
+        with pytest.raises(Unprotected, match=r"refusing to serve on 0\.0\.0\.0 with no API key"):
+            daemon._start_checks()
+    finally:
+        daemon.store.close()

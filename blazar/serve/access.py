@@ -267,7 +267,8 @@ class Access:
             if not await self.budget.reserve(reserved, self.serving.body_timeout):
                 return self._refuse(
                     request, 503, "the gateway holds as many request bodies as it may "
-                    "(serving.max_buffered); retry shortly", None, "busy", retry_after=1,
+                    "(serving.max_buffered); retry shortly", "bodies_busy", "busy",
+                    retry_after=1,
                 )  # fmt: skip
             try:
                 async with asyncio.timeout(self.serving.body_timeout):
@@ -276,7 +277,8 @@ class Access:
                 self.budget.release(reserved)
                 return self._refuse(
                     request, 408, f"the request body did not arrive within "
-                    f"{self.serving.body_timeout:g} s (serving.body_timeout)", None, "slow",
+                    f"{self.serving.body_timeout:g} s (serving.body_timeout)", "request_timeout",
+                    "slow",
                 )  # fmt: skip
             except BaseException:
                 self.budget.release(reserved)
