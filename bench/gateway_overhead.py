@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import shutil
@@ -84,6 +85,7 @@ class Options:
     # leaves to llama-server, and that is measured too (see docs/performance.md).
     slots: int = 16
     json_out: bool = False
+    key: bool = False  # declare an API key: the gateway checks it on every request
 
 
 def _per_path() -> dict[str, Any]:
@@ -107,7 +109,7 @@ class Results:
 class Serve:
     """`blazar serve` in a subprocess, in a temporary home; stopped by its PID."""
 
-    def __init__(self, root: Path, slots: int) -> None:
+    def __init__(self, root: Path, slots: int, key: str | None = None) -> None:
         self.root = root
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -122,6 +124,10 @@ class Serve:
             f'[engines.llamacpp]\nversion = "{ENGINE_VERSION}"\n\n'
             f'[models.{MODEL}]\nsource = "{model.as_uri()}"\nctx = 512\nslots = {slots}\n'
         )
+        if key is not None:  # an admin key: find_child reads /api/blazar/ps with it
+            digest = hashlib.sha256(key.encode()).hexdigest()
+            with self.manifest.open("a") as out:
+                out.write(f'\n[keys.bench]\nsha256 = "{digest}"\nscope = "admin"\n')
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -183,7 +189,7 @@ class Serve:
 def served(options: Options) -> Iterator[Serve]:
     root = Path(tempfile.mkdtemp(prefix="blazar-bench-"))
     try:
-        serve = Serve(root, options.slots)
+        serve = Serve(root, options.slots, KEY if options.key else None)
         try:
             serve.start()
             yield serve
@@ -196,6 +202,7 @@ def served(options: Options) -> Iterator[Serve]:
 # -- the client ----------------------------------------------------------------------------
 
 HEADERS = {"Content-Type": "application/json"}
+KEY = "plm_bench-" + "k" * 40  # with --key; sent to the child too, which ignores it
 CHAT = json.dumps(
     {
         "model": MODEL,
@@ -353,8 +360,9 @@ async def measure(serve: Serve, options: Options) -> Results:
     # keepalive_timeout under llama-server's 5 s: never reuse a connection it is closing.
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4)
     timeout = aiohttp.ClientTimeout(total=60)
+    headers = {**HEADERS, "Authorization": f"Bearer {KEY}"} if options.key else HEADERS
     async with aiohttp.ClientSession(
-        connector=connector, timeout=timeout, headers=HEADERS, auto_decompress=False
+        connector=connector, timeout=timeout, headers=headers, auto_decompress=False
     ) as session:
         urls = {"direct": await find_child(session, serve.url), "gateway": serve.url}
         warm_up = replace(options, pairs=50, stream_tokens=32, stream_runs=2, rounds=1)
@@ -428,6 +436,7 @@ def summarize(results: Results, options: Options) -> dict[str, Any]:
             "round_pairs": len(results.rps),
             "round_seconds": options.round_seconds,
             "slots": options.slots,
+            "api_key": options.key,
             "client_loop": type(asyncio.get_event_loop_policy()).__module__.split(".")[0],
             "cpus": os.cpu_count(),
         },
@@ -493,7 +502,8 @@ def render(s: dict[str, Any]) -> str:
     lines.append("")
     lines.append(
         f"client loop: {settings['client_loop']}; cpus: {settings['cpus']}; model slots: "
-        f"{settings['slots']}; failed requests: direct {errors['direct']}, "
+        f"{settings['slots']}; API key: {'yes' if settings.get('api_key') else 'no'}; "
+        f"failed requests: direct {errors['direct']}, "
         f"gateway {errors['gateway']}"
     )
     for path, problem in s["first_error"].items():
@@ -512,6 +522,7 @@ def parse(argv: list[str] | None) -> Options:
     p.add_argument("--round-seconds", type=float, default=d.round_seconds)
     p.add_argument("--slots", type=int, default=d.slots, help="the model's slots (--parallel)")
     p.add_argument("--json", action="store_true", help="print the numbers as JSON too")
+    p.add_argument("--key", action="store_true", help="declare an API key and send it")
     a = p.parse_args(argv)
     return Options(
         pairs=a.pairs,
@@ -522,6 +533,7 @@ def parse(argv: list[str] | None) -> Options:
         round_seconds=a.round_seconds,
         slots=a.slots,
         json_out=a.json,
+        key=a.key,
     )
 
 

@@ -168,11 +168,12 @@ class Serving(_Table):
         "each MiB of it); slower clients get 408.",
     )
     max_buffered: Size = Field(
-        default="512MiB",
+        default="128MiB",
         validate_default=True,
-        description="Request bodies held in memory at once, all requests together; a "
-        "request beyond it waits (at most body_timeout, then 503) before its body is read. "
-        "Uploads to /api/blobs go to disk and do not count.",
+        description="Request bodies held in memory at once, all requests together (parsing "
+        "a JSON body takes about twice its size again); a request beyond it waits (at most "
+        "body_timeout, then 503) before its body is read. Uploads to /api/blobs go to disk "
+        "and do not count.",
     )
     max_connections_per_client: int = Field(
         default=128,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import threading
 import time
@@ -22,7 +23,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from blazar.serve import uploads
+from blazar.serve import audit, uploads
 from blazar.serve.access import (
     ADMIN,
     INFERENCE,
@@ -387,3 +388,24 @@ def test_beyond_loopback_a_key_or_consent_is_needed(
             daemon._start_checks()
     finally:
         daemon.store.close()
+
+
+def test_the_audit_log_is_json_lines_and_rotates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(audit, "MAX_BYTES", 2000)
+    log = audit.AuditLog(tmp_path / "logs" / "audit.jsonl")
+    for n in range(40):
+        log.record(
+            "refused", key=None, client="10.0.0.1", method="POST", path=f"/api/pull/{n}",
+            status=401, reason="no key",
+        )  # fmt: skip
+    log.record("admin", key="ops", client="::1", method="POST", path="/api/pull", status=200)
+    log.close()
+    files = sorted(p.name for p in (tmp_path / "logs").iterdir())
+    assert "audit.jsonl" in files and "audit.jsonl.1" in files and len(files) <= 1 + audit.BACKUPS
+    last = [json.loads(line) for line in (tmp_path / "logs" / "audit.jsonl").open()][-1]
+    assert last["event"] == "admin" and last["key"] == "ops" and last["outcome"] == "ok"
+    assert set(last) == {"time", "event", "key", "client", "method", "path", "status", "outcome"}
+    first = json.loads((tmp_path / "logs" / "audit.jsonl.1").read_text().splitlines()[0])
+    assert first["status"] == 401 and first["outcome"] == "no key" and first["key"] is None

@@ -125,8 +125,8 @@ def take_token(bucket: Bucket | None, rpm: int, now: float) -> tuple[Bucket, flo
 class BodyBudget:
     """Bytes of request bodies in memory at once, all requests together.
 
-    `reserve` takes `size` at once when it fits (no await on the common path), else
-    waits for releases up to `timeout`; a single body larger than the whole budget
+    `take` reserves `size` when it fits now; `reserve` also waits for releases up to
+    `timeout`; a single body larger than the whole budget
     waits until it is alone. Event-loop thread only."""
 
     def __init__(self, limit: int) -> None:
@@ -137,10 +137,16 @@ class BodyBudget:
     def _fits(self, size: int) -> bool:
         return self.used + size <= self.limit or self.used == 0
 
-    async def reserve(self, size: int, timeout: float) -> bool:
-        """Reserve `size` bytes; False when they did not become free within `timeout`."""
+    def take(self, size: int) -> bool:
+        """Reserve `size` bytes if they fit now (no waiting)."""
         if self._fits(size):
             self.used += size
+            return True
+        return False
+
+    async def reserve(self, size: int, timeout: float) -> bool:
+        """Reserve `size` bytes; False when they did not become free within `timeout`."""
+        if self.take(size):
             return True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
