@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import signal
@@ -73,6 +74,7 @@ class Options:
     # leaves to llama-server, and that is measured too (see docs/performance.md).
     slots: int = 16
     json_out: bool = False
+    key: bool = False  # declare an API key: the gateway checks it on every request
 
 
 def _per_path() -> dict[str, Any]:
@@ -93,10 +95,14 @@ class Results:
 # -- setup ---------------------------------------------------------------------------------
 
 
-def tiny_models(slots: int) -> Callable[[Path], str]:
+def tiny_models(slots: int, key: bool = False) -> Callable[[Path], str]:
     def models(root: Path) -> str:
         model = write_tiny_model(root / "tiny.gguf")
-        return f'[models.{MODEL}]\nsource = "{model.as_uri()}"\nctx = 512\nslots = {slots}\n'
+        text = f'[models.{MODEL}]\nsource = "{model.as_uri()}"\nctx = 512\nslots = {slots}\n'
+        if key:  # an admin key: find_child reads /api/blazar/ps with it
+            digest = hashlib.sha256(KEY.encode()).hexdigest()
+            text += f'\n[keys.bench]\nsha256 = "{digest}"\nscope = "admin"\n'
+        return text
 
     return models
 
@@ -104,6 +110,7 @@ def tiny_models(slots: int) -> Callable[[Path], str]:
 # -- the client ----------------------------------------------------------------------------
 
 HEADERS = {"Content-Type": "application/json"}
+KEY = "plm_bench-" + "k" * 40  # with --key; sent to the child too, which ignores it
 CHAT = json.dumps(
     {
         "model": MODEL,
@@ -261,8 +268,9 @@ async def measure(serve: Serve, options: Options) -> Results:
     # keepalive_timeout under llama-server's 5 s: never reuse a connection it is closing.
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4)
     timeout = aiohttp.ClientTimeout(total=60)
+    headers = {**HEADERS, "Authorization": f"Bearer {KEY}"} if options.key else HEADERS
     async with aiohttp.ClientSession(
-        connector=connector, timeout=timeout, headers=HEADERS, auto_decompress=False
+        connector=connector, timeout=timeout, headers=headers, auto_decompress=False
     ) as session:
         urls = {"direct": await find_child(session, serve.url), "gateway": serve.url}
         warm_up = replace(options, pairs=50, stream_tokens=32, stream_runs=2, rounds=1)
@@ -336,6 +344,7 @@ def summarize(results: Results, options: Options) -> dict[str, Any]:
             "round_pairs": len(results.rps),
             "round_seconds": options.round_seconds,
             "slots": options.slots,
+            "api_key": options.key,
             "client_loop": type(asyncio.get_event_loop_policy()).__module__.split(".")[0],
             "cpus": os.cpu_count(),
         },
@@ -401,7 +410,8 @@ def render(s: dict[str, Any]) -> str:
     lines.append("")
     lines.append(
         f"client loop: {settings['client_loop']}; cpus: {settings['cpus']}; model slots: "
-        f"{settings['slots']}; failed requests: direct {errors['direct']}, "
+        f"{settings['slots']}; API key: {'yes' if settings.get('api_key') else 'no'}; "
+        f"failed requests: direct {errors['direct']}, "
         f"gateway {errors['gateway']}"
     )
     for path, problem in s["first_error"].items():
@@ -420,6 +430,7 @@ def parse(argv: list[str] | None) -> Options:
     p.add_argument("--round-seconds", type=float, default=d.round_seconds)
     p.add_argument("--slots", type=int, default=d.slots, help="the model's slots (--parallel)")
     p.add_argument("--json", action="store_true", help="print the numbers as JSON too")
+    p.add_argument("--key", action="store_true", help="declare an API key and send it")
     a = p.parse_args(argv)
     return Options(
         pairs=a.pairs,
@@ -430,6 +441,7 @@ def parse(argv: list[str] | None) -> Options:
         round_seconds=a.round_seconds,
         slots=a.slots,
         json_out=a.json,
+        key=a.key,
     )
 
 
@@ -449,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     load_before = os.getloadavg()[0]
     try:
-        with served("blazar-bench-", tiny_models(options.slots)) as serve:
+        with served("blazar-bench-", tiny_models(options.slots, options.key)) as serve:
             print(f"blazar serve is up at {serve.url} ({time.monotonic() - started:.1f} s)")
             try:
                 results = asyncio.run(measure(serve, options))

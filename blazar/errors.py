@@ -23,6 +23,10 @@ class AlreadyExists(BlazarError):
     """A name is taken and the user did not ask to replace it."""
 
 
+class Conflict(BlazarError):
+    """The change asked for would leave things in a state Blazar refuses (the last API key)."""
+
+
 class NotGGUF(InvalidInput):
     """A file is not a GGUF model, or is a truncated or damaged one."""
 

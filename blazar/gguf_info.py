@@ -156,6 +156,15 @@ class HeaderIncomplete(NotGGUF):
     """The bytes read so far end inside the header: read more of the file."""
 
 
+def has_gguf_magic(head: bytes) -> bool:
+    """Whether a file's first 8 bytes start a GGUF file of a version Blazar reads (2 or 3);
+    the gateway checks an upload with this before keeping more of it."""
+    if len(head) < 8:
+        return False
+    magic, version = struct.unpack("<II", head[:8])
+    return bool(magic == GGUF_MAGIC and version in (2, 3))
+
+
 def read_header(path: Path) -> tuple[int, dict[str, Any], list[TensorInfo], int]:
     """Parse a GGUF header: (version, metadata, tensors, data start offset).
 

@@ -267,3 +267,13 @@ def m007_sessions(db: sqlite_utils.Database) -> None:
         not_null={"name", "model", "kind", "file", "n_tokens", "size", "created_at"},
     )
     db["sessions"].create_index(["model", "kind"])  # type: ignore[union-attr]
+
+
+@migration
+def m008_key_usage(db: sqlite_utils.Database) -> None:
+    """When each API key was last used, by key name (never the key, nor its hash)."""
+    db["key_usage"].create(  # type: ignore[union-attr]
+        {"name": str, "last_used": str},  # ISO 8601, UTC
+        pk="name",
+        not_null={"name", "last_used"},
+    )

@@ -314,6 +314,23 @@ class Store:
             self.db.execute("DELETE FROM sessions WHERE name = ?", [name])
             self._event("session", name, reason, "")
 
+    def record_key_use(self, last_used: dict[str, str]) -> None:
+        """Remember when keys were last used (name -> ISO 8601 time), in one transaction."""
+        if not last_used:
+            return
+        # One plain upsert: its first statement writes, so SQLite waits for the write lock
+        # (busy timeout) instead of failing on a read snapshot another writer made stale.
+        with self.db.conn:
+            self.db.conn.executemany(
+                "INSERT INTO key_usage (name, last_used) VALUES (?, ?) "
+                "ON CONFLICT(name) DO UPDATE SET last_used = excluded.last_used",
+                list(last_used.items()),
+            )
+
+    def key_usage(self) -> dict[str, str]:
+        """When each key name was last used (ISO 8601, UTC)."""
+        return {r["name"]: r["last_used"] for r in self.db["key_usage"].rows}
+
     # -- conditions -----------------------------------------------------------
 
     def set_condition(

@@ -51,6 +51,7 @@ from specs.references import (
     reference_findings,
     resolve_engine,
 )
+from specs.sizes import Size
 
 __all__ = [
     "DEFAULT_ENGINE",
@@ -225,17 +226,84 @@ class Serving(_Table):
     )
     cors_origins: list[str] = Field(
         default=[],
-        description="(not supported yet: a manifest that sets it is refused) CORS origins.",
+        description="Browser origins allowed besides the defaults (pages on localhost and "
+        "127.0.0.1 at any port, app://, file://, tauri://, vscode-webview://): preflights "
+        "are answered and responses carry Access-Control-Allow-Origin for them; a request "
+        "from any other origin is refused (403). An entry is an origin "
+        "('https://app.example'), may use '*' as a wildcard ('https://*.example.com', "
+        "'http://box:*'), or is '*' alone for every origin.",
     )
     tls_cert: NonEmpty | None = Field(
         default=None,
-        description="(not supported yet: a manifest that sets it is refused) PEM certificate "
-        "file; set with tls_key.",
+        description="PEM certificate (chain) file: the gateway speaks HTTPS only; set with "
+        "tls_key. A missing, unreadable or mismatched pair refuses to start; a changed file "
+        "is reloaded (certificate rotation) without a restart.",
     )
     tls_key: NonEmpty | None = Field(
         default=None,
-        description="(not supported yet: a manifest that sets it is refused) PEM private key "
-        "file; set with tls_cert.",
+        description="PEM private key file of tls_cert; set with tls_cert.",
+    )
+    allowed_hosts: list[NonEmpty] = Field(
+        default=[],
+        description="Host names clients may reach the gateway by, besides localhost, IP "
+        "addresses and this machine's hostname: a request whose Host header names anything "
+        "else is refused (403; a guard against DNS rebinding). '*' turns the check off "
+        "(behind a proxy that checks Host itself).",
+    )
+    allow_unauthenticated: bool = Field(
+        default=False,
+        description="Serve on an address beyond loopback with no [keys] declared. Without "
+        "it such a serve refuses to start; with it serve warns at every start.",
+    )
+    import_roots: list[NonEmpty] = Field(
+        default=[],
+        description="Absolute directories whose GGUF files /api/create and /api/pull may "
+        "read (besides the store and uploaded blobs). Empty: no other server path. "
+        "Manifests and the CLI read any file:// source; this limits only the HTTP API.",
+    )
+    max_upload: Size = Field(
+        default="64GiB",
+        validate_default=True,
+        description="Largest blob /api/blobs accepts (bounded further by the free disk "
+        "space, less a margin of 1 GiB).",
+    )
+    audit_log: bool = Field(
+        default=False,
+        description="Append admin actions and refused requests (time, key name, client "
+        "address, route, outcome) as JSON Lines to <state>/logs/audit.jsonl, rotated at "
+        "10 MiB (five files kept).",
+    )
+    metrics_public: bool = Field(
+        default=False,
+        description="/metrics answers without a key; otherwise it needs an admin key once "
+        "keys are declared.",
+    )
+    header_timeout: Duration = Field(
+        default="30s",
+        validate_default=True,
+        description="Longest a connection may take to send a whole request head, counted "
+        "from when it opens or from its last response (so also how long an idle keep-alive "
+        "connection stays open). Slower clients are disconnected.",
+    )
+    body_timeout: Duration = Field(
+        default="60s",
+        validate_default=True,
+        description="Longest a request body may take to arrive (an upload to /api/blobs: "
+        "each MiB of it); slower clients get 408.",
+    )
+    max_buffered: Size = Field(
+        default="128MiB",
+        validate_default=True,
+        description="Request bodies held in memory at once, all requests together (parsing "
+        "a JSON body takes about twice its size again); a request beyond it waits (at most "
+        "body_timeout, then 503) before its body is read. Uploads to /api/blobs go to disk "
+        "and do not count.",
+    )
+    max_connections_per_client: int = Field(
+        default=128,
+        ge=1,
+        description="Open connections one client address may hold; more are answered 503 "
+        "and closed.",
     )
 
     # -- observability (docs/observability.md) --
@@ -272,6 +340,14 @@ class Serving(_Table):
                 ("tls_cert", "tls_key") if self.tls_key is None else ("tls_key", "tls_cert")
             )
             raise FieldError(have, f"{have} is set without {lack}", "set both or neither")
+        for index, root in enumerate(self.import_roots):
+            if not root.startswith("/"):
+                raise FieldError(
+                    "import_roots", f"import_roots[{index}] {root!r} is not an absolute path"
+                )
+        for name in ("header_timeout", "body_timeout"):
+            if getattr(self, name) <= 0:
+                raise FieldError(name, f"{name} must be a positive duration such as '30s'")
         return self
 
 
@@ -538,15 +614,30 @@ class Lora(_Table):
 
 
 class Key(_Table):
-    """(not supported yet: a manifest that declares keys is refused) An API key; only its
-    sha256 is ever written down."""
+    """An API key (`blazar keys add NAME` makes one); only its sha256 is ever written down.
+    Once one key is declared, every route but `GET /health` needs a key."""
 
     sha256: Sha256 = Field(description="sha256 of the key (64 lowercase hex digits).")
+    scope: Literal["inference", "admin"] = Field(
+        default="inference",
+        description="inference: model routes and listings; admin: also pull, create, copy, "
+        "delete, blob uploads, stopping models and managing keys.",
+    )
     models: KeyModels = Field(
         default=["*"],
-        description="Models (names or aliases) the key may use; ['*'] is every model.",
+        description="Models (names or aliases) the key may use; ['*'] is every model. Others "
+        "answer 404 to it, as if absent, and listings show it only these.",
+    )
+    rpm: int | None = Field(
+        default=None,
+        ge=1,
+        description="Requests per minute the key may make (bursts up to this many); beyond "
+        "it: 429 with Retry-After. Default: no limit.",
     )
     description: str | None = Field(default=None, description="Who or what the key is for.")
+    created: str | None = Field(
+        default=None, description="When `blazar keys add` made it (ISO 8601, UTC)."
+    )
 
 
 class Remote(_Table):
@@ -607,7 +698,7 @@ class Manifest(_Table):
     )
     keys: dict[KeyName, Key] = Field(
         default_factory=dict,
-        description="(not supported yet) API keys by name.",
+        description="API keys by name.",
     )
     remotes: dict[RemoteName, Remote] = Field(
         default_factory=dict,

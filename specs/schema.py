@@ -18,6 +18,7 @@ from typing import Any
 
 from specs.durations import PATTERN as DURATION_PATTERN
 from specs.manifest import Manifest
+from specs.sizes import PATTERN as SIZE_PATTERN
 
 SCHEMA_ID = "urn:blazar:manifest:1"
 SCHEMA_FILE = Path(__file__).with_name("manifest.schema.json")
@@ -116,6 +117,9 @@ adapter, key and remote names use the same characters without a tag.
 `"250ms"`, plain seconds (`300`), `0` (now) or any negative such as `-1`
 (forever, as in ollama).
 
+**Sizes** (`max_upload`, `max_buffered`): `"64GiB"`, `"512MiB"` (powers of
+1024), `"10GB"`, `"500MB"` (powers of 1000), or a number of bytes.
+
 **Planned** fields are checked now and acted on by later releases; their
 descriptions say so.
 
@@ -176,6 +180,8 @@ def _type(prop: dict[str, Any]) -> str:
     options = _variants(prop)
     if any(o.get("pattern") == DURATION_PATTERN for o in options):
         return "duration"
+    if any(o.get("pattern") == SIZE_PATTERN for o in options):
+        return "size"
     return " or ".join(_one_type(o) for o in options)
 
 
@@ -208,6 +214,8 @@ def _default(prop: dict[str, Any]) -> str:
 
 def _constraints(prop: dict[str, Any]) -> str:
     found: list[str] = []
+    if any(o.get("pattern") == SIZE_PATTERN for o in _variants(prop)):
+        return ""  # the Sizes paragraph says what a size may be
     for option in _variants(prop):
         if option.get("pattern") == DURATION_PATTERN:
             continue

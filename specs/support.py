@@ -1,11 +1,10 @@
 """Fields the manifest validates but Blazar does not act on yet: a manifest using one is refused.
 
-A user who sets `tls_cert` believes the gateway speaks HTTPS; one who declares
-keys believes they are checked. Until the work that implements a field lands,
-`blazar diff`, `apply` and `serve` refuse a manifest that uses it, naming the
-field and saying it is not supported yet (`blazar.reconcile.load` calls
-`unsupported`). Pure: a function of the manifest. When a field becomes real,
-its entry here goes away.
+A user who declares a remote believes requests are forwarded to it. Until the
+work that implements a field lands, `blazar diff`, `apply` and `serve` refuse a
+manifest that uses it, naming the field and saying it is not supported yet
+(`blazar.reconcile.load` calls `unsupported`). Pure: a function of the
+manifest. When a field becomes real, its entry here goes away.
 """
 
 from __future__ import annotations
@@ -15,10 +14,6 @@ from specs.problems import Path as FieldPath
 from specs.problems import Problem, format_path
 
 NOT_YET: dict[FieldPath, str] = {
-    ("serving", "tls_cert"): "the gateway would still speak plain HTTP",
-    ("serving", "tls_key"): "the gateway would still speak plain HTTP",
-    ("serving", "cors_origins"): "the gateway would send no CORS headers",
-    ("keys",): "the gateway would not check API keys",
     ("remotes",): "requests would not be forwarded to remotes",
 }
 

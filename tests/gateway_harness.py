@@ -20,6 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from blazar.paths import resolve_paths
+from blazar.serve.access import Access
 from blazar.serve.app import build_app
 from blazar.serve.child_http import ChildConnections
 from blazar.serve.instance import State
@@ -78,8 +79,10 @@ class InProcessGateway:
         *runtimes: ModelRuntime,
         upstream_timeout: float | None = None,
         manifest: Path | None = None,
+        access: Access | None = None,
     ) -> None:
         self.child_url = child_url
+        self.access = access
         self.runtimes = runtimes or (runtime("tiny"),)
         self.upstream_timeout = upstream_timeout
         self.manifest = manifest
@@ -122,7 +125,7 @@ class InProcessGateway:
                 self.store, self.children, paths.sessions, runtimes=lambda: self.scheduler.runtimes
             )
         services = Services(self.scheduler, self.children, control, sessions=sessions)
-        self.app = build_app(services)
+        self.app = build_app(services, self.access)
         self._runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)

@@ -284,10 +284,7 @@ def test_two_applies_at_once_do_not_interleave(
 @pytest.mark.parametrize(
     ("extra", "field", "at"),
     [
-        (f'[keys.ci]\nsha256 = "{"c" * 64}"\n', "keys", "[keys.ci]"),
         ('[remotes.box]\nurl = "http://127.0.0.1:1"\n', "remotes", "[remotes.box]"),
-        ('[serving]\ncors_origins = ["https://a.example"]\n', "serving.cors_origins", "cors"),
-        ('[serving]\ntls_cert = "/c.pem"\ntls_key = "/k.pem"\n', "serving.tls_cert", "tls_cert"),
     ],
 )
 def test_a_field_blazar_does_not_act_on_is_refused_not_ignored(
@@ -308,9 +305,9 @@ def test_serve_refuses_to_start_on_a_field_it_would_ignore(
 ) -> None:
     manifest = write(
         tmp_path / "blazar.toml",
-        manifest_text(files) + '\n[serving]\ntls_cert = "/c.pem"\ntls_key = "/k.pem"\n',
+        manifest_text(files) + '\n[remotes.box]\nurl = "http://127.0.0.1:1"\n',
     )
     result = run_blazar("serve", str(manifest), "--port", "1")
     assert result.returncode == 1
-    assert "serving.tls_cert: not supported yet" in result.stderr
+    assert "remotes: not supported yet" in result.stderr
     assert "Blazar is serving" not in result.stdout

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from blazar.paths import resolve_paths
+from blazar.store import Store
 from blazar.testing.tiny import write_tiny_model
 from specs.loader import load_manifest
 from tests.conftest import Blazar
 from tests.hf_endpoint import FakeHub
 
+TEAM_BOX_KEY = "plm_team-box-example-key-public-do-not-use"
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 MANIFESTS = sorted(
     p for p in EXAMPLES.iterdir() if (p.is_dir() and any(p.glob("*.toml"))) or p.suffix == ".toml"
@@ -48,8 +52,14 @@ def test_team_box_applies_and_converges(
 ) -> None:
     monkeypatch.setenv("HF_ENDPOINT", hub.url)
     path = str(EXAMPLES / "team-box")
-    assert "Plan: 3 to add" in blazar("diff", path).output
-    assert "Apply complete! Resources: 3 added" in blazar("apply", path).output
+    assert "Plan: 4 to add" in blazar("diff", path).output
+    assert "Apply complete! Resources: 4 added" in blazar("apply", path).output
     assert blazar("diff", path, "--detailed-exitcode").exit_code == 0
     listing = blazar("list").output
     assert "qwen3-0.6b" in listing and "smollm2" in listing
+    # The ci key is the hash of a key the tests know; it may use qwen3-0.6b only.
+    ci = load_manifest(EXAMPLES / "team-box").keys["ci"]
+    assert ci.sha256 == hashlib.sha256(TEAM_BOX_KEY.encode()).hexdigest()
+    assert (ci.scope, ci.models, ci.rpm) == ("inference", ["qwen3-0.6b"], 600)
+    with Store(resolve_paths().db) as store:
+        assert [(k.name, k.sha256) for k in store.list_keys()] == [("ci", ci.sha256)]

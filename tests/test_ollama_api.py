@@ -302,14 +302,14 @@ def check_create(client: ollama.Client, url: str, manifest: Path, gguf: Path) ->
     digest = client.create_blob(gguf)
     assert send(f"{url}/api/blobs/{digest}", "HEAD")[0] == 200
     assert send(f"{url}/api/blobs/sha256:{'0' * 64}", "HEAD")[0] == 404
-    status, body = send(f"{url}/api/blobs/sha256:{'0' * 64}", "POST", b"GGUF")
+    status, body = send(f"{url}/api/blobs/sha256:{'0' * 64}", "POST", gguf.read_bytes())
     assert status == 400 and "digest mismatch" in body["error"]
     stream = client.create(model="made", files={"model.gguf": digest}, stream=True)
     made = [p.status for p in stream]
     assert made[0] == "parsing GGUF" and made[-1] == "success"
     assert client.generate(model="made", prompt="a", options={"num_predict": 2}).done
     assert f'sha256 = "{digest.removeprefix("sha256:")}"' in manifest.read_text()
-    # from a GGUF path, with the one parameter a model keeps: its context
+    # from a GGUF path in serving.import_roots, with the one parameter a model keeps: its context
     done = client.create(model="local", from_=str(gguf), parameters={"num_ctx": 512})
     assert done.status == "success" and "512" in client.show("local").parameters
     # from a model, changing nothing: another name for it
@@ -333,7 +333,8 @@ def test_pull_create_copy_delete_edit_the_manifest(
     with FakeHub() as hub:
         hub.add_repo("test/tiny-GGUF", {"tiny-Q8_0.gguf": weights, "README.md": b"# tiny\n"})
         monkeypatch.setenv("HF_ENDPOINT", hub.url)  # Served passes os.environ to serve
-        manifest = write_manifest(tmp_path, ENGINE + model_block("tiny", models["tiny"]))
+        roots = f"[serving]\nimport_roots = [{json.dumps(str(tmp_path / 'models'))}]\n\n"
+        manifest = write_manifest(tmp_path, roots + ENGINE + model_block("tiny", models["tiny"]))
         with Served(manifest, blazar_home) as served:
             client = ollama.Client(host=served.url)
             oai = openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_retries=0)

@@ -308,7 +308,8 @@ def test_client_disconnect_cancels_upstream_work(tmp_path: Path, blazar_home: Pa
         body = json.dumps(request).encode()
         sock = socket.create_connection(("127.0.0.1", served.port))
         sock.sendall(
-            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\n"
             + f"Content-Length: {len(body)}\r\n\r\n".encode()
             + body
         )

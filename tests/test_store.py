@@ -27,6 +27,7 @@ def test_blank_database_migrates_to_the_full_schema(tmp_path: Path) -> None:
             "loras",
             "keys",
             "conditions",
+            "key_usage",
         }
         assert [r["name"] for r in db["_migrations"].rows] == [m.__name__ for m in MIGRATIONS]
         assert db["models"].columns_dict == {
@@ -55,6 +56,7 @@ def test_blank_database_migrates_to_the_full_schema(tmp_path: Path) -> None:
             "action",
             "message",
         }
+        assert db["key_usage"].columns_dict == {"name": str, "last_used": str}
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
@@ -155,3 +157,14 @@ def test_data_written_is_visible_to_another_connection(tmp_path: Path) -> None:
     with Store(tmp_path / "blazar.db") as one, Store(tmp_path / "blazar.db") as two:
         one.put_model(_record("a"))
         assert [r.name for r in two.list_models()] == ["a"]
+
+
+def test_key_use_is_kept_by_name(tmp_path: Path) -> None:
+    with Store(tmp_path / "blazar.db") as store:
+        store.record_key_use({"ci": "2026-12-01T10:00:00+00:00"})
+        store.record_key_use({"ci": "2026-12-01T11:00:00+00:00", "ops": "2026-12-01T09:00Z"})
+        store.record_key_use({})
+        assert store.key_usage() == {
+            "ci": "2026-12-01T11:00:00+00:00",
+            "ops": "2026-12-01T09:00Z",
+        }

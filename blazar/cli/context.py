@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
@@ -46,3 +47,13 @@ class Context:
 
 
 pass_context = click.make_pass_decorator(Context, ensure=True)
+
+
+# `--manifest PATH` on the commands that edit a manifest: another file than the user's.
+manifest_option = click.option(
+    "--manifest",
+    "manifest_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="The manifest to edit (default: yours, `blazar config path`).",
+)

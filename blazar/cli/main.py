@@ -38,6 +38,7 @@ COMMANDS: dict[str, str] = {
     "engine": "blazar.cli.engines:engine",
     "fit": "blazar.cli.models:fit",
     "import": "blazar.cli.models:import_",
+    "keys": "blazar.cli.keys:keys",
     "launch": "blazar.cli.serve:launch",
     "list": "blazar.cli.models:list_",
     "login": "blazar.cli.shell:login",

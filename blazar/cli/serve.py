@@ -2,6 +2,8 @@
 
 The daemon's address comes from `--url`, `$BLAZAR_URL`, the file a running
 `serve` writes under the state directory, or the default 127.0.0.1:11435.
+Once the gateway declares keys, these commands send `$BLAZAR_API_KEY` (`ps` and
+`stop` need an admin key).
 """
 
 from __future__ import annotations
@@ -59,6 +61,13 @@ def no_daemon(url: str, exc: Exception) -> NoDaemon:
     )
 
 
+def headers() -> dict[str, str]:
+    """A JSON request's headers, with `$BLAZAR_API_KEY` when it is set."""
+    key = os.environ.get("BLAZAR_API_KEY")
+    found = {"Content-Type": "application/json"}
+    return {**found, "Authorization": f"Bearer {key}"} if key else found
+
+
 def call(
     url: str,
     path: str,
@@ -67,9 +76,7 @@ def call(
     method: str | None = None,
 ) -> Any:
     data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(
-        url + path, data=data, headers={"Content-Type": "application/json"}, method=method
-    )
+    request = urllib.request.Request(url + path, data=data, headers=headers(), method=method)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as resp:
             return json.load(resp)
@@ -168,9 +175,8 @@ def stop(ctx: Context, model: str, url: str | None) -> None:
 def _stream(url: str, path: str, body: dict[str, Any], pick: Any) -> str:
     """POST a streaming request; echo text as it arrives; return the whole text."""
     request = urllib.request.Request(
-        url + path, data=json.dumps({**body, "stream": True}).encode(),
-        headers={"Content-Type": "application/json"},
-    )  # fmt: skip
+        url + path, data=json.dumps({**body, "stream": True}).encode(), headers=headers()
+    )
     text = []
     try:
         with urllib.request.urlopen(request, timeout=600) as resp:
@@ -281,12 +287,17 @@ def ensure_daemon(paths: Paths, url: str | None) -> str:
 @pass_context
 def launch(ctx: Context, command: tuple[str, ...], url: str | None) -> None:
     """Run COMMAND pointed at Blazar: starts the daemon if needed, then sets
-    OPENAI_BASE_URL, OPENAI_API_BASE, ANTHROPIC_BASE_URL and OLLAMA_HOST and execs it."""
+    OPENAI_BASE_URL, OPENAI_API_BASE, ANTHROPIC_BASE_URL and OLLAMA_HOST (and, from
+    $BLAZAR_API_KEY, OPENAI_API_KEY, ANTHROPIC_API_KEY and OLLAMA_API_KEY) and execs it."""
     base = ensure_daemon(ctx.paths, url)
     os.environ["OPENAI_BASE_URL"] = f"{base}/v1"
     os.environ["OPENAI_API_BASE"] = f"{base}/v1"
     os.environ["ANTHROPIC_BASE_URL"] = base
     os.environ["OLLAMA_HOST"] = base
+    key = os.environ.get("BLAZAR_API_KEY")
+    if key:
+        for variable in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "OLLAMA_API_KEY"):
+            os.environ[variable] = key
     os.environ.setdefault("OPENAI_API_KEY", "blazar")
     try:
         os.execvp(command[0], list(command))

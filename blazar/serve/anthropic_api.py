@@ -10,8 +10,9 @@ and normalizes what comes back, whole or event by event. Each request takes the
 gateway's one request path (`blazar.serve.pipeline`: slots, queue,
 `x-blazar-priority`; tools need a template that renders them); `count_tokens`
 too, since the model's own tokenizer and chat template count. `anthropic-version`
-and `x-api-key` are accepted (API keys are not checked yet). `keep_alive` (a body
-field or the `x-blazar-keep-alive` header) is honoured as on ollama's routes, and
+is accepted; `x-api-key` is checked by the access middleware
+(`blazar.serve.access`) when keys are declared. `keep_alive` (a body field or the
+`x-blazar-keep-alive` header) is honoured as on ollama's routes, and
 `pipeline.admit` runs the prompt preflight and the sessions' slot routing.
 Failures are raised and answered as Anthropic's `{"type": "error", "error":
 {...}}` by the gateway's error middleware:
@@ -71,7 +72,7 @@ class AnthropicAPI:
         translate = anthropic.count_tokens_request if count else anthropic.messages_request
         req = translate(body)
         model = str(body["model"])
-        target = pipeline.resolve(scheduler, model)
+        target = pipeline.resolve(scheduler, model, request)
         pipeline.require(target.runtime, pipeline.CHAT)
         for need in anthropic.needs(body):
             pipeline.require(target.runtime, need, requested=model)

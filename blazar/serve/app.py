@@ -2,14 +2,16 @@
 
 `build_app` registers every protocol's routes (OpenAI, ollama, Anthropic,
 Blazar's own) on one application and installs the middleware every request
-passes through: `observe` (`blazar.serve.observer`) traces each inference
-request; `errors` gives each response its trace id and answers what a
-route raised in the route's protocol envelope (`pipeline.failure`,
-`envelopes.for_request`): a client's mistake as a 4xx, a bug as a 500 in the same
-shape with the traceback only in serve's log. What aiohttp's router and body
-reader refuse (an unknown route, a wrong method, a body over `MAX_BODY`) is
-answered in the same envelope, never as aiohttp's `text/plain`. The route
-modules depend on `Services`, never on this module or the daemon.
+passes through: `observe` (`blazar.serve.observer`) traces each request; the
+access layer (`blazar.serve.access`: Host, Origin and CORS, API keys and
+scopes, rate and body limits) runs inside `errors`, which gives each response
+its trace id and answers what a route raised in the route's protocol envelope
+(`pipeline.failure`, `envelopes.for_request`): a client's mistake as a 4xx, a
+bug as a 500 in the same shape with the traceback only in serve's log. What
+aiohttp's router and body reader refuse (an unknown route, a wrong method, a
+body over `MAX_BODY`) is answered in the same envelope, never as aiohttp's
+`text/plain`. The route modules depend on `Services`, never on this module or
+the daemon.
 """
 
 from __future__ import annotations
@@ -22,15 +24,18 @@ from blazar.observe.trace import current
 from blazar.serve import (
     anthropic_api,
     blazar_api,
+    keys_api,
     observe_api,
     ollama_admin,
     ollama_api,
+    ollama_blobs,
     ollama_pull,
     openai_api,
     pipeline,
     responses_api,
     sessions_api,
 )
+from blazar.serve.access import Access, add_cors_headers
 from blazar.serve.envelopes import for_request
 from blazar.serve.http import TRACE, trace_id
 from blazar.serve.services import Services
@@ -91,11 +96,16 @@ async def errors(request: web.Request, handler: pipeline.Handler) -> web.StreamR
     return response
 
 
-def build_app(services: Services) -> web.Application:
-    """Every route of the gateway on one application, behind the middleware."""
-    # observe first: it sees every answer, the errors middleware's included.
-    middlewares = [services.observer.middleware(), errors]
+def build_app(services: Services, access: Access | None = None) -> web.Application:
+    """Every route of the gateway on one application, behind the middleware; `access` is
+    the daemon's (a default one checks Host and Origin, with no keys)."""
+    access = access or Access()
+    access.max_body = MAX_BODY
+    # observe first: it sees every answer, the errors middleware's and the access layer's
+    # refusals included.
+    middlewares = [services.observer.middleware(), errors, access.middleware]
     app = web.Application(client_max_size=MAX_BODY, middlewares=middlewares)
+    app.on_response_prepare.append(add_cors_headers)
     blazar_api.register(app, services)
     observe_api.register(app, services)
     openai_api.register(app, services)
@@ -103,6 +113,8 @@ def build_app(services: Services) -> web.Application:
     ollama_api.register(app, services)
     ollama_admin.register(app, services)
     ollama_pull.register(app, services)
+    ollama_blobs.register(app, services)
     anthropic_api.register(app, services)
     sessions_api.register(app, services)
+    keys_api.register(app, services)
     return app

@@ -10,6 +10,8 @@ from aiohttp import web
 
 from blazar import __version__
 from blazar.protocols import ProtocolError
+from blazar.serve import pipeline
+from blazar.serve.grants import sees
 from blazar.serve.http import read_json
 from blazar.serve.services import Services
 
@@ -34,11 +36,20 @@ class BlazarAPI:
         return web.json_response({"status": "ok", "version": __version__})
 
     async def ps(self, request: web.Request) -> web.Response:
-        return web.json_response({"instances": self.services.scheduler.snapshot()})
+        scheduler = self.services.scheduler
+        rows = [  # a key lists only the models it may use
+            row
+            for row in scheduler.snapshot()
+            if sees(
+                request, row["model"], getattr(scheduler.runtimes.get(row["model"]), "aliases", ())
+            )
+        ]
+        return web.json_response({"instances": rows})
 
     async def stop(self, request: web.Request) -> web.Response:
         model = (await read_json(request)).get("model")
         if not isinstance(model, str) or not model:
             raise ProtocolError(400, 'send {"model": NAME}')
+        pipeline.resolve(self.services.scheduler, model, request)  # 404 as for any model route
         stopped = await self.services.scheduler.stop_model(model)
         return web.json_response({"model": model, "stopped": stopped})

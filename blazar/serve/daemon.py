@@ -3,10 +3,19 @@
 The control loop is level-triggered: a pass loads the manifest, applies it
 (fetching what is missing, under the apply lock, in a worker thread) and
 hands the scheduler the models that are now ready; hot reload restarts only
-the instances whose arguments changed. Passes run on start, on a manifest
-change (watchfiles), when a child exits, and on a timer. Sessions
-(`blazar.serve.sessions`) live under `Paths.sessions`; the session bank saves a
-model's slots before the scheduler stops it (serve's own stop included). When serve stops
+the instances whose arguments changed. Each pass also hands the access layer
+(`blazar.serve.access`) the manifest's keys and `[serving]` settings first, so
+a key added or removed applies at once; records when keys were last used;
+reloads a rotated TLS certificate; and removes uploads no model used. Passes
+run on start, on a manifest change (watchfiles), when a child exits, and on a
+timer. Sessions (`blazar.serve.sessions`) live under `Paths.sessions`; the
+session bank saves a model's slots before the scheduler stops it (serve's own
+stop included).
+
+Serve refuses to start on an address beyond loopback with no key declared
+unless `serving.allow_unauthenticated` says the user means it (then it warns at
+every start), and a reload that would remove the last key there keeps the keys
+it has. When serve stops
 (SIGTERM, SIGINT, or an error in its own loop) every child is stopped; the
 children also get SIGTERM from the kernel if serve itself dies.
 """
@@ -19,6 +28,7 @@ import errno
 import json
 import os
 import signal
+import sqlite3
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,13 +40,18 @@ from aiohttp import web
 from blazar.engines.catalog import CatalogError, load_catalog
 from blazar.engines.probe import ensure_probed
 from blazar.errors import BlazarError
-from blazar.locking import LockTimeout
+from blazar.locking import LockTimeout, apply_lock
 from blazar.paths import Paths
 from blazar.reconcile import InvalidManifest, load, reconcile
+from blazar.serve import uploads
+from blazar.serve.access import Access
 from blazar.serve.app import build_app
+from blazar.serve.audit import AuditLog
 from blazar.serve.child_http import ChildConnections
 from blazar.serve.instance import Instance
+from blazar.serve.listener import GatewaySite, Limits, TLSFiles
 from blazar.serve.observer import Observer, Settings
+from blazar.serve.policy import is_loopback
 from blazar.serve.runtime import build_runtimes
 from blazar.serve.scheduler import Scheduler
 from blazar.serve.services import Control, Services
@@ -52,6 +67,22 @@ REAP_EVERY = 0.25
 
 class PortInUse(BlazarError):
     pass
+
+
+class Unprotected(BlazarError):
+    """Serving beyond loopback with no API key, without the user saying they mean it."""
+
+
+def exposure(host: str, manifest: Manifest) -> str | None:
+    """Why serving `manifest` on `host` is refused (None: it is not): an address beyond
+    loopback with no key declared, unless serving.allow_unauthenticated."""
+    if is_loopback(host) or manifest.keys or manifest.serving.allow_unauthenticated:
+        return None
+    return (
+        f"refusing to serve on {host} with no API key: anyone who can reach it could use "
+        "and manage this host. Add a key (`blazar keys add NAME --scope admin`), serve on "
+        "127.0.0.1, or set serving.allow_unauthenticated = true if you mean it"
+    )
 
 
 @dataclass
@@ -98,6 +129,13 @@ class Daemon:
         self.children = ChildConnections(timeout=read_timeout(self.manifest))
         self.observer = Observer(Settings.from_serving(self.manifest.serving), db_path=paths.db)
         self.passing = asyncio.Lock()  # one pass at a time, whoever asks for it
+        serving = self.manifest.serving
+        self.host = options.host or serving.host
+        self.access = Access(bind_host=self.host)
+        self.services: Services | None = None
+        self.limits = Limits()
+        self.tls: TLSFiles | None = None
+        self.manifest_keys = self.manifest.keys  # the keys the access layer enforces
 
     def _load(self) -> Manifest | None:
         if not self.options.manifest.exists():
@@ -126,11 +164,51 @@ class Daemon:
                 state = "ok" if outcome.ok else f"FAILED: {outcome.error}"
                 log(f"{outcome.action.address}: {outcome.action.change} {state}")
 
+    def _guard(self, manifest: Manifest) -> None:
+        """Hand the access layer, the routes and the listener the manifest's settings."""
+        keys = manifest.keys
+        refused = exposure(self.host, manifest)
+        if refused is not None and self.access.keyed:
+            log(f"keys not changed: the manifest declares none, and {refused}")
+            keys = self.manifest_keys
+        self.manifest_keys = keys
+        serving = manifest.serving
+        self.access.configure(serving, keys)
+        if serving.audit_log and self.access.audit is None:
+            self.access.audit = AuditLog(self.paths.logs / "audit.jsonl")
+        elif not serving.audit_log and self.access.audit is not None:
+            self.access.audit.close()
+            self.access.audit = None
+        if self.services is not None:
+            self.services.serving = serving
+        self.limits.header_timeout = serving.header_timeout
+        self.limits.max_connections_per_client = serving.max_connections_per_client
+        if self.tls is not None and (note := self.tls.reload_if_changed()) is not None:
+            log(note)
+
+    async def _record_key_use(self) -> None:
+        """Write when keys were last used: in a worker thread, under the apply lock (an
+        apply's transactions fail if another writer commits under them), and not now if an
+        apply holds it: the next pass writes it."""
+        used = self.access.take_usage()
+        if not used:
+            return
+
+        def write() -> None:
+            with apply_lock(self.paths.state / "apply.lock", timeout=0), Store(self.paths.db) as db:
+                db.record_key_use(used)
+
+        try:
+            await asyncio.to_thread(write)
+        except (LockTimeout, sqlite3.Error):
+            self.access.keep_usage(used)
+
     async def run_pass(self, reason: str) -> None:
         manifest = self._load()
         if manifest is None and self.options.manifest.exists():
             return  # invalid: keep serving what runs
         manifest = manifest or Manifest()
+        self._guard(manifest)  # before the apply, which may download for minutes
         self.manifest = manifest
         if self.options.apply and self.options.manifest.exists():
             await asyncio.to_thread(self._apply, manifest)
@@ -151,6 +229,10 @@ class Daemon:
         if self.sessions is not None:
             self.sessions.bank_mb = manifest.serving.session_bank_mb
             self.sessions.prune()  # banked sessions of removed models or changed files
+
+        for gone in uploads.sweep(self.paths, uploads.used_blobs(manifest, self.store)):
+            log(f"removed upload {gone.name}: no model used it within an hour")
+        await self._record_key_use()
 
     def _observe(self, manifest: Manifest) -> None:
         try:
@@ -228,10 +310,27 @@ class Daemon:
             self.wake.clear()
             await self.refresh("manifest change, child exit or timer")
 
+    def _start_checks(self) -> None:
+        """Refuse an exposed gateway with no key; warn when the user means it; load TLS."""
+        serving = self.manifest.serving
+        refused = exposure(self.host, self.manifest)
+        if refused is not None:
+            raise Unprotected(refused)
+        if not is_loopback(self.host) and not self.manifest.keys:
+            log(
+                f"WARNING: serving on {self.host} with NO API KEY "
+                "(serving.allow_unauthenticated = true): anyone who can reach this address "
+                "can use every model, pull and delete models, and stop the gateway's models"
+            )
+        if serving.tls_cert is not None and serving.tls_key is not None:
+            cert, key = (Path(f).expanduser() for f in (serving.tls_cert, serving.tls_key))
+            self.tls = TLSFiles(cert, key)
+
     async def serve(self) -> None:
         serving = self.manifest.serving
-        host = self.options.host or serving.host
+        host = self.host
         port = self.options.port if self.options.port is not None else serving.port
+        self._start_checks()
         self.scheduler = Scheduler(
             {},
             max_loaded=serving.max_loaded_models,
@@ -252,13 +351,23 @@ class Daemon:
         scheduler.before_stop = self.sessions.bank
         control = Control(self.paths, self.options.manifest, self.store, self.refresh)
         services = Services(
-            self.scheduler, self.children, control, observer=self.observer, sessions=self.sessions
+            self.scheduler,
+            self.children,
+            control,
+            observer=self.observer,
+            sessions=self.sessions,
+            serving=serving,
         )
-        runner = web.AppRunner(build_app(services), handler_cancellation=True, access_log=None)
+        self.services = services
+        self._guard(self.manifest)
+        app = build_app(services, self.access)
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await runner.setup()
         tasks: list[asyncio.Task[None]] = []
+        scheme = "https" if self.tls is not None else "http"
         try:
-            site = web.TCPSite(runner, host, port)
+            context = self.tls.context if self.tls is not None else None
+            site = GatewaySite(runner, host, port, self.limits, ssl_context=context)
             try:
                 await site.start()
             except OSError as exc:
@@ -272,7 +381,8 @@ class Daemon:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stopping.set)
             await self.refresh("start")
-            info = {"pid": os.getpid(), "host": host, "port": port, "url": f"http://{host}:{port}"}
+            url = f"{scheme}://{host}:{port}"
+            info = {"pid": os.getpid(), "host": host, "port": port, "url": url}
             daemon_file(self.paths).write_text(json.dumps(info))
             tasks = [
                 asyncio.create_task(self._loop()),
@@ -281,7 +391,7 @@ class Daemon:
                 asyncio.create_task(self._watch()),
                 asyncio.create_task(self.observer.run()),
             ]
-            print(f"Blazar is serving on http://{host}:{port}", flush=True)
+            print(f"Blazar is serving on {url}", flush=True)
             stop = asyncio.create_task(self.stopping.wait())
             done, _ = await asyncio.wait([stop, *tasks], return_when=asyncio.FIRST_COMPLETED)
             for task in done:
@@ -293,11 +403,14 @@ class Daemon:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await self.scheduler.close()
+            await self._record_key_use()
             await runner.cleanup()
             await self.observer.close()
             self.children.close()
             with contextlib.suppress(OSError):
                 daemon_file(self.paths).unlink()
+            if self.access.audit is not None:
+                self.access.audit.close()
             self.store.close()
             log("stopped; no child is left running")
 

@@ -25,6 +25,8 @@ from aiohttp import web
 from blazar import manifest_ops
 from blazar.errors import NotFound
 from blazar.protocols import ProtocolError, ollama
+from blazar.serve import pipeline
+from blazar.serve.grants import sees
 from blazar.serve.http import TRACE, name_in, read_json, trace_id
 from blazar.serve.pipeline import free_name
 from blazar.serve.services import Services
@@ -66,10 +68,15 @@ class OllamaAdmin:
     # -- listings -------------------------------------------------------------
 
     async def tags(self, request: web.Request) -> web.StreamResponse:
-        records = self.services.need_control().store.list_models()
+        runtimes = self.services.scheduler.runtimes
+        records = [  # a key lists only the models it may use
+            r
+            for r in self.services.need_control().store.list_models()
+            if sees(request, r.ref.short, getattr(runtimes.get(r.ref.short), "aliases", ()))
+        ]
         infos = [_info(r) for r in records]
         by_name = {r.ref.short: info for r, info in zip(records, infos, strict=True)}
-        for runtime in self.services.scheduler.runtimes.values():
+        for runtime in runtimes.values():
             base = by_name.get(runtime.name)
             if base is None:
                 continue
@@ -89,11 +96,13 @@ class OllamaAdmin:
         for row in scheduler.snapshot():
             if row["retired"] or row["model"] in seen:
                 continue
+            runtime = scheduler.runtimes.get(row["model"])
+            if not sees(request, row["model"], runtime.aliases if runtime else ()):
+                continue
             seen.add(row["model"])
             ref = parse_name(row["model"])
             record = store.find_model(ref)
             info = _info(record) if record else ollama.ModelInfo(ref.name, ref.tag)
-            runtime = scheduler.runtimes.get(row["model"])
             remaining = row["keep_alive_remaining"]
             if remaining is None and row["in_flight"] and runtime and not row["pinned"]:
                 remaining = runtime.keep_alive if runtime.keep_alive >= 0 else None
@@ -106,7 +115,7 @@ class OllamaAdmin:
 
     async def show(self, request: web.Request) -> web.StreamResponse:
         model = name_in(await read_json(request), "model", "name")
-        runtime = self.services.scheduler.resolve(model).runtime
+        runtime = pipeline.resolve(self.services.scheduler, model, request).runtime
         record = self.services.need_control().store.find_model(parse_name(runtime.name))
         if record is None:
             raise NotFound(f"model '{model}' not found")
@@ -133,7 +142,7 @@ class OllamaAdmin:
         body = await read_json(request)
         source, destination = name_in(body, "source"), name_in(body, "destination")
         control = self.services.need_control()
-        target = self.services.scheduler.resolve(source)
+        target = pipeline.resolve(self.services.scheduler, source, request)
         alias = parse_name(destination).short
         if alias == target.runtime.name:
             raise ProtocolError(

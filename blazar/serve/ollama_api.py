@@ -132,7 +132,7 @@ class OllamaAPI:
         body = await read_json(request)
         scheduler = self.services.scheduler
         model = name_in(body, "model")  # ollama's own words when it is missing
-        target = pipeline.resolve(scheduler, model)
+        target = pipeline.resolve(scheduler, model, request)
         seconds = keep_alive(body)
         req = build(body, target.runtime)
         if isinstance(req, LoadOnly):

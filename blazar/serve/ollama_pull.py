@@ -1,6 +1,6 @@
-"""ollama's pull, create and blob upload routes on the gateway: models that arrive over the API.
+"""ollama's pull and create routes on the gateway: models that arrive over the API.
 
-All three end in the manifest, the way `blazar pull` does (`manifest_ops`, in a
+Both end in the manifest, the way `blazar pull` does (`manifest_ops`, in a
 worker thread): the model is declared, only it is reconciled, and on failure
 the manifest is put back; then the daemon runs a pass so the scheduler serves it.
 
@@ -10,21 +10,21 @@ the manifest is put back; then the daemon runs a pass so the scheduler serves it
   reconciled again. It streams ollama's progress objects (`pulling manifest`,
   `downloading` with digest/total/completed, `verifying sha256 digest`,
   `success`), or on failure ends the stream with `{"error": ...}`.
-- `HEAD /api/blobs/:digest` says whether a blob was uploaded; `POST` stores one
-  under the cache, verified against its digest.
-- `POST /api/create` declares a GGUF from an uploaded blob (`files`) or an
-  absolute path (`from`) with a file:// source and its sha256; `from` an existing
-  model with nothing else is another name for it (as `/api/copy`). What a
-  Modelfile asks and Blazar cannot do is a 400 that says what to do instead.
+- `POST /api/create` declares a GGUF from an uploaded blob (`files`, see
+  `ollama_blobs`) or an absolute path (`from`) with a file:// source and its
+  sha256; `from` an existing model with nothing else is another name for it (as
+  `/api/copy`). What a Modelfile asks and Blazar cannot do is a 400 that says
+  what to do instead.
+
+A path on the server (`from`, a `file://` pull) must lie in the store, the
+uploaded blobs or `serving.import_roots` (`uploads.permitted`), checked before
+anything is opened; otherwise the same 403 whether it exists or not.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import re
-import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from blazar import manifest_ops
 from blazar.errors import NotFound
 from blazar.hashing import sha256_file
 from blazar.protocols import ProtocolError, ollama
+from blazar.serve import pipeline, uploads
 from blazar.serve.http import TRACE, name_in, read_json, trace_id
 from blazar.serve.pipeline import Failure, failure, free_name
 from blazar.serve.services import Control, Services
@@ -45,7 +46,6 @@ from specs.names import parse_name
 from specs.sources import RegistrySource, parse_source
 
 NDJSON = "application/x-ndjson"
-DIGEST = re.compile(r"sha256[:-]([0-9a-f]{64})")
 Emit = Callable[[dict[str, Any]], None]
 CREATE_REFUSED = {
     "quantize": "Blazar does not quantize models: pull a GGUF already quantized "
@@ -61,12 +61,10 @@ CREATE_REFUSED = {
 
 
 def register(app: web.Application, services: Services) -> None:
-    """Add the pull, create and blob routes to the gateway's app."""
+    """Add the pull and create routes to the gateway's app."""
     api = OllamaPull(services)
     app.router.add_post("/api/pull", api.pull)
     app.router.add_post("/api/create", api.create)
-    app.router.add_route("HEAD", "/api/blobs/{digest}", api.has_blob)
-    app.router.add_post("/api/blobs/{digest}", api.put_blob)
 
 
 def pull_source(requested: str) -> str:
@@ -179,6 +177,7 @@ class OllamaPull:
             source = pull_source(requested)
             key, fields = manifest_ops.source_declaration(source)
             known_short_name(source)
+            uploads.check_source("pull", fields["source"], self._roots())
         name = key
 
         async def job(emit: Emit) -> None:
@@ -208,7 +207,7 @@ class OllamaPull:
                 raise ProtocolError(400, f"create: {key} is not supported: {why}")
         fields = self._create_fields(body)
         control = self.control
-        found, digest = await self._create_file(body, name)
+        found, digest = await self._create_file(request, body, name)
         if found is None:  # `from` an existing model, changing nothing: another name for it
             await asyncio.to_thread(manifest_ops.add_alias, control.manifest, digest, name)
             await control.refresh(f"create {name} from {digest}")
@@ -252,7 +251,12 @@ class OllamaPull:
             raise ProtocolError(400, "create: parameters.num_ctx must be a positive integer")
         return {"ctx": ctx}
 
-    async def _create_file(self, body: dict[str, Any], name: str) -> tuple[Path | None, str]:
+    def _roots(self) -> tuple[Path, ...]:
+        return uploads.readable_roots(self.control.paths, self.services.serving)
+
+    async def _create_file(
+        self, request: web.Request, body: dict[str, Any], name: str
+    ) -> tuple[Path | None, str]:
         """The GGUF to declare and its sha256 (empty: hash it), or (None, model) for a copy."""
         files, origin = body.get("files"), body.get("from")
         if files:
@@ -265,63 +269,29 @@ class OllamaPull:
                     "create: Blazar serves one GGUF file per model (no safetensors, no vision "
                     "projector); send files with exactly one .gguf blob",
                 )
-            match = DIGEST.fullmatch(str(ggufs[0][1]))
-            if match is None or not self._blob(match.group(1)).is_file():
+            match = uploads.DIGEST.fullmatch(str(ggufs[0][1]))
+            blob = uploads.blob_path(self.control.paths, match.group(1)) if match else None
+            if blob is None or not blob.is_file():
                 raise ProtocolError(
                     400,
                     f"create: blob {ggufs[0][1]} is not uploaded: POST /api/blobs/<digest> first",
                 )
-            return self._blob(match.group(1)), match.group(1)
+            return blob, match.group(1) if match else ""
         if isinstance(origin, str) and origin:
-            if Path(origin).is_absolute():
-                if not Path(origin).is_file():
+            if origin.startswith("/"):
+                path = uploads.permitted(origin, self._roots())  # before anything is opened
+                if path is None:
+                    raise uploads.refused("create: from", origin)
+                if not path.is_file():
                     raise ProtocolError(400, f"create: from: no such file: {origin}")
-                return Path(origin), ""
+                return path, ""
             if body.get("parameters"):
                 raise ProtocolError(
                     400,
                     f"create: to serve '{origin}' with other settings as '{name}', declare "
                     f"[models.{name}] in the manifest with the same source and the settings",
                 )
-            target = self.services.scheduler.resolve(origin)
+            target = pipeline.resolve(self.services.scheduler, origin, request)
             free_name(self.services.scheduler, name, target)
             return None, target.runtime.name
         raise ProtocolError(400, "create: send `files` (an uploaded GGUF blob) or `from`")
-
-    # -- blobs ----------------------------------------------------------------
-
-    def _blob(self, sha256: str) -> Path:
-        return self.control.paths.cache / "blobs" / f"sha256-{sha256}"
-
-    def _digest(self, request: web.Request) -> str:
-        match = DIGEST.fullmatch(request.match_info["digest"])
-        if match is None:
-            raise ProtocolError(400, "a blob digest is sha256:<64 lowercase hex digits>")
-        return match.group(1)
-
-    async def has_blob(self, request: web.Request) -> web.StreamResponse:
-        found = self._blob(self._digest(request)).is_file()
-        return web.Response(status=200 if found else 404)
-
-    async def put_blob(self, request: web.Request) -> web.StreamResponse:
-        expected = self._digest(request)
-        target = self._blob(expected)
-        if target.is_file():
-            return web.Response(status=200)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".tmp-{uuid.uuid4().hex}")
-        digest = hashlib.sha256()
-        try:
-            with tmp.open("wb") as out:
-                async for chunk in request.content.iter_chunked(1 << 20):
-                    digest.update(chunk)
-                    out.write(chunk)
-            if digest.hexdigest() != expected:
-                raise ProtocolError(
-                    400,
-                    f"digest mismatch: the upload's sha256 is {digest.hexdigest()}, not {expected}",
-                )
-            tmp.replace(target)
-        finally:
-            tmp.unlink(missing_ok=True)
-        return web.Response(status=201)

@@ -54,6 +54,7 @@ from blazar.serve import pipeline
 from blazar.serve.child_http import Exchange, UpstreamError
 from blazar.serve.engine import child_failed, gate
 from blazar.serve.envelopes import ANTHROPIC, OPENAI, wants_anthropic
+from blazar.serve.grants import sees
 from blazar.serve.http import TRACE, parse_json_object, trace_id
 from blazar.serve.scheduler import Lease, Target
 from blazar.serve.services import Services
@@ -94,10 +95,11 @@ class OpenAIAPI:
     def __init__(self, services: Services) -> None:
         self.services = services
 
-    def _names(self) -> list[model_lists.ServedName]:
+    def _names(self, request: web.Request) -> list[model_lists.ServedName]:
         return [
             model_lists.ServedName(name, runtime.ctx)
             for runtime in self.services.scheduler.runtimes.values()
+            if sees(request, runtime.name, runtime.aliases)  # a key lists only its models
             for name in (runtime.name, *runtime.aliases, *runtime.variants)
         ]
 
@@ -110,16 +112,20 @@ class OpenAIAPI:
 
     async def models(self, request: web.Request) -> web.Response:
         if wants_anthropic(request):
-            page = model_lists.anthropic_page(self._names(), self._created_at(), request.query)
+            page = model_lists.anthropic_page(
+                self._names(request), self._created_at(), request.query
+            )
             return web.json_response(page, headers=ANTHROPIC.headers(request))
-        return web.json_response(model_lists.openai_list(self._names(), int(self.services.started)))
+        return web.json_response(
+            model_lists.openai_list(self._names(request), int(self.services.started))
+        )
 
     async def model(self, request: web.Request) -> web.Response:
         """One model by the name it is served under (`models.retrieve`); 404 if none."""
         wanted = request.match_info["model"]
-        found = next((n for n in self._names() if n.name == wanted), None)
+        found = next((n for n in self._names(request) if n.name == wanted), None)
         if found is None:
-            served = ", ".join(sorted(n.name for n in self._names())) or "none"
+            served = ", ".join(sorted(n.name for n in self._names(request))) or "none"
             raise ProtocolError(
                 404, f"model '{wanted}' not found; models served here: {served}", "model_not_found"
             )
@@ -138,7 +144,7 @@ class OpenAIAPI:
         body = await request.read()
         data = parse_json_object(body)
         scheduler = self.services.scheduler
-        target = pipeline.resolve(scheduler, data.get("model"))
+        target = pipeline.resolve(scheduler, data.get("model"), request)
         pipeline.require(target.runtime, need, alternative=NO_TEMPLATE_HINT)
         shaping = shape_request(path, data)
         for extra in shaping.needs:

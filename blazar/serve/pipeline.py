@@ -6,7 +6,8 @@ A route (OpenAI in `openai_api`, ollama in `ollama_api`, Anthropic in
 here and the same for all three:
 
 1. `resolve`: the requested name -> a `Target` (model pool and adapter), or a
-   404 that names the models served.
+   404 that names the models served; a model the request's API key may not use
+   is answered the same way (`grants`), so the key learns nothing of it.
 2. `require`: the model can do what the route needs (a chat template for chat,
    embeddings for embeddings), or one 400 that says how to fix it.
 3. `lease`: a slot from the scheduler (`x-blazar-priority` read here), with
@@ -35,18 +36,20 @@ from typing import Any
 
 from aiohttp import web
 
-from blazar.errors import BlazarError, InvalidInput, NotFound
+from blazar.errors import AlreadyExists, BlazarError, Conflict, InvalidInput, NotFound
 from blazar.observe.trace import current
 from blazar.protocols import ProtocolError
 from blazar.protocols.ollama import keep_alive_seconds
 from blazar.protocols.ollama_options import SAMPLING_OPTIONS
 from blazar.reconcile import InvalidManifest
 from blazar.serve.child_http import UpstreamError
+from blazar.serve.grants import grant_of
 from blazar.serve.http import wants_priority
 from blazar.serve.instance import InstanceFailed
 from blazar.serve.prompts import KINDS, Prompts
 from blazar.serve.runtime import ModelRuntime
-from blazar.serve.scheduler import Lease, Scheduler, SchedulerError, Target
+from blazar.serve.runtime import resolve as resolve_name
+from blazar.serve.scheduler import Lease, Scheduler, SchedulerError, Target, model_not_found
 from blazar.serve.sessions import Sessions
 from specs.names import InvalidName
 from specs.sources import InvalidSource
@@ -75,6 +78,8 @@ def failure(exc: BaseException) -> Failure | None:
         return Failure(exc.status, str(exc), exc.code, exc.retry_after)
     if isinstance(exc, NotFound):
         return Failure(404, str(exc))
+    if isinstance(exc, Conflict | AlreadyExists):
+        return Failure(409, str(exc))
     if isinstance(exc, InvalidInput | InvalidManifest | InvalidName | InvalidSource):
         return Failure(400, str(exc))
     if isinstance(exc, BlazarError):
@@ -82,8 +87,9 @@ def failure(exc: BaseException) -> Failure | None:
     return None
 
 
-def resolve(scheduler: Scheduler, requested: Any) -> Target:
-    """The model a request names; a 400 when `model` is missing, a 404 when unknown."""
+def resolve(scheduler: Scheduler, requested: Any, request: web.Request) -> Target:
+    """The model a request names; a 400 when `model` is missing, a 404 when unknown or
+    not one the request's API key may use (then only the models it may use are named)."""
     if not isinstance(requested, str) or not requested:
         raise ProtocolError(
             400, "'model' is required: a string naming a model", "invalid_request_error"
@@ -91,6 +97,15 @@ def resolve(scheduler: Scheduler, requested: Any) -> Target:
     trace = current()
     if trace is not None:  # observe: the name asked for, even if it is unknown
         trace.requested = requested
+    grant = grant_of(request)
+    if grant is not None and grant.models is not None:
+        try:
+            runtime: ModelRuntime | None = resolve_name(scheduler.runtimes, requested)[0]
+        except KeyError:
+            runtime = None
+        if runtime is None or not grant.sees(runtime.name, runtime.aliases):  # as if absent
+            visible = (r.name for r in scheduler.runtimes.values() if grant.sees(r.name, r.aliases))
+            raise model_not_found(requested, visible)
     target = scheduler.resolve(requested)
     if trace is not None:
         trace.model, trace.adapter = target.runtime.name, adapters_text(target)

@@ -73,7 +73,7 @@ class ResponsesAPI:
         req = responses_request(body)
         model = str(body["model"])
         scheduler = self.services.scheduler
-        target = pipeline.resolve(scheduler, model)
+        target = pipeline.resolve(scheduler, model, request)
         pipeline.require(target.runtime, pipeline.CHAT, alternative=NO_TEMPLATE_HINT)
         for need in req.needs:
             pipeline.require(target.runtime, need, requested=model)

@@ -23,7 +23,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,6 +58,15 @@ class SchedulerError(Exception):
 class ModelNotFound(SchedulerError):
     status = 404
     code = "model_not_found"
+
+
+def model_not_found(requested: str, served: Iterable[str]) -> ModelNotFound:
+    """The 404 for a name that is not served, naming the models that are."""
+    names = ", ".join(sorted(served)) or "none"
+    return ModelNotFound(
+        f"model '{requested}' not found; models served here: {names}. "
+        "Declare it in the manifest (or `blazar pull`) first."
+    )
 
 
 class Busy(SchedulerError):
@@ -271,11 +280,7 @@ class Scheduler:
         try:
             runtime, asked = resolve(self.runtimes, requested)
         except KeyError:
-            names = ", ".join(sorted(self.runtimes)) or "none"
-            raise ModelNotFound(
-                f"model '{requested}' not found; models served here: {names}. "
-                "Declare it in the manifest (or `blazar pull`) first."
-            ) from None
+            raise model_not_found(requested, self.runtimes) from None
         for choice in asked.adapters or ():
             if runtime.adapter_index(choice.name) is None:
                 known = ", ".join(runtime.variants) or "none: `blazar lora add` declares one"

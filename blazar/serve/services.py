@@ -2,8 +2,9 @@
 
 `Services` holds the scheduler, the one HTTP client to the children, the
 prompt counter, the sessions and singleflight (docs/sessions.md), the
-daemon's hooks for routes that edit the manifest (`Control`), and the
-observer (traces and metrics, `blazar.serve.observer`). Route modules
+daemon's hooks for routes that edit the manifest (`Control`), the observer
+(traces and metrics, `blazar.serve.observer`), and the manifest's current
+`[serving]` settings (the daemon replaces them on reload). Route modules
 (`openai_api`, `ollama_api`, `ollama_admin`, `ollama_pull`, `anthropic_api`,
 `blazar_api`) receive it from `blazar.serve.app` and import nothing of the
 daemon; the daemon (`blazar.serve.daemon`) assembles both.
@@ -25,6 +26,7 @@ from blazar.serve.scheduler import Scheduler
 from blazar.serve.sessions import Sessions
 from blazar.serve.singleflight import SingleFlight
 from blazar.store import Store
+from specs.manifest import Serving
 
 
 @dataclass(frozen=True)
@@ -44,8 +46,9 @@ class Control:
 
 @dataclass
 class Services:
-    """The scheduler, the child client, what counts prompts, and (under `blazar serve`) the
-    sessions and the daemon's hooks."""
+    """The scheduler, the child client, what counts prompts, the observer, (under `blazar
+    serve`) the sessions and the daemon's hooks, and the `[serving]` settings routes read
+    (upload limits, import roots)."""
 
     scheduler: Scheduler
     children: ChildConnections = field(default_factory=ChildConnections)
@@ -53,6 +56,7 @@ class Services:
     started: float = field(default_factory=time.time)
     observer: Observer = field(default_factory=Observer)  # traces and metrics
     sessions: Sessions | None = None  # None: sessions and the bank are off (no daemon)
+    serving: Serving = field(default_factory=Serving)
     prompts: Prompts = field(init=False)
     singleflight: SingleFlight = field(default_factory=SingleFlight)
 

@@ -70,7 +70,7 @@ class SessionsAPI:
         name = body.get("name")
         if not isinstance(name, str) or not name:
             raise ProtocolError(400, 'send {"model": MODEL, "name": NAME} (and "slot": N)')
-        target = pipeline.resolve(self.services.scheduler, body.get("model"))
+        target = pipeline.resolve(self.services.scheduler, body.get("model"), request)
         replica = optional_int(body, "replica") or 0
         slot = optional_int(body, "slot")
         record = await sessions.save(target.pool, name, slot=slot, replica=replica)
@@ -81,7 +81,7 @@ class SessionsAPI:
         body = await read_json(request)
         record = sessions.find(request.match_info["name"])
         scheduler = self.services.scheduler
-        target = pipeline.resolve(scheduler, body.get("model") or record.model)
+        target = pipeline.resolve(scheduler, body.get("model") or record.model, request)
         if (problem := incompatibility(record, target.runtime)) is not None:
             raise ProtocolError(400, problem)  # before loading anything
         timed = await pipeline.lease(scheduler, request, target)
