@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
@@ -89,13 +88,7 @@ class AnthropicAPI:
         if bridged:
             req = anthropic_chat.chat_request(req)
         try:
-            services = self.services
-            slot = await pipeline.admit(
-                services.prompts, services.sessions, timed.lease, req.path, req.body,
-                request.content_length or 0,
-            )  # fmt: skip
-            if slot is not None:
-                req = replace(req, body={**req.body, "id_slot": slot})
+            req = await self.services.admit(timed.lease, req, request.content_length or 0)
             return await self._answer(request, timed, req, model, count, bridged)
         finally:
             scheduler.release(timed.lease, keep_alive=seconds)

@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 from typing import Any, NoReturn
 
 from aiohttp import web
@@ -148,13 +147,7 @@ class OllamaAPI:
             scheduler, request, target, keep_alive=seconds, started=started
         )
         try:
-            services = self.services
-            slot = await pipeline.admit(
-                services.prompts, services.sessions, timed.lease, req.path, req.body,
-                request.content_length or 0,
-            )  # fmt: skip
-            if slot is not None:
-                req = replace(req, body={**req.body, "id_slot": slot})
+            req = await self.services.admit(timed.lease, req, request.content_length or 0)
             return await answer(request, timed, req, model)
         finally:
             scheduler.release(timed.lease, keep_alive=seconds)

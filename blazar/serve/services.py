@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from blazar.paths import Paths
-from blazar.protocols import ProtocolError
+from blazar.protocols import EngineRequest, ProtocolError
+from blazar.serve import pipeline
 from blazar.serve.child_http import ChildConnections
 from blazar.serve.observer import Observer
 from blazar.serve.prompts import Prompts
-from blazar.serve.scheduler import Scheduler
+from blazar.serve.scheduler import Lease, Scheduler
 from blazar.serve.sessions import Sessions
 from blazar.serve.singleflight import SingleFlight
 from blazar.store import Store
@@ -63,6 +64,12 @@ class Services:
     def __post_init__(self) -> None:
         self.observer.bind(self.scheduler)
         self.prompts = Prompts(self.children)
+
+    async def admit(self, lease: Lease, req: EngineRequest, size: int) -> EngineRequest:
+        """A translated request after `pipeline.admit` (the preflight, the sessions' slot
+        routing): with `id_slot` when a slot must be named; `size` bounds its tokens."""
+        slot = await pipeline.admit(self.prompts, self.sessions, lease, req.path, req.body, size)
+        return req if slot is None else replace(req, body={**req.body, "id_slot": slot})
 
     def need_control(self) -> Control:
         """The daemon's hooks; routes that edit the manifest need `blazar serve`."""
