@@ -130,3 +130,26 @@ def test_a_bug_in_a_route_is_a_500_in_the_protocols_shape(
     body = error.value.response.json()
     assert body["type"] == "error" and body["error"]["type"] == "api_error"
     assert "RuntimeError" in body["error"]["message"] and "Traceback" not in str(body)
+
+
+def test_before_the_first_pass_health_and_unknown_names_say_starting(
+    silent: InProcessGateway,
+) -> None:
+    """serve opens its port before its first pass has built what it serves: /health says
+    so (503 `starting`), and a name not known yet is a 503 to retry, not a 404."""
+    import httpx
+
+    silent.scheduler.starting = True
+    try:
+        health = httpx.get(f"{silent.url}/health")
+        assert health.status_code == 503 and health.json()["status"] == "starting"
+        oai = openai.OpenAI(base_url=f"{silent.url}/v1", api_key="unused", max_retries=0)
+        with pytest.raises(openai.APIStatusError) as early:
+            oai.completions.create(model="not-yet", prompt="a", max_tokens=1)
+        assert early.value.status_code == 503 and early.value.response.headers["Retry-After"]
+        assert "starting" in early.value.response.json()["error"]["message"]
+    finally:
+        silent.scheduler.starting = False
+    assert httpx.get(f"{silent.url}/health").json()["status"] == "ok"
+    with pytest.raises(openai.NotFoundError):
+        oai.completions.create(model="not-yet", prompt="a", max_tokens=1)

@@ -86,12 +86,22 @@ def call(
         raise no_daemon(url, exc) from None
 
 
-def healthy(url: str) -> bool:
+def health(url: str) -> str | None:
+    """What a daemon at `url` says of itself: "ok", "starting" (its first pass is still
+    running: 503), or None when nothing answers there."""
+    request = urllib.request.Request(url + "/health", headers=headers())
     try:
-        call(url, "/health", timeout=2)
-        return True
-    except BlazarError:
-        return False
+        with urllib.request.urlopen(request, timeout=2):
+            return "ok"
+    except urllib.error.HTTPError as exc:
+        return "starting" if exc.code == 503 else "ok"
+    except (urllib.error.URLError, ConnectionError, OSError):
+        return None
+
+
+def healthy(url: str) -> bool:
+    """A daemon answers at `url` and has made its models servable."""
+    return health(url) == "ok"
 
 
 URL_OPTION = click.option("--url", default=None, help="The daemon (default: the running one).")
@@ -261,9 +271,12 @@ def run_(
 def ensure_daemon(paths: Paths, url: str | None) -> str:
     """The running daemon's URL, starting `blazar serve` in the background when none runs."""
     base = daemon_url(paths, url)
-    if healthy(base):
+    state = health(base)
+    if state == "ok":
         return base
     log = paths.logs / "serve.log"
+    if state == "starting":  # one is starting already: wait for it, start no other
+        return _wait_healthy(paths, url, log)
     log.parent.mkdir(parents=True, exist_ok=True)
     exe = Path(sys.executable).with_name("blazar")
     command = [str(exe)] if exe.exists() else [sys.executable, "-m", "blazar.cli.main"]
@@ -272,13 +285,17 @@ def ensure_daemon(paths: Paths, url: str | None) -> str:
             [*command, "serve"], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True,
         )  # fmt: skip
+    return _wait_healthy(paths, url, log)
+
+
+def _wait_healthy(paths: Paths, url: str | None, log: Path) -> str:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         base = daemon_url(paths, url)
         if healthy(base):
             return base
         time.sleep(0.2)
-    raise NoDaemon(f"started `blazar serve`, but it did not answer within 60 s; see {log}")
+    raise NoDaemon(f"`blazar serve` did not become ready within 60 s; see {log}")
 
 
 @click.command("launch", context_settings={"ignore_unknown_options": True})

@@ -33,6 +33,14 @@ class BlazarAPI:
         return web.Response(text="Blazar is running\n")
 
     async def health(self, request: web.Request) -> web.Response:
+        """200 once serve's first pass has made its models servable; 503 `starting` before
+        (the port opens first, so a client can tell starting from absent)."""
+        if self.services.scheduler.starting:
+            return web.json_response(
+                {"status": "starting", "version": __version__},
+                status=503,
+                headers={"Retry-After": "1"},
+            )
         return web.json_response({"status": "ok", "version": __version__})
 
     async def ps(self, request: web.Request) -> web.Response:

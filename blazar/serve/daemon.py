@@ -339,6 +339,7 @@ class Daemon:
             log_dir=self.paths.logs,
             on_event=self._on_instance,
         )
+        self.scheduler.starting = True  # until the first pass (below) has run
         scheduler = self.scheduler
         self.sessions = Sessions(
             self.store,
@@ -381,6 +382,7 @@ class Daemon:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stopping.set)
             await self.refresh("start")
+            self.scheduler.starting = False  # /health answers 200 from now on
             url = f"{scheme}://{host}:{port}"
             info = {"pid": os.getpid(), "host": host, "port": port, "url": url}
             daemon_file(self.paths).write_text(json.dumps(info))

@@ -69,6 +69,12 @@ def model_not_found(requested: str, served: Iterable[str]) -> ModelNotFound:
     )
 
 
+class Starting(SchedulerError):
+    """A name asked for before serve's first pass built what is served (503)."""
+
+    code = "starting"
+
+
 class Busy(SchedulerError):
     code = "all_slots_busy"
 
@@ -214,6 +220,7 @@ class Scheduler:
         self.log_dir = log_dir
         self.on_event = on_event
         self.clock = clock
+        self.starting = False  # until the daemon's first pass: unknown names are 503
         self.make_instance = make_instance or self._real_instance
         self.before_stop = before_stop
         self.runtimes = dict(runtimes)
@@ -280,6 +287,12 @@ class Scheduler:
         try:
             runtime, asked = resolve(self.runtimes, requested)
         except KeyError:
+            if self.starting:  # the first pass has not said yet what is served
+                raise Starting(
+                    f"Blazar is starting: model '{requested}' is not known yet, the first "
+                    "pass over the manifest is still running; retry",
+                    retry_after=1,
+                ) from None
             raise model_not_found(requested, self.runtimes) from None
         for choice in asked.adapters or ():
             if runtime.adapter_index(choice.name) is None:
