@@ -40,13 +40,19 @@ if TYPE_CHECKING:  # blazar.sources pulls in huggingface_hub: load it only when 
 
 @contextlib.contextmanager
 def fetched_bytes(
-    source: str, sha256: str | None, downloads: Path, progress: Progress | None
+    source: str,
+    sha256: str | None,
+    downloads: Path,
+    progress: Progress | None,
+    kind: str = "chat",
 ) -> Iterator[Fetched]:
     """Fetch and verify a source's bytes; delete Blazar's own download once the block is done
     (the registry hardlinks what it keeps)."""
     from blazar.sources import fetch
 
-    fetched = fetch(parse_source(source), sha256=sha256, downloads=downloads, progress=progress)
+    fetched = fetch(
+        parse_source(source), sha256=sha256, downloads=downloads, progress=progress, kind=kind
+    )
     try:
         yield fetched
     finally:
@@ -206,7 +212,8 @@ class StoreModels:
                     settings=settings, sha256=sha256,
                 )  # fmt: skip
             return
-        with classified(), fetched_bytes(source, sha256, self.paths.downloads, progress) as got:
+        downloads = self.paths.downloads
+        with classified(), fetched_bytes(source, sha256, downloads, progress, kind) as got:
             if got.names or kind != "chat":  # a set of files: a transcription model, a voice
                 self.registry.import_set(
                     got.files, list(got.names) or [f.name for f in got.files], parse_name(name),

