@@ -318,12 +318,12 @@ class Registry:
         if self.store.paths_in_use(path_text):
             return
         path = Path(path_text)
-        if path.parent == self.paths.blobs:  # only ever delete inside the blob store
+        if path.parent == self.paths.blobs and path.name.endswith(SET_SUFFIX):
+            shutil.rmtree(path, ignore_errors=True)  # a set: its directory
+        elif path.parent == self.paths.blobs:  # only ever delete inside the blob store
             path.unlink(missing_ok=True)
         elif path.parent.parent == self.paths.blobs and path.parent.name.endswith(".shards"):
             shutil.rmtree(path.parent, ignore_errors=True)
-        elif path.parent == self.paths.blobs and path.name.endswith(SET_SUFFIX):
-            shutil.rmtree(path, ignore_errors=True)
 
     def _place(self, src: Path, sha256: str, size: int, *, copy: bool) -> Placed:
         blob = self.paths.blobs / f"sha256-{sha256}"

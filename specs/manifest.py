@@ -624,7 +624,8 @@ class Model(_Table):
     deterministic: bool | None = Field(
         default=None,
         description="A fixed seed and one slot, for reproducible outputs (slots may not be "
-        "above 1). Default: serving.deterministic.",
+        "above 1). Default: serving.deterministic. For a speech model (a piper voice): no "
+        "random variation, so the same text always gives the same audio.",
     )
     flash_attn: FlashAttn | None = Field(
         default=None, description="Flash attention: on, off or auto. Default: serving.flash_attn."
@@ -638,7 +639,8 @@ class Model(_Table):
     def _consistent(self) -> Model:
         require_digest(self.source, self.sha256)
         if self.kind != "chat":
-            given = [f for f in _CHAT_ONLY if f in self.model_fields_set]
+            allowed = {"deterministic"} if self.kind == "speech" else set()
+            given = [f for f in _CHAT_ONLY if f in self.model_fields_set and f not in allowed]
             if given:
                 raise FieldError(
                     given[0],

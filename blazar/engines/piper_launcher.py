@@ -4,7 +4,7 @@ Blazar copies this file into each piper engine (`blazar.engines.audio`) and its
 supervisor runs it with that engine's Python, as it runs llama-server:
 
     python piper_launcher.py --model DIR_OR_ONNX --host 127.0.0.1 --port 0
-        [--threads N] [--parallel N]
+        [--threads N] [--parallel N] [--deterministic]
     python piper_launcher.py --version
 
 The model is a piper voice: NAME.onnx with its NAME.onnx.json, or a directory that
@@ -56,6 +56,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (0: the default)")
     parser.add_argument("--parallel", type=int, default=1, help="syntheses at once")
+    parser.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="no random variation (noise_scale and noise_w 0): the same text, the same audio",
+    )
     args = parser.parse_args(argv)
     if not args.version and not args.model:
         parser.error("--model is required")
@@ -97,6 +102,9 @@ class Engine:
                 str(path), sess_options=options, providers=["CPUExecutionProvider"]
             )
         self.gate = threading.Semaphore(max(1, args.parallel))
+        self.noise: dict[str, float] = (
+            {"noise_scale": 0.0, "noise_w_scale": 0.0} if args.deterministic else {}
+        )
         config = self.voice.config
         self.info = {
             "sample_rate": config.sample_rate,
@@ -123,7 +131,9 @@ class Engine:
         speaker = request.get("speaker")
         if speaker is not None and not isinstance(speaker, int):
             raise BadRequest("'speaker' must be a speaker number")
-        config = piper.SynthesisConfig(speaker_id=speaker, length_scale=1.0 / float(speed))
+        config = piper.SynthesisConfig(
+            speaker_id=speaker, length_scale=1.0 / float(speed), **self.noise
+        )
         out = io.BytesIO()
         with self.gate, wave.open(out, "wb") as wav:
             self.voice.synthesize_wav(text, wav, syn_config=config)

@@ -167,6 +167,7 @@ class AudioJobs:
     _dirty: dict[str, dict[str, Any]] = field(default_factory=dict)
     _gone: set[str] = field(default_factory=set)
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
+    _writing: asyncio.Lock = field(default_factory=asyncio.Lock)
     _helpers: list[asyncio.Task[None]] = field(default_factory=list)
     _closing: bool = False
 
@@ -365,6 +366,11 @@ class AudioJobs:
         return True
 
     async def _flush(self, timeout: float = 0.0) -> bool:
+        """Write what changed; one write at a time (a second waits for the first)."""
+        async with self._writing:
+            return await self._flush_now(timeout)
+
+    async def _flush_now(self, timeout: float) -> bool:
         if not self._dirty and not self._gone:
             return True
         rows, gone = self._dirty, self._gone

