@@ -38,14 +38,21 @@ VOICE_FILES = {
     "voices.json": json.dumps(
         {
             "en_US-amy-medium": {
-                "name": "amy", "quality": "medium", "num_speakers": 1,
-                "language": {"code": "en_US", "name_english": "English",
-                             "country_english": "United States"},
-                "files": {f"{AMY}/en_US-amy-medium.onnx": {"size_bytes": 2000},
-                          f"{AMY}/en_US-amy-medium.onnx.json": {"size_bytes": 33}},
+                "name": "amy",
+                "quality": "medium",
+                "num_speakers": 1,
+                "language": {
+                    "code": "en_US",
+                    "name_english": "English",
+                    "country_english": "United States",
+                },
+                "files": {
+                    f"{AMY}/en_US-amy-medium.onnx": {"size_bytes": 2000},
+                    f"{AMY}/en_US-amy-medium.onnx.json": {"size_bytes": 33},
+                },
             }
         }
-    ).encode(),  # fmt: skip
+    ).encode(),
 }
 
 
@@ -73,7 +80,7 @@ def test_a_repo_is_a_set_of_files_each_verified(hub: FakeHub, tmp_path: Path) ->
     assert got.sha256 == set_digest(got.hashes)
     assert got.detail["revision"] == hub.repos["Systran/faster-whisper-base"].refs["main"]
     hub.wrong_bytes.add("model.bin")
-    with pytest.raises(VerificationFailed, match="model.bin from .* nothing was kept"):
+    with pytest.raises(VerificationFailed, match=r"model\.bin from .* nothing was kept"):
         fetch(
             "hf://Systran/faster-whisper-base", sha256=None, downloads=tmp_path / "again",
             env={"HF_ENDPOINT": hub.url}, kind="transcription",
