@@ -309,7 +309,8 @@ def bench(ctx: Context, model: str, tag: str | None, as_json: bool) -> None:
     from specs.names import parse_name
 
     svc = engines(ctx)
-    kind = ctx.store.get_model(parse_name(model)).kind
+    held = ctx.store.find_model(parse_name(model))
+    kind = held.kind if held is not None else "chat"  # unknown: the bench says so below
     lane = {"transcription": "whisper", "speech": "piper"}.get(kind, KIND)
     if tag:
         record = svc.records.find_tag(tag)
