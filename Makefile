@@ -27,11 +27,24 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 TEST_ENGINE_VERSIONS := 2026.10.11549 2026.9.11063
 WHEEL_CACHE := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/blazar-tests/wheels
 
+# The audio lanes' engines (tests/test_audio_*.py) are installed with their dependencies
+# from the same cache (--no-index), so each is downloaded with them: about 200 MB in all
+# (CTranslate2, ONNX Runtime, PyAV, numpy, ...). faster-whisper 1.2.0 is the version whose
+# launcher does not start (it imports requests without declaring it): the update test's
+# refused candidate.
+AUDIO_ENGINES := faster_whisper:1.2.1 faster_whisper:1.2.0 piper_tts:1.8.0 piper_tts:1.7.0
+
 engine-wheels: $(VENV)/.installed-test
 	@for v in $(TEST_ENGINE_VERSIONS); do \
 		ls "$(WHEEL_CACHE)"/xllamacpp-$$v-*.whl >/dev/null 2>&1 || \
 		$(BIN)/python -m pip download --quiet --no-deps --only-binary :all: \
 			-d "$(WHEEL_CACHE)" "xllamacpp==$$v" || exit 1; \
+	done
+	@for e in $(AUDIO_ENGINES); do \
+		name=$${e%%:*}; v=$${e##*:}; \
+		ls "$(WHEEL_CACHE)"/$$name-$$v-*.whl >/dev/null 2>&1 || \
+		$(BIN)/python -m pip download --quiet --only-binary :all: \
+			-d "$(WHEEL_CACHE)" "$$(echo $$name | tr _ -)==$$v" || exit 1; \
 	done
 
 ## run: set up Blazar and run it on its default model (Gemma 3 270M).

@@ -277,3 +277,33 @@ def m008_key_usage(db: sqlite_utils.Database) -> None:
         pk="name",
         not_null={"name", "last_used"},
     )
+
+
+@migration
+def m009_audio_jobs(db: sqlite_utils.Database) -> None:
+    """Async transcription jobs (`POST /v1/audio/transcriptions` with async=true)."""
+    db["audio_jobs"].create(  # type: ignore[union-attr]
+        {
+            "id": str,  # audiojob_<hex>
+            "status": str,  # queued | running | succeeded | failed | cancelled
+            "model": str,  # the name the client asked for
+            "task": str,  # transcribe | translate
+            "params": str,  # JSON: language, prompt, temperature, response_format, ...
+            "file": str,  # the audio's path in the cache (removed once it is not needed)
+            "filename": str,  # the client's file name, for the record
+            "size": int,  # bytes of audio
+            "done_s": float,  # seconds of audio transcribed
+            "total_s": float,  # seconds of audio in the file (known once it runs)
+            "result": str,  # the answer in the requested format
+            "content_type": str,
+            "error": str,  # why it failed
+            "retryable": int,  # a failed job that may run again (`/retry`)
+            "attempts": int,
+            "created_at": str,  # ISO 8601, UTC
+            "started_at": str,
+            "finished_at": str,
+        },
+        pk="id",
+        not_null={"id", "status", "model", "created_at"},
+    )
+    db["audio_jobs"].create_index(["status"])  # type: ignore[union-attr]

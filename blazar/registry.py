@@ -4,7 +4,8 @@ Called by the CLI (and later by the models reconciler's real port). A model's
 bytes live in a content-addressed blob (`blobs/sha256-<hex>`) when Blazar
 holds them (hardlink or copy), or stay in the user's file (reference) when a
 hardlink is impossible. Bytes become visible under their final name only
-after their size and sha256 are verified; the store row is written after
+after their size and sha256 are verified (a model of several files, a
+transcription model or a voice, as one verified set: `import_set`); the store row is written after
 that, so a crash can leave at most an unreferenced blob, never a row that
 points at bad bytes.
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from blazar.errors import AlreadyExists, InvalidInput, VerificationFailed
+from blazar.filesets import DESCRIBED, SET_SUFFIX, kind_of, set_digest
 from blazar.hashing import sha256_file
 from blazar.paths import Paths
 from blazar.store import LoraRecord, ModelRecord, Store
@@ -168,6 +170,89 @@ class Registry:
             self._release(existing)
         return record
 
+    def import_set(
+        self,
+        files: list[Path],
+        names: list[str],
+        ref: ModelName,
+        *,
+        kind: str,
+        force: bool = False,
+        source: str,
+        managed: bool = False,
+        settings: dict[str, Any] | None = None,
+        sha256: str | None = None,
+        hashes: dict[str, str] | None = None,
+    ) -> ModelRecord:
+        """Register a model of several files (`blazar.filesets`) under `ref`: `names` are
+        the files' paths inside the model's directory, `kind` what the manifest declares
+        (transcription or speech), `sha256` the set's expected digest and `hashes` each
+        file's, when the source knows them (each is checked, or nothing is kept).
+
+        The files are linked (or copied) into `blobs/sha256-<digest>.set/`, each verified,
+        and the directory is renamed into place only when all are."""
+        found = kind_of(names)
+        if found != kind:
+            what = DESCRIBED.get(found or "", "none of the model kinds Blazar serves")
+            raise InvalidInput(
+                f"{source} holds {what} ({', '.join(sorted(names)[:6])}), but the model is "
+                f"declared kind = {kind!r}, which needs {DESCRIBED.get(kind, kind)}: fix the "
+                "model's kind or its source"
+            )
+        existing = self.store.find_model(ref)
+        if existing and not force:
+            raise AlreadyExists(f"model '{ref.short}' already exists; pass --force to replace it")
+        measured = {name: sha256_file(f) for f, name in zip(files, names, strict=True)}
+        for name, (digest, _) in measured.items():
+            if hashes is not None and name in hashes and hashes[name] != digest:
+                raise VerificationFailed(
+                    f"{source}: {name} has sha256 {digest}, not the {hashes[name]} its source "
+                    "lists; nothing was kept"
+                )
+        digest = set_digest({name: d for name, (d, _) in measured.items()})
+        if sha256 is not None and digest != sha256.lower():
+            raise VerificationFailed(
+                f"{source}: its files' digest (the sha256 of their sha256sum listing) is "
+                f"{digest}, not the {sha256.lower()} expected; nothing was kept"
+            )
+        target = self.paths.blobs / f"sha256-{digest}{SET_SUFFIX}"
+        held = "hardlink"
+        if not target.is_dir():
+            tmp = self.paths.blobs / f".tmp-{uuid.uuid4().hex}"
+            tmp.mkdir(parents=True)
+            try:
+                for src, name in zip(files, names, strict=True):
+                    placed = tmp / name
+                    placed.parent.mkdir(parents=True, exist_ok=True)
+                    try:
+                        os.link(src.resolve(), placed)
+                    except OSError as exc:
+                        if exc.errno not in _NO_LINK:
+                            raise
+                        shutil.copyfile(src, placed)
+                        held = "copy"
+                    _verify(placed, *measured[name])
+                os.rename(tmp, target)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        total = sum(size for _, size in measured.values())
+        record = ModelRecord(
+            name=ref.name,
+            tag=ref.tag,
+            path=str(target),
+            held=held,
+            size=total,
+            sha256=digest,
+            source=source,
+            facts={"kind": kind, "files": {n: d for n, (d, _) in sorted(measured.items())}},
+            managed=managed,
+            settings=dict(settings or {}),
+        )
+        self.store.put_model(record, event="replaced" if existing else "imported")
+        if existing and existing.path != record.path:
+            self._release(existing)
+        return record
+
     def adopt(self, ref: ModelName, source: str, settings: dict[str, Any]) -> ModelRecord:
         """Mark a held model as the manifest's, with its source and runtime settings."""
         record = replace(
@@ -233,7 +318,9 @@ class Registry:
         if self.store.paths_in_use(path_text):
             return
         path = Path(path_text)
-        if path.parent == self.paths.blobs:  # only ever delete inside the blob store
+        if path.parent == self.paths.blobs and path.name.endswith(SET_SUFFIX):
+            shutil.rmtree(path, ignore_errors=True)  # a set: its directory
+        elif path.parent == self.paths.blobs:  # only ever delete inside the blob store
             path.unlink(missing_ok=True)
         elif path.parent.parent == self.paths.blobs and path.parent.name.endswith(".shards"):
             shutil.rmtree(path.parent, ignore_errors=True)

@@ -60,6 +60,12 @@ class ModelRecord:
     def ref(self) -> ModelName:
         return ModelName(self.name, self.tag)
 
+    @property
+    def kind(self) -> str:
+        """chat (a GGUF), transcription or speech (a set of files: `blazar.filesets`)."""
+        kind = self.facts.get("kind")
+        return kind if isinstance(kind, str) else "chat"
+
     def to_row(self) -> dict[str, Any]:
         row = asdict(self)
         row["facts"] = json.dumps(self.facts, sort_keys=True)

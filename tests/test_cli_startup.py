@@ -68,6 +68,9 @@ def test_version_imports_no_command_and_no_heavy_library() -> None:
         pytest.param(("config", "path"), set(), id="config-path"),
         pytest.param(("completions", "bash"), set(), id="completions"),
         pytest.param(("push", "x"), set(), id="push-refused"),
+        # the catalogs: the store (whether each is pulled), no hub client
+        pytest.param(("whisper", "--search", "base"), {"sqlite_utils"}, id="whisper-search"),
+        pytest.param(("tts", "--search", "joe"), {"sqlite_utils"}, id="tts-search"),
         # nothing answers there: it exits 1, having imported no HTTP server or client library
         pytest.param(("ps", "--url", "http://127.0.0.1:9"), set(), id="ps"),
     ],

@@ -28,6 +28,7 @@ def test_blank_database_migrates_to_the_full_schema(tmp_path: Path) -> None:
             "keys",
             "conditions",
             "key_usage",
+            "audio_jobs",
         }
         assert [r["name"] for r in db["_migrations"].rows] == [m.__name__ for m in MIGRATIONS]
         assert db["models"].columns_dict == {

@@ -95,6 +95,8 @@ def list_(ctx: Context, as_json: bool, lanes_only: bool) -> None:
         figures = (
             f"{bench['decode_tps']:.1f} tg/s, {bench['prompt_tps']:.1f} pp/s" if bench else None
         )
+        if bench and r.kind in ("whisper", "piper"):  # audio seconds per second of work
+            figures = f"{bench['decode_tps']:.1f}x real time"
         rows.append(
             [
                 r.kind,
@@ -118,6 +120,13 @@ def _report(outcome: UpdateOutcome, as_json: bool) -> None:
         echo_json(asdict(outcome))
         return
     for result in outcome.results:
+        if result.kind in ("whisper", "piper"):
+            what = "transcribed" if result.kind == "whisper" else "synthesised"
+            click.echo(
+                f"  {result.tag}: {result.decode_tps:.1f} s of audio {what} per second "
+                f"({result.model}, median of {result.runs})"
+            )
+            continue
         click.echo(
             f"  {result.tag}: decode {result.decode_tps:.1f} tokens/s, "
             f"prompt {result.prompt_tps:.1f} tokens/s ({result.model}, median of {result.runs})"
@@ -132,7 +141,7 @@ def _report(outcome: UpdateOutcome, as_json: bool) -> None:
     "kind",
     default=KIND,
     show_default=True,
-    help="The lane to update: llamacpp, or an installed fork lane's id.",
+    help="The lane to update: llamacpp, whisper, piper, or an installed fork lane's id.",
 )
 @click.option("--all", "all_lanes", is_flag=True, help="Update every installed lane.")
 @click.option(
@@ -295,18 +304,32 @@ def rm(ctx: Context, tag: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 @pass_context
 def bench(ctx: Context, model: str, tag: str | None, as_json: bool) -> None:
-    """Measure prompt and generation tokens/s of MODEL on an engine; keep the figures."""
+    """Measure prompt and generation tokens/s of MODEL on an engine (a transcription or
+    speech model: audio seconds per second of work); keep the figures."""
+    from specs.names import parse_name
+
     svc = engines(ctx)
+    held = ctx.store.find_model(parse_name(model))
+    kind = held.kind if held is not None else "chat"  # unknown: the bench says so below
+    lane = {"transcription": "whisper", "speech": "piper"}.get(kind, KIND)
     if tag:
         record = svc.records.find_tag(tag)
     else:
-        active = svc.records.active(KIND)
+        active = svc.records.active(lane)
         if active is None:
-            raise InvalidInput("no active engine: `blazar engine update` installs one")
+            raise InvalidInput(
+                f"no active {lane} engine: `blazar engine update --kind {lane}` installs one"
+            )
         record = active
     [result] = svc.bench([record], model=model)
     if as_json:
         echo_json(asdict(result))
+        return
+    if lane != KIND:
+        click.echo(
+            f"{result.model} on {result.tag}: {result.decode_tps:.1f} s of audio per second "
+            f"of work ({result.predicted_n / 1000:.1f} s of audio), median of {result.runs}"
+        )
         return
     click.echo(
         f"{result.model} on {result.tag}: prompt {result.prompt_tps:.1f} tokens/s "

@@ -58,7 +58,9 @@ COMMANDS: dict[str, str] = {
     "signout": "blazar.cli.shell:signout",
     "status": "blazar.cli.manifest:status",
     "stop": "blazar.cli.serve:stop",
+    "tts": "blazar.cli.audio:tts",
     "watch": "blazar.cli.observe:watch",
+    "whisper": "blazar.cli.audio:whisper",
     "why": "blazar.cli.observe:why",
 }
 

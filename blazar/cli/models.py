@@ -208,6 +208,9 @@ def show(ctx: Context, name: str, as_json: bool, manifest_path: Path | None) -> 
         return
     facts = record.facts
     lines = [("model", record.ref.short)]
+    if record.kind != "chat":  # a set of files (docs/audio.md): its kind and files
+        _show_set(record)
+        return
     for key, label in _SHOW_FACTS:
         value = facts.get(key)
         if key == "parameters" and value is not None:
@@ -217,6 +220,24 @@ def show(ctx: Context, name: str, as_json: bool, manifest_path: Path | None) -> 
         ("chat template", _template_line(template)),
         ("size", f"{human_bytes(record.size)} ({record.size:,} bytes)"),
         ("sha256", record.sha256),
+        ("path", f"{record.path} ({record.held})"),
+        ("source", record.source),
+        ("added", record.added_at),
+    ]
+    width = max(len(label) for label, _ in lines)
+    for label, value in lines:
+        click.echo(f"  {label.ljust(width)}   {value}")
+
+
+def _show_set(record: ModelRecord) -> None:
+    """A transcription model or voice: its kind and files, no GGUF facts."""
+    files = record.facts.get("files") or {}
+    lines = [
+        ("model", record.ref.short),
+        ("kind", record.kind),
+        ("files", ", ".join(sorted(files))),
+        ("size", f"{human_bytes(record.size)} ({record.size:,} bytes)"),
+        ("sha256", f"{record.sha256} (of its files' sha256 listing)"),
         ("path", f"{record.path} ({record.held})"),
         ("source", record.source),
         ("added", record.added_at),

@@ -161,7 +161,7 @@ def ps(ctx: Context, url: str | None, as_json: bool) -> None:
                     r["pid"],
                     r["port"],
                     r["slots"],
-                    r["ctx"],
+                    r["ctx"] or None,  # a speech model has none
                     r["in_flight"],
                     _remaining(r["keep_alive_remaining"]),
                     r["state"],

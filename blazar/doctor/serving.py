@@ -14,7 +14,7 @@ from pathlib import Path
 from blazar.doctor.findings import ERROR, INFO, OK, WARNING, DaemonView, Finding
 from blazar.hashing import sha256_file
 from blazar.observe.cachebust import FIX as BUSTER_FIX
-from blazar.store import Store
+from blazar.store import ModelRecord, Store
 from specs.manifest import Manifest
 from specs.names import parse_name
 
@@ -41,6 +41,9 @@ def model_findings(store: Store, manifest: Manifest, *, deep: bool) -> list[Find
             )
             continue
         path = Path(record.path)
+        if record.kind != "chat":  # a set of files (docs/audio.md)
+            out.append(_set_finding(name, record, path, deep))
+            continue
         if not path.is_file():
             out.append(
                 Finding(
@@ -227,3 +230,30 @@ _REJECTION_FIX = {
     "auth": "check the clients' keys (`blazar why --last 20` names the key of each request)",
     "rate": "raise the key's rate limit, or slow the client down",
 }
+
+
+def _set_finding(name: str, record: ModelRecord, path: Path, deep: bool) -> Finding:
+    """A transcription model's or voice's files: each present, of its size and (deep) sha256."""
+    files = record.facts.get("files") or {}
+    missing = [f for f in files if not (path / f).is_file()]
+    if not path.is_dir() or missing:
+        gone = ", ".join(missing) if path.is_dir() else f"its directory {path}"
+        return Finding(
+            "MODELS", ERROR, f"model '{name}': {gone} is missing",
+            f"`blazar rm {name}` then `blazar apply` to fetch it again",
+        )  # fmt: skip
+    if sum((path / f).stat().st_size for f in files) != record.size:
+        return Finding(
+            "MODELS", ERROR, f"model '{name}': its files are not the size the store recorded",
+            f"`blazar rm {name}` then `blazar apply` to fetch it again",
+        )  # fmt: skip
+    if deep:
+        changed = [f for f, digest in files.items() if sha256_file(path / f)[0] != digest]
+        if changed:
+            return Finding(
+                "MODELS", ERROR,
+                f"model '{name}': {', '.join(changed)} no longer hash to the recorded sha256",
+                f"`blazar rm {name}` then `blazar apply` to fetch it again",
+            )  # fmt: skip
+    checked = "present, sizes and sha256 match" if deep else "present with their recorded sizes"
+    return Finding("MODELS", OK, f"model '{name}' ({record.kind}): {len(files)} files {checked}")

@@ -137,9 +137,13 @@ class GateVerdict:
     new_tps: float
     drop: float  # fraction: 0.25 = 25% slower
     gate: float
+    what: str = "decode"  # the figure compared, and its unit (the speech lanes have theirs)
+    unit: str = "tokens/s"
 
     def explain(self, old_tag: str, new_tag: str) -> str:
-        change = f"decode {self.old_tps:.1f} -> {self.new_tps:.1f} tokens/s ({-self.drop:+.1%})"
+        change = (
+            f"{self.what} {self.old_tps:.1f} -> {self.new_tps:.1f} {self.unit} ({-self.drop:+.1%})"
+        )
         if self.accept:
             return f"{new_tag} passed the regression gate: {change}, gate {self.gate:.0%}"
         return (
@@ -149,7 +153,10 @@ class GateVerdict:
         )
 
 
-def gate(old_tps: float, new_tps: float, max_drop: float) -> GateVerdict:
-    """Pure: accept the new engine unless decode tokens/s dropped more than `max_drop`."""
+def gate(
+    old_tps: float, new_tps: float, max_drop: float, what: str = "decode", unit: str = "tokens/s"
+) -> GateVerdict:
+    """Pure: accept the new engine unless its figure (decode tokens/s; a speech lane's
+    audio seconds per second) dropped more than `max_drop`."""
     drop = (old_tps - new_tps) / old_tps if old_tps > 0 else 0.0
-    return GateVerdict(drop <= max_drop, old_tps, new_tps, drop, max_drop)
+    return GateVerdict(drop <= max_drop, old_tps, new_tps, drop, max_drop, what, unit)

@@ -27,6 +27,8 @@ from blazar.store import Store, utcnow
 from specs.names import parse_name
 
 DEFAULT_GATE = 0.10
+# The speech lanes and the kind of model each serves (blazar.engines.audio).
+AUDIO_LANES = {"whisper": "transcription", "piper": "speech"}
 Runner = Callable[..., Any]
 SYNTHETIC_MODEL = "tiny (synthetic)"
 
@@ -104,6 +106,14 @@ class Engines:
             raise InvalidInput(f"unknown install method {method!r}: choose wheel or release")
         return self.records.add(installed)
 
+    def install_audio(self, kind: str, version: str | None = None) -> EngineRecord:
+        """Install a speech engine (whisper: faster-whisper, piper: piper-tts) beside the
+        lane's others; `version` None is the newest on the index."""
+        from blazar.engines.audio import install_audio
+
+        cache = wheel.wheel_cache(self.paths.cache / "wheels")
+        return self.records.add(install_audio(self.paths.engines, cache, kind, version))
+
     def add_built(self, installed: InstalledEngine) -> EngineRecord:
         return self.records.add(installed)
 
@@ -166,7 +176,10 @@ class Engines:
             return UpdateOutcome(candidate.kind, candidate.tag, False, False, "already active")
         results = self.bench([active, candidate], model=model, workload=workload, note="gate")
         old, new = results
-        verdict = gate(old.decode_tps, new.decode_tps, max_drop)
+        what, unit = (
+            ("decode", "tokens/s") if candidate.kind not in AUDIO_LANES else ("speed", "audio s/s")
+        )
+        verdict = gate(old.decode_tps, new.decode_tps, max_drop, what, unit)
         if verdict.accept:
             self.records.activate(candidate.kind, candidate.tag, "update")
         return UpdateOutcome(
@@ -196,10 +209,13 @@ class Engines:
         if lane.origin == FORK:
             return self.update_fork(lane, max_drop=max_drop, model=model, catalog=catalog,
                                     progress=progress, runner=runner)  # fmt: skip
+        if kind in AUDIO_LANES:
+            return self.update_audio(kind, version=version, max_drop=max_drop, model=model,
+                                     progress=progress)  # fmt: skip
         if kind != KIND:
             raise InvalidInput(
-                f"unknown engine lane {kind!r}: the lanes are {KIND!r} and the fork lanes "
-                "installed (`blazar engine list`)"
+                f"unknown engine lane {kind!r}: the lanes are {KIND!r}, whisper, piper and "
+                "the fork lanes installed (`blazar engine list`)"
             )
         active = self.records.active(kind)
         method = method or (active.method if active else "wheel")
@@ -219,6 +235,40 @@ class Engines:
             )  # fmt: skip
         progress(f"installing {kind} {tag} ({method} {version}) ...")
         candidate = self.install(method, version, feed=feed)
+        if active:
+            progress(f"benchmarking {active.tag} against {tag} ...")
+        return self.adopt(candidate, max_drop=max_drop, model=model)
+
+    def update_audio(
+        self,
+        kind: str,
+        *,
+        version: str | None = None,
+        max_drop: float = DEFAULT_GATE,
+        model: str | None = None,
+        progress: Callable[[str], None] = lambda _: None,
+    ) -> UpdateOutcome:
+        """Install the newest (or `version`) faster-whisper or piper-tts beside the lane's
+        engines, behind the lane's gate (its speed on the fixed clip or sentence)."""
+        from blazar.engines.audio import lane, latest_version
+
+        package = lane(kind).package
+        version = version or latest_version(kind)
+        tag = lane(kind).tag(version)
+        try:
+            existing = self.records.get(kind, tag)
+        except NotFound:
+            existing = None
+        if existing is not None:
+            if existing.active:
+                return UpdateOutcome(kind, tag, False, False, f"{tag} is current (active)")
+            return UpdateOutcome(
+                kind, tag, False, False,
+                f"{tag} is already installed but inactive: `blazar engine use {tag}` activates it",
+            )  # fmt: skip
+        active = self.records.active(kind)
+        progress(f"installing {kind} {tag} ({package} {version}) ...")
+        candidate = self.install_audio(kind, version)
         if active:
             progress(f"benchmarking {active.tag} against {tag} ...")
         return self.adopt(candidate, max_drop=max_drop, model=model)
@@ -337,10 +387,26 @@ class Engines:
     def bench_model(self, name: str | None, lane: str = KIND) -> BenchModel:
         """The named model, else the smallest model in the store that `lane` can load, else a
         synthetic tiny one."""
+        serves = AUDIO_LANES.get(lane, "chat")
         if name:
             record = self.store.get_model(parse_name(name))
+            if record.kind != serves:
+                raise InvalidInput(
+                    f"model '{record.ref.short}' is a {record.kind} model; the {lane} lane "
+                    f"is measured with a {serves} model"
+                )
             return BenchModel(record.ref.short, Path(record.path), record.sha256)
-        models = sorted(self.store.list_models(), key=lambda r: r.size)
+        models = sorted(
+            (m for m in self.store.list_models() if m.kind == serves), key=lambda r: r.size
+        )
+        if lane in AUDIO_LANES:
+            if not models:
+                pull = "blazar whisper --pull base" if lane == "whisper" else "blazar tts --pull"
+                raise NotFound(
+                    f"no {serves} model is held to measure the {lane} lane with: pull one "
+                    f"(`{pull} ...`), or pass --bench-model"
+                )
+            return BenchModel(models[0].ref.short, Path(models[0].path), models[0].sha256)
         if self.lanes.get(lane).origin != FORK:  # not what mainstream cannot load
             active = self.records.active(lane)
             known = self.lanes.support(lane, active.tag) if active else {}
@@ -371,6 +437,15 @@ class Engines:
         for engine in engines:
             self._check_present(engine)
         chosen = self.bench_model(model, engines[0].kind if engines else KIND)
+        if engines and engines[0].kind in AUDIO_LANES:
+            from blazar.engines.audio_bench import bench_audio
+
+            found = bench_audio(
+                engines, chosen.path, chosen.name, chosen.sha256, self.paths.logs, note=note
+            )
+            for result in found:
+                self.records.record_bench(result)
+            return found
         results = bench_engines(
             engines,
             chosen.path,

@@ -69,6 +69,13 @@ SCOPES: dict[tuple[str, str], str] = {
     ("DELETE", "/v1/responses/{id}"): INFERENCE,
     ("GET", "/v1/responses/{id}/input_items"): INFERENCE,
     ("POST", "/v1/responses/{id}/cancel"): INFERENCE,
+    ("POST", "/v1/audio/transcriptions"): INFERENCE,
+    ("POST", "/v1/audio/translations"): INFERENCE,
+    ("POST", "/v1/audio/speech"): INFERENCE,
+    ("GET", "/v1/audio/jobs"): INFERENCE,  # a key sees only its own jobs
+    ("GET", "/v1/audio/jobs/{id}"): INFERENCE,
+    ("POST", "/v1/audio/jobs/{id}/cancel"): INFERENCE,
+    ("POST", "/v1/audio/jobs/{id}/retry"): INFERENCE,
     # Anthropic
     ("POST", "/v1/messages"): INFERENCE,
     ("POST", "/v1/messages/count_tokens"): INFERENCE,
@@ -102,7 +109,13 @@ PREFIXES: tuple[tuple[str, str], ...] = (
     ("/api/blazar/sessions", ADMIN),
 )
 # Routes whose handlers read their bodies as streams (to disk), not buffered here.
-STREAMED = frozenset({("POST", "/api/blobs/{digest}")})
+STREAMED = frozenset(
+    {
+        ("POST", "/api/blobs/{digest}"),
+        ("POST", "/v1/audio/transcriptions"),  # multipart, capped by serving.max_audio_upload
+        ("POST", "/v1/audio/translations"),
+    }
+)
 PREFLIGHT_HEADERS = (
     "authorization",
     "content-type",

@@ -1,7 +1,7 @@
 """The gateway's aiohttp application, assembled in one place.
 
-`build_app` registers every protocol's routes (OpenAI, ollama, Anthropic,
-Blazar's own) on one application and installs the middleware every request
+`build_app` registers every protocol's routes (OpenAI with its audio API, ollama,
+Anthropic, Blazar's own) on one application and installs the middleware every request
 passes through: `observe` (`blazar.serve.observer`) traces each request; the
 access layer (`blazar.serve.access`: Host, Origin and CORS, API keys and
 scopes, rate and body limits) runs inside `errors`, which gives each response
@@ -23,6 +23,7 @@ from aiohttp import web
 from blazar.observe.trace import current
 from blazar.serve import (
     anthropic_api,
+    audio_api,
     blazar_api,
     keys_api,
     observe_api,
@@ -117,4 +118,5 @@ def build_app(services: Services, access: Access | None = None) -> web.Applicati
     anthropic_api.register(app, services)
     sessions_api.register(app, services)
     keys_api.register(app, services)
+    audio_api.register(app, services)
     return app

@@ -404,6 +404,11 @@ class Daemon:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            for hook in services.closing:
+                try:
+                    await hook()
+                except Exception as exc:  # one hook's failure must not leave children running
+                    log(f"stopping: {exc!r}")
             await self.scheduler.close()
             await self._record_key_use()
             await runner.cleanup()

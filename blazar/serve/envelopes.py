@@ -63,7 +63,7 @@ ANTHROPIC = Envelope("anthropic", _anthropic_body, request_id_header=True)
 
 ANTHROPIC_VERSION = "anthropic-version"  # every Anthropic SDK request carries it
 # OpenAI's own inference paths: OpenAI's shape whatever headers come with them.
-_OPENAI_ONLY = ("/v1/chat/", "/v1/completions", "/v1/embeddings", "/v1/responses")
+_OPENAI_ONLY = ("/v1/chat/", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/audio/")
 
 
 def for_path(path: str) -> Envelope:

@@ -56,6 +56,9 @@ TRACED = {
     "/api/generate": "ollama",
     "/api/embed": "ollama",
     "/api/embeddings": "ollama",
+    "/v1/audio/transcriptions": "openai",
+    "/v1/audio/translations": "openai",
+    "/v1/audio/speech": "openai",
 }
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 RING = 2000  # traces kept in memory

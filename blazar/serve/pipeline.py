@@ -56,6 +56,13 @@ from specs.sources import InvalidSource
 
 CHAT, EMBEDDINGS, ANY = "chat", "embeddings", "any"
 TOOLS, THINKING = "tools", "thinking"  # what a chat template may or may not render
+TRANSCRIPTION, SPEECH = "transcription", "speech"  # the audio routes' kinds of model
+# Where each kind of model is served, for the 400 a request of another kind gets.
+SERVED_ON = {
+    "chat": "/v1/chat/completions, /v1/completions, /api/chat, /v1/messages",
+    TRANSCRIPTION: "/v1/audio/transcriptions or /v1/audio/translations",
+    SPEECH: "/v1/audio/speech",
+}
 KEEP_ALIVE = "x-blazar-keep-alive"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -144,6 +151,7 @@ def require(
     TOOLS and THINKING are decided from the chat template (`runtime.capabilities`), and
     refused in ollama's words (`"<model>" does not support tools`), which clients such
     as llm-ollama read to fall back, on every protocol."""
+    check_kind(runtime, need if need in (TRANSCRIPTION, SPEECH) else CHAT)
     if need == CHAT and (refusal := runtime.chat_refusal(alternative)) is not None:
         raise ProtocolError(400, refusal, "invalid_request_error")
     if need in (TOOLS, THINKING):
@@ -157,6 +165,22 @@ def require(
             "it in the manifest and apply",
             "invalid_request_error",
         )
+
+
+def check_kind(runtime: ModelRuntime, kind: str) -> None:
+    """Refuse (400) a model of another kind than the route serves: a voice on a chat route,
+    a chat model on /v1/audio/speech."""
+    if runtime.kind == kind:
+        return
+    what = {"chat": "a chat model", TRANSCRIPTION: "a transcription (speech to text) model",
+            SPEECH: "a speech (text to speech) voice"}  # fmt: skip
+    raise ProtocolError(
+        400,
+        f"model '{runtime.name}' is {what.get(runtime.kind, runtime.kind)}, and this endpoint "
+        f"needs {what.get(kind, kind)}: use it on {SERVED_ON.get(runtime.kind, 'its route')}, "
+        "or name another model",
+        "invalid_request_error",
+    )
 
 
 def _missing(runtime: ModelRuntime, need: str, requested: str | None) -> str:
@@ -188,26 +212,34 @@ class Timed:
 
 async def lease(
     scheduler: Scheduler,
-    request: web.Request,
+    request: web.Request | None,
     target: Target,
     *,
     keep_alive: float | None = None,
     started: int | None = None,
+    kind: str = CHAT,
+    priority: bool = False,
 ) -> Timed:
     """A slot on an instance of the target's model, loading it if needed.
 
     Raises SchedulerError (503 busy, ...) or a 502 ProtocolError when the model
     failed to start; a 400 before any spawn when no installed engine supports the
-    model's architecture (what to install is in the message). Give it back with
+    model's architecture (what to install is in the message), or when the model is
+    not of the `kind` the route serves (chat; the audio routes' transcription and
+    speech). `request` None is work no client waits on (an async transcription
+    job), with `priority` its request's. Give it back with
     `scheduler.release(timed.lease, ...)`.
     """
+    check_kind(target.runtime, kind)
     if target.runtime.refusal is not None:
         raise ProtocolError(400, target.runtime.refusal, "invalid_request_error")
     ready = target.ready
     begin = time.perf_counter_ns()
     try:
         leased = await scheduler.acquire(
-            target, priority=wants_priority(request), keep_alive=keep_alive
+            target,
+            priority=wants_priority(request) if request is not None else priority,
+            keep_alive=keep_alive,
         )
     except InstanceFailed as exc:
         raise ProtocolError(

@@ -28,7 +28,7 @@ from blazar.engines.lanes import observe as observe_lanes
 from blazar.engines.records import EngineRecord, EngineStore
 from blazar.errors import BlazarError
 from blazar.protocols.capabilities import TemplateCapabilities, template_capabilities
-from blazar.store import LoraRecord, Store
+from blazar.store import LoraRecord, ModelRecord, Store
 from reconcilers.desired import routing_of
 from reconcilers.ports import OfferView
 from reconcilers.routing import route
@@ -81,6 +81,7 @@ class ModelRuntime:
     # -- engine routing (fork lanes) --
     engine_lane: str = ""  # the lane serving it: llamacpp, or a fork's id
     refusal: str | None = None  # no engine supports it: what its requests are told (400)
+    kind: str = "chat"  # chat | transcription (a whisper lane) | speech (a piper lane)
 
     @property
     def instances(self) -> int:
@@ -128,7 +129,12 @@ class ModelRuntime:
         )
 
     def args(self) -> tuple[str, ...]:
-        """llama-server flags for an instance (the supervisor adds --host/--port)."""
+        """llama-server flags for an instance (the supervisor adds --host/--port); a speech
+        lane's launcher flags for a transcription or speech model."""
+        if self.kind != "chat":
+            own = "--threads" in self.extra_args
+            count = () if own else ("--threads", str(default_threads()))
+            return ("--model", self.path, "--parallel", str(self.slots), *count, *self.extra_args)
         out = [
             "--model", self.path,
             "--ctx-size", str(self.ctx * self.slots),  # llama-server divides it among slots
@@ -224,6 +230,10 @@ def build_runtimes(
         name = record.ref.short
         key = declared.get(name)
         spec = manifest.models[key] if key is not None else None
+        if record.kind != "chat" or (spec is not None and spec.kind != "chat"):
+            lane = routing.pins.get(name) or routing.defaults.get(name) or ""
+            runtimes[name] = audio_runtime(record, spec, serving, engines, lane)
+            continue
         decided = route(
             name, record.architecture, lanes, offers, pin=routing.pins.get(name),
             default=routing.defaults.get(name, "llamacpp"), mode=routing.mode,
@@ -238,6 +248,62 @@ def build_runtimes(
         )  # fmt: skip
         runtimes[name] = _with_sessions(runtime, record.sha256, spec, serving, slot_dir)
     return runtimes
+
+
+# The lane each kind of speech model runs on by default, and the command that installs it.
+SPEECH_LANES = {"transcription": "whisper", "speech": "piper"}
+
+
+def audio_runtime(
+    record: ModelRecord, model: Model | None, serving: Serving, engines: EngineStore, lane: str
+) -> ModelRuntime:
+    """A transcription or speech model's runtime: its set's directory, served by the active
+    engine of its lane (whisper, piper); refused (400, before any spawn) with what to run
+    when no such engine is installed or the manifest declares another kind than it holds."""
+    name, kind = record.ref.short, record.kind
+    lane = lane or SPEECH_LANES.get(kind, "")
+    engine = engines.active(lane) if lane else None
+    refusal = None
+    if model is not None and model.kind != kind:
+        refusal = (
+            f"model '{name}' is declared kind = '{model.kind}' but holds a {kind} model: fix "
+            f"models.{name}.kind (or its source) in the manifest and apply"
+        )
+    elif engine is None:
+        refusal = (
+            f"model '{name}' is a {kind} model and no {lane} engine is installed: run "
+            f"`blazar engine update --kind {lane}` (or declare [engines.{lane}] kind = "
+            f"'{lane}' and apply), then retry"
+        )
+    keep_alive = (
+        serving.keep_alive if model is None or model.keep_alive is None else model.keep_alive
+    )
+    return ModelRuntime(
+        name=name,
+        path=record.path,
+        aliases=tuple(model.aliases) if model else (),
+        ctx=0,
+        slots=(model.slots if model and model.slots else None) or serving.default_slots,
+        replicas=model.replicas if model else 0,
+        pin=model.pin if model else False,
+        keep_alive=float(keep_alive),
+        engine_tag=engine.tag if engine else "",
+        command=tuple(engine.command) if engine else (),
+        has_template=False,
+        chat_template=None,
+        embeddings=False,
+        pooling=None,
+        extra_args=(
+            ("--deterministic",) if model and model.deterministic and kind == "speech" else ()
+        )
+        + (tuple(model.args) if model else ()),
+        sha256=record.sha256,
+        preflight=False,
+        facts={**record.facts, "size": record.size},
+        engine_lane=lane if engine else "",
+        refusal=refusal,
+        kind=kind if model is None or model.kind == kind else model.kind,
+    )
 
 
 def _runtime(

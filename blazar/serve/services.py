@@ -60,6 +60,9 @@ class Services:
     serving: Serving = field(default_factory=Serving)
     prompts: Prompts = field(init=False)
     singleflight: SingleFlight = field(default_factory=SingleFlight)
+    # Awaited by serve as it stops, before the scheduler stops the children (the audio
+    # jobs keep a queued job queued for the next serve).
+    closing: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.observer.bind(self.scheduler)

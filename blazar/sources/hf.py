@@ -1,4 +1,5 @@
-"""Fetch GGUF files from a Hugging Face hub repo (`hf://owner/repo:QUANT[@rev]`).
+"""Fetch GGUF files from a Hugging Face hub repo (`hf://owner/repo:QUANT[@rev]`), or the
+files of a transcription model or voice (`hf://owner/repo[/dir]`: `_fetch_set`).
 
 Called by `blazar.sources.fetch`. One `model_info(files_metadata=True)` call
 lists the repo at the revision (its commit sha, every file's size and LFS
@@ -40,6 +41,7 @@ from huggingface_hub.errors import (
 from huggingface_hub.hf_api import RepoSibling
 
 from blazar.errors import VerificationFailed
+from blazar.filesets import set_digest
 from blazar.hashing import sha256_file
 from blazar.sources.base import (
     SHARD,
@@ -150,8 +152,11 @@ def fetch_hf(
     downloads: Path,
     progress: Progress | None,
     env: Mapping[str, str],
+    kind: str = "chat",
 ) -> Fetched:
-    """Download and verify the file(s) an hf:// source means; see the module docstring."""
+    """Download and verify the file(s) an hf:// source means; see the module docstring.
+    A model of another `kind` than chat (or a source naming a directory) is a set of
+    files: every file of the repo, or under the directory (`set_files`)."""
     endpoint, token = hub_endpoint(env), hub_token(env)
     api = HfApi(endpoint=endpoint, token=token, library_name="blazar")
     info = _hub(
@@ -162,6 +167,8 @@ def fetch_hf(
         endpoint,
     )
     siblings = {s.rfilename: s for s in info.siblings or []}
+    if source.directory is not None or kind != "chat":
+        return _fetch_set(source, info, siblings, downloads, progress, endpoint, token)
     chosen = select_files(source, list(siblings))
     first = siblings[chosen[0]]
     if sha256 and first.lfs is not None and first.lfs.sha256 != sha256.lower():
@@ -203,6 +210,61 @@ def fetch_hf(
     if len(chosen) > 1:
         detail["shards"] = ",".join(chosen)
     return Fetched(files, digests[0], size, False, detail)
+
+
+SKIPPED = (".gitattributes",)  # repo files that are no part of a model
+
+
+def set_files(source: HFSource, names: list[str]) -> dict[str, str]:
+    """The files of a set: repo path -> its path inside the model (relative to the
+    directory the source names, or to the repo root); READMEs are left out."""
+    prefix = f"{source.directory.strip('/')}/" if source.directory else ""
+    found = {
+        name: name[len(prefix):]
+        for name in names
+        if name.startswith(prefix)
+        and PurePosixPath(name).name not in SKIPPED
+        and not name.lower().endswith(".md")
+    }  # fmt: skip
+    if not found:
+        where = f"under {source.directory!r}" if source.directory else "at all"
+        raise FetchError(f"{source.repo} holds no files {where}; check the source's path")
+    return dict(sorted(found.items()))
+
+
+def _fetch_set(
+    source: HFSource,
+    info: Any,
+    siblings: dict[str, RepoSibling],
+    downloads: Path,
+    progress: Progress | None,
+    endpoint: str,
+    token: str | bool | None,
+) -> Fetched:
+    """Download every file of a set (a transcription model, a voice), each verified against
+    the hub's sha256 (its git blob id for a small file), pinned to one commit."""
+    chosen = set_files(source, list(siblings))
+    sizes = [siblings[n].size for n in chosen]
+    total = sum(s for s in sizes if s is not None) if None not in sizes else None
+    bar = _bar_class(progress, total) if progress is not None else None
+    revision = info.sha or source.revision
+    files, names, hashes, size = [], [], {}, 0
+    for name, inside in chosen.items():
+        pointer = _download(source, name, revision, downloads, endpoint, token, bar)
+        blob = pointer.resolve()
+        digest, n = _verify(pointer, blob, siblings[name], f"{name} from {source}")
+        files.append(blob)
+        names.append(inside)
+        hashes[inside] = digest
+        size += n
+    detail = {
+        "repo": source.repo,
+        "revision": info.sha or "",
+        "requested": source.revision or "main",
+        "directory": source.directory or "",
+        "endpoint": endpoint,
+    }
+    return Fetched(files, set_digest(hashes), size, False, detail, tuple(names), hashes)
 
 
 def _download(

