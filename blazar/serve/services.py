@@ -1,8 +1,9 @@
 """What the gateway's routes work with, as one small value the daemon builds.
 
 `Services` holds the scheduler, the one HTTP client to the children, the
-prompt counter, the sessions and singleflight (docs/sessions.md), the
-daemon's hooks for routes that edit the manifest (`Control`), the observer
+prompt counter, the sessions and singleflight (docs/sessions.md), the fleet
+(remotes and failover chains, `blazar.serve.remotes`), the daemon's hooks for
+routes that edit the manifest (`Control`), the observer
 (traces and metrics, `blazar.serve.observer`), and the manifest's current
 `[serving]` settings (the daemon replaces them on reload). Route modules
 (`openai_api`, `ollama_api`, `ollama_admin`, `ollama_pull`, `anthropic_api`,
@@ -22,6 +23,7 @@ from blazar.protocols import ProtocolError
 from blazar.serve.child_http import ChildConnections
 from blazar.serve.observer import Observer
 from blazar.serve.prompts import Prompts
+from blazar.serve.remotes import Fleet
 from blazar.serve.scheduler import Scheduler
 from blazar.serve.sessions import Sessions
 from blazar.serve.singleflight import SingleFlight
@@ -59,6 +61,7 @@ class Services:
     serving: Serving = field(default_factory=Serving)
     prompts: Prompts = field(init=False)
     singleflight: SingleFlight = field(default_factory=SingleFlight)
+    fleet: Fleet = field(default_factory=Fleet)  # remotes and failover chains (docs/fleet.md)
 
     def __post_init__(self) -> None:
         self.observer.bind(self.scheduler)
