@@ -50,12 +50,13 @@ __all__ = [
     "load_manifest",
     "load_manifest_files",
     "load_manifest_text",
+    "manifest_files",
     "overlay_file",
 ]
 
 SUFFIXES = {".toml": "toml", ".yaml": "yaml", ".yml": "yaml"}
 RESOURCES = ("engines", "models", "loras", "keys", "remotes")
-MERGED_BY_FIELD = ("serving",)
+MERGED_BY_FIELD = ("serving", "kubernetes")
 HOSTS = "hosts"  # the overlays' folder in a manifest directory
 _TOML_WHERE = re.compile(r"^(.*) \(at line (\d+), column (\d+)\)$", re.S)
 
@@ -75,9 +76,7 @@ def load_manifest(path: FsPath | str, host: str | None = None) -> Manifest:
     an error when it has none)."""
     root = FsPath(path)
     if root.is_dir():
-        paths = sorted(
-            p for p in root.iterdir() if p.suffix in SUFFIXES and p.is_file() and p.name[0] != "."
-        )
+        paths = manifest_files(root)
     elif not root.exists():
         raise ManifestError([Problem("no such manifest file or directory", str(root))])
     elif root.suffix not in SUFFIXES:
@@ -109,6 +108,14 @@ def load_manifest(path: FsPath | str, host: str | None = None) -> Manifest:
     if overlay is not None and files and files[-1][0] == str(overlay):
         return _load(files[:-1], unreadable, overlay=files[-1])
     return _load(files, unreadable)
+
+
+def manifest_files(root: FsPath) -> list[FsPath]:
+    """The files a manifest directory merges, in order (the overlays in hosts/ are not
+    among them)."""
+    return sorted(
+        p for p in root.iterdir() if p.suffix in SUFFIXES and p.is_file() and p.name[0] != "."
+    )
 
 
 def overlay_file(root: FsPath, host: str) -> FsPath | None:

@@ -59,6 +59,7 @@ __all__ = [
     "Engine",
     "EngineRouting",
     "Key",
+    "Kubernetes",
     "Lora",
     "Manifest",
     "Model",
@@ -699,6 +700,34 @@ class Remote(_Table):
         return self
 
 
+class Kubernetes(_Table):
+    """How `blazar render kubernetes` renders this manifest (docs/fleet.md); nothing else
+    reads it."""
+
+    replicas: int = Field(
+        default=1,
+        ge=1,
+        description="Pods of the Deployment, each a whole Blazar. Above 1 they share the "
+        "model store's volume (ReadWriteMany: the storage class must offer it).",
+    )
+    image: NonEmpty | None = Field(
+        default=None,
+        description="The container image (built from packaging/Containerfile). Default: "
+        "blazar:VERSION.",
+    )
+    storage_class: NonEmpty | None = Field(
+        default=None,
+        description="storageClassName of the model store's PersistentVolumeClaim. Default: "
+        "the cluster's default class.",
+    )
+    storage: Size | None = Field(
+        default=None,
+        description="The model store's size. Default: the models' and adapters' sizes (from "
+        "this host's store or blazar.lock) plus room for engines and a fifth more.",
+    )
+    cpu: NonEmpty = Field(default="1", description="The container's CPU request.")
+
+
 class EngineRouting(_Table):
     """How each model is routed to an engine lane."""
 
@@ -751,6 +780,10 @@ class Manifest(_Table):
     remotes: dict[RemoteName, Remote] = Field(
         default_factory=dict,
         description="Remote servers (other Blazars, OpenAI-compatible servers) by name.",
+    )
+    kubernetes: Kubernetes = Field(
+        default_factory=Kubernetes,
+        description="How `blazar render kubernetes` renders the manifest.",
     )
     _origins: dict[Path, Location] = PrivateAttr(default_factory=dict)
     _engine_catalog: str | None = PrivateAttr(default=None)
