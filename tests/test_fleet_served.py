@@ -170,6 +170,9 @@ def test_two_hosts_forward_fail_over_and_notice_a_remote_going_down(
     assert reply.type == "message" and is_tiny_text(reply.content[0].text)  # type: ignore[union-attr]
     with anth.messages.stream(model="tiny", max_tokens=8, messages=HI) as events:
         assert is_tiny_text("".join(events.text_stream))
+    assert olla.show("tiny").details.family == "llama"  # A's own details of its model
+    stop = httpx.post(b.url + "/api/blazar/stop", json={"model": "tiny"})
+    assert stop.status_code == 404 and "acts on this host's models only" in stop.text
     # forwarded in the client's protocol: A traced them on its ollama and Anthropic routes
     seen = run_blazar("why", "--model", "tiny", "--last", "20", "--json", "--url", a.url,
                       env={"BLAZAR_API_KEY": A_ADMIN})  # fmt: skip

@@ -61,6 +61,11 @@ PASSED_IN = ("content-type", "accept", "anthropic-version", "anthropic-beta", "o
 NOT_PASSED_OUT = frozenset({"transfer-encoding", "connection", "keep-alive", "content-length",
                             "server", "date", "x-request-id"})  # fmt: skip
 BIG_CTX = 1 << 30  # the remote checks context sizes; nothing is refused here for them
+# The routes whose requests may go to a remote: inference, and ollama's /api/show. The
+# others (copy, stop, sessions) act on this host's models only.
+FORWARDABLE = frozenset({*OPENAI_PATHS, "/v1/responses", "/v1/messages",
+                         "/v1/messages/count_tokens", "/api/chat", "/api/generate",
+                         "/api/embed", "/api/embeddings", "/api/show"})  # fmt: skip
 
 
 class RemoteDown(SchedulerError):
@@ -77,10 +82,17 @@ def middleware(services: Services) -> Any:
         try:
             return await handler(request)
         except Forward as wanted:
+            if request.path not in FORWARDABLE:
+                raise ProtocolError(
+                    404,
+                    f"model '{wanted.model}' is served by remote '{wanted.remote.name}': "
+                    f"{request.method} {request.path} acts on this host's models only",
+                    "model_not_found",
+                ) from None
             return await _carry(services, request, wanted)
         except ProtocolError as exc:
             model = request.get(FAILOVER)
-            if model is None or not _spills(exc):
+            if model is None or not _spills(exc) or request.path not in FORWARDABLE:
                 raise
             member = services.fleet.member(model)
             if member is None:
@@ -231,6 +243,11 @@ class Bridge:
 
 
 def _ollama_bridge(path: str, body: dict[str, Any], model: str) -> Bridge | LoadOnly:
+    if path not in ("/api/chat", "/api/generate", "/api/embed", "/api/embeddings"):
+        raise ProtocolError(
+            404,
+            f"{path}: model '{model}' is on an OpenAI-compatible remote, which has no such details",
+        )
     chat = path == "/api/chat"
     if path in ("/api/embed", "/api/embeddings"):
         legacy = path == "/api/embeddings"
