@@ -11,14 +11,16 @@ from pathlib import Path
 
 import pytest
 
+from blazar.engines.wheel import tag_for_version
 from blazar.lockfile import Lock, Locked, drift, merged, parse_lock, refusals
 from blazar.paths import Paths
 from blazar.testing.tiny import write_tiny_lora, write_tiny_model
 from reconcilers.desired import Desired, DesiredEngine, DesiredModel
-from tests.conftest import Blazar
+from tests.conftest import WHEEL_CACHE, Blazar
 from tests.hf_endpoint import FakeHub
 
 ROOT = Path(__file__).resolve().parent.parent
+WHEELS = WHEEL_CACHE / "wheels"
 
 
 def sha256(path: Path) -> str:
@@ -113,6 +115,33 @@ def test_apply_writes_a_lock_and_apply_locked_refuses_a_manifest_that_resolves_d
     write(manifest, base_text(files) + extra)
     assert f"wrote {lock_file}" in blazar("apply", str(manifest)).output
     assert [m["name"] for m in tomllib.loads(lock_file.read_text())["model"]] == ["more", "tiny"]
+
+
+def test_the_lock_pins_the_engine_by_version_tag_and_wheel_digest(
+    blazar: Blazar, files: dict[str, Path], tmp_path: Path
+) -> None:
+    engine = '[engines.llamacpp]\ninstall = "wheel"\nversion = "2026.10.11549"\n\n'
+    manifest = write(tmp_path / "m" / "blazar.toml", engine + base_text(files))
+    blazar("apply", str(manifest))
+    [entry] = tomllib.loads((manifest.parent / "blazar.lock").read_text())["engine"]
+    wheel = next(WHEELS.glob("xllamacpp-2026.10.11549-*.whl"))
+    assert entry == {
+        "name": "llamacpp",
+        "install": "wheel",
+        "backend": "cpu",
+        "declared": "2026.10.11549",
+        "version": "2026.10.11549",
+        "tag": tag_for_version("2026.10.11549"),
+        "digest": f"sha256:{sha256(wheel)}",
+        "wheel": wheel.name,
+    }
+    write(manifest, engine.replace("2026.10.11549", "2026.9.11063") + base_text(files))
+    refused = blazar("apply", "--locked", str(manifest), ok=False)
+    assert (
+        "engines.llamacpp: the manifest asks install wheel, backend cpu, declared 2026.9.11063"
+        in (refused.output)
+    )
+    assert "2026.9.11063" not in blazar("engine", "list").output  # nothing was installed
 
 
 def test_diff_shows_drift_between_manifest_lock_and_host_and_exits_2(
