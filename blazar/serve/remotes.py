@@ -152,7 +152,7 @@ class Remote:
         }
 
 
-class Forward(Exception):  # noqa: N818: a request to carry out elsewhere, not an error
+class Forward(Exception):  # a request to carry out elsewhere, not an error
     """Raised on the request path: carry this request out on `remote` instead; `reason`
     says why (for the trace), `model` names the model it is for."""
 
@@ -275,6 +275,8 @@ class Fleet:
                 remote.url + "/v1/models", headers=remote.headers(), timeout=timeout
             ) as resp:
                 listed = await _json(resp)
+                if resp.status in (401, 403):
+                    raise ConnectionError(f"/v1/models answered {resp.status}: {_key_hint(remote)}")
                 if resp.status != 200:
                     raise ConnectionError(f"/v1/models answered {resp.status}")
             remote.listed = _names(listed)
@@ -333,6 +335,14 @@ def _names(listed: Mapping[str, Any]) -> tuple[str, ...]:
         for m in data
         if isinstance(m, Mapping) and isinstance(m.get("id"), str) and REMOTE_MARK not in m
     )
+
+
+def _key_hint(remote: Remote) -> str:
+    if remote.key_env is None:
+        return "it wants a key: set key_env to a variable holding one"
+    if remote.key is None:
+        return f"{remote.key_env} is not set in serve's environment"
+    return f"it refused the key in {remote.key_env}"
 
 
 def _reason(exc: BaseException, remote: Remote) -> str:
