@@ -165,9 +165,14 @@ def _failed(remote: Remote, exc: BaseException) -> ProtocolError:
     )
 
 
-def _headers(request: web.Request, remote: Remote) -> dict[str, str]:
+def _headers(request: web.Request, remote: Remote, *, raw: bool = True) -> dict[str, str]:
     out = {k: v for k in PASSED_IN if (v := request.headers.get(k)) is not None}
     out.update(remote.headers())
+    # The bytes go back as they come (raw): in an encoding the client asked for, else
+    # none; what is translated here must arrive plain.
+    out["Accept-Encoding"] = (
+        request.headers.get("Accept-Encoding", "identity") if raw else "identity"
+    )
     out[TRACE] = trace_id(request)
     out[FORWARDED] = "1"
     return out
@@ -200,8 +205,10 @@ async def _raw(services: Services, request: web.Request, remote: Remote) -> web.
             response = web.StreamResponse(status=resp.status, headers=headers)
             await response.prepare(request)
             async for chunk in resp.content.iter_any():
-                await response.write(chunk)
-            await response.write_eof()
+                if not await _write(response, chunk):
+                    return response  # the client went away: leaving closes the remote's
+            with contextlib.suppress(ConnectionError):
+                await response.write_eof()
             return response
     except (ClientError, TimeoutError, OSError) as exc:
         failed = _failed(remote, exc)
@@ -209,6 +216,15 @@ async def _raw(services: Services, request: web.Request, remote: Remote) -> web.
             raise failed from None
         await _stream_error(response, request.path, failed)
         return response
+
+
+async def _write(response: web.StreamResponse, data: bytes) -> bool:
+    """Write to the client; False when it has gone (not the remote's failure)."""
+    try:
+        await response.write(data)
+    except ConnectionError:
+        return False
+    return True
 
 
 async def _stream_error(response: web.StreamResponse, path: str, failed: ProtocolError) -> None:
@@ -377,7 +393,7 @@ async def _bridged(
         async with session.post(
             remote.url + made.engine.path,
             data=json.dumps(sent).encode(),
-            headers={**_headers(request, remote), "Content-Type": "application/json"},
+            headers={**_headers(request, remote, raw=False), "Content-Type": "application/json"},
             timeout=_timeout(services, remote),
         ) as resp:
             remote.forwarded += 1
@@ -392,19 +408,17 @@ async def _bridged(
             headers = {"Content-Type": made.content_type, "Cache-Control": "no-cache"}
             response = web.StreamResponse(headers={**headers, **envelope.headers(request)})
             await response.prepare(request)
-            for piece in made.start():
-                await response.write(piece)
             decoder = SSEDecoder()
+            pieces: list[bytes] = made.start()
             async for chunk in resp.content.iter_any():
-                for sse in decoder.feed(chunk):
-                    for piece in made.feed(sse.data):
-                        await response.write(piece)
-            for sse in decoder.close():
-                for piece in made.feed(sse.data):
-                    await response.write(piece)
-            for piece in made.end():
-                await response.write(piece)
-            await response.write_eof()
+                pieces += [p for sse in decoder.feed(chunk) for p in made.feed(sse.data)]
+                if pieces and not await _write(response, b"".join(pieces)):
+                    return response  # the client went away: leaving closes the remote's
+                pieces = []
+            pieces += [p for sse in decoder.close() for p in made.feed(sse.data)]
+            if await _write(response, b"".join([*pieces, *made.end()])):
+                with contextlib.suppress(ConnectionError):
+                    await response.write_eof()
             return response
     except (ClientError, TimeoutError, OSError) as exc:
         failed = _failed(remote, exc)

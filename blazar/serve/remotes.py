@@ -126,6 +126,9 @@ class Remote:
         key = self.key
         return {"Authorization": f"Bearer {key}"} if key else {}
 
+    def probe_headers(self) -> dict[str, str]:
+        return {**self.headers(), "Accept-Encoding": "identity"}
+
     def note(self, ok: bool, error: str | None = None) -> None:
         """A probe's or a request's result: health moves by `next_health`."""
         before = self.health
@@ -262,7 +265,7 @@ class Fleet:
         timeout = ClientTimeout(total=remote.timeout)
         try:
             async with session.get(
-                remote.url + "/health", headers=remote.headers(), timeout=timeout
+                remote.url + "/health", headers=remote.probe_headers(), timeout=timeout
             ) as resp:
                 body = await _json(resp)
                 status = resp.status
@@ -272,7 +275,7 @@ class Fleet:
                 raise ConnectionError(f"/health answered {status}")
             remote.kind = "blazar" if body.get("server") == "blazar" else "openai"
             async with session.get(
-                remote.url + "/v1/models", headers=remote.headers(), timeout=timeout
+                remote.url + "/v1/models", headers=remote.probe_headers(), timeout=timeout
             ) as resp:
                 listed = await _json(resp)
                 if resp.status in (401, 403):
