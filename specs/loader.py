@@ -11,7 +11,7 @@ A directory is merged file by file in sorted name order: the `*.toml`,
 `*.yaml` and `*.yml` files directly in it, not hidden ones; the rest is
 ignored. Resources (`engines`, `models`, `loras`, `keys`, `remotes`) are
 tables keyed by name, so one name declared in two files is an error naming
-both places. `serving` merges field
+both places. `serving` and `kubernetes` merge field
 by field: each field may be set in one file only. `$schema` may appear in
 every file (it is for editors); `version` may repeat if it agrees.
 

@@ -64,10 +64,11 @@ def test_the_fleet_example_applies_on_one_host_with_a_lock_and_previews_another(
 
 
 def test_team_box_applies_and_converges(
-    blazar: Blazar, hub: FakeHub, monkeypatch: pytest.MonkeyPatch
+    blazar: Blazar, hub: FakeHub, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("HF_ENDPOINT", hub.url)
-    path = str(EXAMPLES / "team-box")
+    shutil.copytree(EXAMPLES / "team-box", tmp_path / "team-box")  # apply writes a lock there
+    path = str(tmp_path / "team-box")
     assert "Plan: 4 to add" in blazar("diff", path).output
     assert "Apply complete! Resources: 4 added" in blazar("apply", path).output
     assert blazar("diff", path, "--detailed-exitcode").exit_code == 0
