@@ -66,6 +66,10 @@ def diff(
             click.echo(f"\nDrift from blazar.lock ({len(drift)}):")
             for line in drift:
                 click.echo(f"  {line}")
+            click.echo(
+                "`blazar apply` rewrites the lock from what the host holds (commit it); "
+                "`apply --locked` refuses a manifest the lock does not cover."
+            )
     if detailed_exitcode and (not result.plan.empty or drift):
         sys.exit(2)
 
