@@ -1,18 +1,33 @@
 """One reconcile pass with real ports: load the manifest, plan, and (optionally) apply.
 
-The CLI (`diff`, `apply`, imperative commands) and, later, `serve`'s control
-loop call this. The manifest is validated whole before anything is
-observed or changed.
+The CLI (`diff`, `apply`, imperative commands) and `serve`'s control loop call
+this. The manifest is validated whole before anything is observed or changed.
+Host overlays are chosen here (`overlay_host`: `--host NAME`, else this
+machine's name), and the lock file is kept here (`update_lock`,
+`manifest_drift`; `blazar.lockfile` has the rules).
 """
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 from blazar.errors import BlazarError, InvalidInput
+from blazar.lockfile import (
+    Lock,
+    drift,
+    fetch_pins,
+    held,
+    lock_path,
+    locked_desired,
+    merged,
+    read_lock,
+    refusals,
+    write_lock,
+)
 from blazar.locking import apply_lock
 from blazar.paths import Paths
 from blazar.store import Store
@@ -22,7 +37,7 @@ from reconcilers.desired import Desired, desired_from_manifest
 from reconcilers.engines import PlanError
 from reconcilers.plan import Action, Plan
 from reconcilers.ports import Progress
-from specs.loader import ManifestError, load_manifest
+from specs.loader import ManifestError, hosts, load_manifest, overlay_file
 from specs.manifest import Manifest
 from specs.support import unsupported
 
@@ -35,15 +50,35 @@ def manifest_path(paths: Paths, given: Path | None) -> Path:
     return given if given is not None else paths.manifest
 
 
-def load(path: Path) -> Manifest:
+def load(path: Path, host: str | None = None) -> Manifest:
     """Load and validate a manifest whole, refusing fields Blazar does not act on yet
-    (`specs.support`)."""
+    (`specs.support`). With `host` (`--host NAME`), that host's overlay is merged over a
+    manifest directory (an error when it has none); without, this machine's, when the
+    directory has one (`overlay_host`)."""
     if not path.exists():
         raise InvalidInput(
             f"no manifest at {path}: create it, or `blazar pull SOURCE` to start one"
         )
     try:
-        return supported(load_manifest(path))
+        return supported(load_manifest(path, overlay_host(path, host)))
+    except ManifestError as exc:
+        raise InvalidManifest(_problems(str(path), exc)) from None
+
+
+def machine_names() -> list[str]:
+    """This machine's host name, then its short form (before the first dot)."""
+    name = socket.gethostname()
+    short = name.split(".", 1)[0]
+    return [name] if short == name else [name, short]
+
+
+def overlay_host(path: Path, given: str | None = None) -> str | None:
+    """The host whose overlay applies to the manifest at `path`: `given`, or this
+    machine's name when the directory holds an overlay for it; None for none."""
+    if given is not None:
+        return given
+    try:
+        return next((n for n in machine_names() if overlay_file(path, n) is not None), None)
     except ManifestError as exc:
         raise InvalidManifest(_problems(str(path), exc)) from None
 
@@ -62,8 +97,8 @@ def _problems(where: str, exc: ManifestError) -> str:
     return f"{where} has {count} problem{'s' if count != 1 else ''}; nothing was changed:\n{exc}"
 
 
-def load_or_empty(path: Path) -> Manifest:
-    return load(path) if path.exists() else Manifest()
+def load_or_empty(path: Path, host: str | None = None) -> Manifest:
+    return load(path, host) if path.exists() else Manifest()
 
 
 @dataclass(frozen=True)
@@ -73,10 +108,16 @@ class Pass:
 
 
 def plan_for(
-    store: Store, paths: Paths, desired: Desired, *, prune: bool, now: datetime | None = None
+    store: Store,
+    paths: Paths,
+    desired: Desired,
+    *,
+    prune: bool,
+    now: datetime | None = None,
+    pins: dict[str, str] | None = None,
 ) -> Plan:
     try:
-        return make_plan(desired, real_ports(store, paths), prune=prune, now=now)
+        return make_plan(desired, real_ports(store, paths, pins), prune=prune, now=now)
     except PlanError as exc:
         raise InvalidInput(str(exc)) from None
 
@@ -96,14 +137,29 @@ def reconcile(
     progress_for: Callable[[Action], Progress | None] | None = None,
     lock_timeout: float = 600.0,
     now: datetime | None = None,
+    locked: Lock | None = None,
 ) -> Pass:
     """Plan (and apply, when asked) under the apply lock, so passes never interleave.
 
     `now` is the clock fork retirement reads (tests inject one; default: the time now).
+    With `locked` (`apply --locked`), a manifest the lock does not cover exactly is
+    refused before anything is observed or changed, and what is installed is what the
+    lock resolved (`blazar.lockfile`).
     """
     desired = desired_from_manifest(manifest)
+    pins: dict[str, str] = {}
+    if locked is not None:
+        refused = refusals(locked, desired)
+        if refused:
+            raise LockMismatch(
+                "the manifest resolves differently from blazar.lock; nothing was changed:\n"
+                + "\n".join(f"  {r}" for r in refused)
+                + "\nRun `blazar apply` without --locked where the change is meant (it "
+                "rewrites the lock), and commit blazar.lock."
+            )
+        desired, pins = locked_desired(desired, locked), fetch_pins(desired, locked)
     with apply_lock(paths.state / "apply.lock", timeout=lock_timeout, notify=notify):
-        plan = plan_for(store, paths, desired, prune=prune, now=now)
+        plan = plan_for(store, paths, desired, prune=prune, now=now, pins=pins)
         if targets:
             unknown = [t for t in targets if not _declared(desired, t)]
             if unknown:
@@ -113,9 +169,66 @@ def reconcile(
         if not apply or plan.empty or not confirm(plan):
             return Pass(plan, None)
         report = execute(
-            plan, desired, real_ports(store, paths), on_event=on_event, progress_for=progress_for
+            plan,
+            desired,
+            real_ports(store, paths, pins),
+            on_event=on_event,
+            progress_for=progress_for,
         )
         return Pass(plan, report)
+
+
+class LockMismatch(InvalidInput):
+    """`apply --locked` on a manifest that resolves differently from its lock."""
+
+
+def views(path: Path) -> list[Desired]:
+    """Every view of the manifest at `path` a lock serves: the base, and each host
+    overlay its directory holds."""
+    found = [desired_from_manifest(load_manifest(path))]
+    for host in hosts(path):
+        found.append(desired_from_manifest(load_manifest(path, host)))
+    return found
+
+
+def host_lock(store: Store, manifest: Manifest) -> Lock:
+    """What this host holds now for what `manifest` asks, as lock entries."""
+    from blazar.engines.records import EngineStore
+
+    return held(
+        desired_from_manifest(manifest),
+        store.list_models(),
+        store.list_loras(),
+        EngineStore(store).installed(),
+    )
+
+
+def update_lock(store: Store, path: Path, manifest: Manifest) -> Path | None:
+    """After an apply: write the lock next to the manifest at `path` with this host's
+    entries (and those other views of the manifest still ask for); the lock's path when
+    it changed."""
+    where = lock_path(path)
+    try:
+        others = views(path)
+    except ManifestError:
+        others = []
+    if write_lock(where, merged(host_lock(store, manifest), read_lock(where), others)):
+        return where
+    return None
+
+
+def manifest_drift(store: Store, path: Path, manifest: Manifest) -> list[str]:
+    """Drift between the manifest at `path`, its lock and this host (`lockfile.drift`);
+    empty when there is no lock."""
+    lock = read_lock(lock_path(path))
+    if lock is None:
+        return []
+    try:
+        others = views(path)
+    except ManifestError:
+        others = []
+    desired = desired_from_manifest(manifest)
+    return drift(desired, lock, host_lock(store, manifest), [desired, *others])
 
 
 def _declared(desired: Desired, target: str) -> bool:

@@ -67,12 +67,15 @@ class Registry:
         managed: bool = False,
         settings: dict[str, Any] | None = None,
         sha256: str | None = None,
+        resolved: dict[str, str] | None = None,
     ) -> ModelRecord:
         """Register a local GGUF under `ref`. Never modifies, moves or deletes `src`.
 
         `source` records where the bytes came from (default: the file's URI);
         `managed` marks a model a manifest owns; `sha256`, when given, is what the
-        file must hash to (another runtime's digest for it), or nothing is kept.
+        file must hash to (another runtime's digest for it), or nothing is kept;
+        `resolved` is what the source resolved to (repository, revision, file: the
+        lock file reads it from the record's facts).
         """
         expected = sha256
         src = Path(os.path.abspath(src.expanduser()))
@@ -96,6 +99,8 @@ class Registry:
         placed = self._place(src, sha256, size, copy=copy)
         record = _record(ref, placed, size, sha256, source or src.as_uri(), facts)
         record = replace(record, managed=managed, settings=dict(settings or {}))
+        if resolved:
+            record = replace(record, facts={**record.facts, "resolved": dict(resolved)})
         self.store.put_model(record, event="replaced" if existing else "imported")
         if existing and existing.path != record.path:
             self._release(existing)
@@ -112,6 +117,7 @@ class Registry:
         settings: dict[str, Any] | None = None,
         names: list[str] | None = None,
         sha256: str | None = None,
+        resolved: dict[str, str] | None = None,
     ) -> ModelRecord:
         """Register one GGUF, or a sharded model (first shard first) as one model.
 
@@ -131,6 +137,7 @@ class Registry:
                 managed=managed,
                 settings=settings,
                 sha256=sha256,
+                resolved=resolved,
             )
         existing = self.store.find_model(ref)
         if existing and not force:
@@ -163,7 +170,7 @@ class Registry:
             record,
             managed=managed,
             settings=dict(settings or {}),
-            facts={**record.facts, "shards": names},
+            facts={**record.facts, "shards": names, **({"resolved": resolved} if resolved else {})},
         )
         self.store.put_model(record, event="replaced" if existing else "imported")
         if existing and existing.path != record.path:

@@ -167,10 +167,16 @@ def offer_view(offer: Any) -> OfferView:
 
 
 class StoreModels:
-    def __init__(self, registry: Registry, paths: Paths) -> None:
+    """`pins`: source -> the source to fetch instead (`apply --locked`: a Hugging Face
+    source at the revision the lock resolved); the declared source is what is recorded."""
+
+    def __init__(
+        self, registry: Registry, paths: Paths, pins: dict[str, str] | None = None
+    ) -> None:
         self.registry = registry
         self.store = registry.store
         self.paths = paths
+        self.pins = pins or {}
 
     def observe(self) -> list[ObservedModel]:
         # A record whose file is gone is a model the host does not have: the plan fetches
@@ -212,8 +218,9 @@ class StoreModels:
                     settings=settings, sha256=sha256,
                 )  # fmt: skip
             return
+        fetch = self.pins.get(source, source)
         downloads = self.paths.downloads
-        with classified(), fetched_bytes(source, sha256, downloads, progress, kind) as got:
+        with classified(), fetched_bytes(fetch, sha256, downloads, progress, kind) as got:
             if got.names or kind != "chat":  # a set of files: a transcription model, a voice
                 self.registry.import_set(
                     got.files, list(got.names) or [f.name for f in got.files], parse_name(name),
@@ -230,6 +237,7 @@ class StoreModels:
                 managed=True,
                 settings=settings,
                 names=[n.rsplit("/", 1)[-1] for n in shards.split(",")] if shards else None,
+                resolved=got.detail,
             )
 
     def record_settings(self, name: str, source: str, settings: dict[str, Any]) -> None:
@@ -242,10 +250,13 @@ class StoreModels:
 
 
 class StoreLoras:
-    def __init__(self, registry: Registry, paths: Paths) -> None:
+    def __init__(
+        self, registry: Registry, paths: Paths, pins: dict[str, str] | None = None
+    ) -> None:
         self.registry = registry
         self.store = registry.store
         self.paths = paths
+        self.pins = pins or {}
 
     def observe(self) -> list[ObservedLora]:
         return [
@@ -262,7 +273,8 @@ class StoreLoras:
         settings: dict[str, Any],
         progress: Progress | None,
     ) -> None:
-        with classified(), fetched_bytes(source, sha256, self.paths.downloads, progress) as got:
+        fetch = self.pins.get(source, source)
+        with classified(), fetched_bytes(fetch, sha256, self.paths.downloads, progress) as got:
             self.registry.import_lora(
                 got.files[0], name, parse_name(model), source=source, settings=settings
             )
@@ -301,12 +313,13 @@ class StoreStatus:
         self.store.set_condition(kind, name, "Ready", str(ready), reason, message)
 
 
-def real_ports(store: Store, paths: Paths) -> Ports:
+def real_ports(store: Store, paths: Paths, pins: dict[str, str] | None = None) -> Ports:
+    """The ports an apply uses; `pins` maps declared sources to what to fetch instead."""
     registry = Registry(store, paths)
     return Ports(
         engines=StoreEngines(store, paths),
-        models=StoreModels(registry, paths),
-        loras=StoreLoras(registry, paths),
+        models=StoreModels(registry, paths, pins),
+        loras=StoreLoras(registry, paths, pins),
         keys=StoreKeys(store),
         status=StoreStatus(store),
     )

@@ -16,6 +16,7 @@ from specs.names import parse_name
 
 LATEST = "latest"
 FORK = "fork"  # the install method of a lane declared with `lane = "ID"`
+NOT_SETTINGS = {"source", "sha256", "failover", "enabled"}
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,8 @@ def desired_from_manifest(manifest: Manifest) -> Desired:
     )
     models = []
     for key, model in manifest.models.items():
-        settings = model.model_dump(mode="json", exclude={"source", "sha256"})
+        # failover and enabled are read by the gateway and the loader, not kept with the bytes.
+        settings = model.model_dump(mode="json", exclude=NOT_SETTINGS)
         settings["engine"] = manifest.engine_for(key)
         models.append(DesiredModel(parse_name(key).short, model.source, model.sha256, settings))
     loras = []

@@ -11,9 +11,16 @@ A directory is merged file by file in sorted name order: the `*.toml`,
 `*.yaml` and `*.yml` files directly in it, not hidden ones; the rest is
 ignored. Resources (`engines`, `models`, `loras`, `keys`, `remotes`) are
 tables keyed by name, so one name declared in two files is an error naming
-both places. `serving` merges field
+both places. `serving` and `kubernetes` merge field
 by field: each field may be set in one file only. `$schema` may appear in
 every file (it is for editors); `version` may repeat if it agrees.
+
+Host overlays (docs/fleet.md): a directory may hold `hosts/NAME.toml` (or
+`.yaml`, `.yml`); `load_manifest(path, host=NAME)` merges that file over the
+base: tables merge key by key and a key the overlay sets wins (lists are
+replaced whole). Any resource table with `enabled = false`, in the base or the
+overlay, is removed before validation. The host name is the caller's to find
+(`blazar` reads the machine's); this module stays pure.
 
 The only I/O here is reading the manifest files.
 """
@@ -43,11 +50,14 @@ __all__ = [
     "load_manifest",
     "load_manifest_files",
     "load_manifest_text",
+    "manifest_files",
+    "overlay_file",
 ]
 
 SUFFIXES = {".toml": "toml", ".yaml": "yaml", ".yml": "yaml"}
 RESOURCES = ("engines", "models", "loras", "keys", "remotes")
-MERGED_BY_FIELD = ("serving",)
+MERGED_BY_FIELD = ("serving", "kubernetes")
+HOSTS = "hosts"  # the overlays' folder in a manifest directory
 _TOML_WHERE = re.compile(r"^(.*) \(at line (\d+), column (\d+)\)$", re.S)
 
 
@@ -60,13 +70,13 @@ class Document:
     origins: dict[Path, Location] = field(default_factory=dict)
 
 
-def load_manifest(path: FsPath | str) -> Manifest:
-    """Load and validate the manifest at `path`: a .toml/.yaml/.yml file or a directory."""
+def load_manifest(path: FsPath | str, host: str | None = None) -> Manifest:
+    """Load and validate the manifest at `path`: a .toml/.yaml/.yml file or a directory;
+    with `host`, the directory's overlay for that host merged over it (`overlay_file`;
+    an error when it has none)."""
     root = FsPath(path)
     if root.is_dir():
-        paths = sorted(
-            p for p in root.iterdir() if p.suffix in SUFFIXES and p.is_file() and p.name[0] != "."
-        )
+        paths = manifest_files(root)
     elif not root.exists():
         raise ManifestError([Problem("no such manifest file or directory", str(root))])
     elif root.suffix not in SUFFIXES:
@@ -75,14 +85,64 @@ def load_manifest(path: FsPath | str) -> Manifest:
         )
     else:
         paths = [root]
+    overlay: FsPath | None = None
+    if host is not None:
+        overlay = overlay_file(root, host)
+        if overlay is None:
+            where = root / HOSTS if root.is_dir() else root
+            known = ", ".join(hosts(root)) or "none"
+            raise ManifestError(
+                [
+                    Problem(
+                        f"no overlay for host {host!r} in {where} (hosts there: {known})", str(root)
+                    )
+                ]
+            )
     files: list[tuple[str, str]] = []
     unreadable: list[Problem] = []
-    for each in paths:
+    for each in [*paths, *([overlay] if overlay else [])]:
         try:
             files.append((str(each), each.read_text(encoding="utf-8")))
         except (OSError, UnicodeDecodeError) as exc:
             unreadable.append(Problem(f"cannot read the manifest: {exc}", str(each)))
+    if overlay is not None and files and files[-1][0] == str(overlay):
+        return _load(files[:-1], unreadable, overlay=files[-1])
     return _load(files, unreadable)
+
+
+def manifest_files(root: FsPath) -> list[FsPath]:
+    """The files a manifest directory merges, in order (the overlays in hosts/ are not
+    among them)."""
+    return sorted(
+        p for p in root.iterdir() if p.suffix in SUFFIXES and p.is_file() and p.name[0] != "."
+    )
+
+
+def overlay_file(root: FsPath, host: str) -> FsPath | None:
+    """The overlay a manifest directory holds for `host` (`hosts/HOST.toml`, `.yaml` or
+    `.yml`); None when it holds none, or `root` is a file."""
+    if not root.is_dir():
+        return None
+    found = [root / HOSTS / f"{host}{suffix}" for suffix in SUFFIXES]
+    found = [f for f in found if f.is_file()]
+    if len(found) > 1:
+        names = " and ".join(str(f) for f in found)
+        raise ManifestError([Problem(f"host {host!r} has two overlays: {names}; keep one")])
+    return found[0] if found else None
+
+
+def hosts(root: FsPath) -> list[str]:
+    """The host names a manifest directory has overlays for, sorted."""
+    folder = root / HOSTS
+    if not root.is_dir() or not folder.is_dir():
+        return []
+    return sorted(
+        {
+            p.stem
+            for p in folder.iterdir()
+            if p.suffix in SUFFIXES and p.is_file() and p.name[0] != "."
+        }
+    )
 
 
 def load_manifest_text(text: str, filename: str = "blazar.toml") -> Manifest:
@@ -95,17 +155,29 @@ def load_manifest_files(files: Sequence[tuple[str, str]]) -> Manifest:
     return _load(files, [])
 
 
-def _load(files: Sequence[tuple[str, str]], problems: list[Problem]) -> Manifest:
+def _load(
+    files: Sequence[tuple[str, str]],
+    problems: list[Problem],
+    overlay: tuple[str, str] | None = None,
+) -> Manifest:
     documents: list[Document] = []
     unread = bool(problems)  # a file that could not be read: references into it would dangle
-    for name, text in files:
+    for name, text in [*files, *([overlay] if overlay else [])]:
         document, found = parse_document(name, text)
         problems += found
         unread = unread or document is None
         if document is not None:
             documents.append(document)
+    over = (
+        documents.pop()
+        if overlay is not None and documents and documents[-1].file == overlay[0]
+        else None
+    )
     data, origins, found = merge(documents)
     problems += found
+    if over is not None:
+        overlay_onto(data, origins, over)
+    drop_disabled(data, origins)
 
     def locate(path: Path) -> Location | None:
         for end in range(len(path), -1, -1):
@@ -271,6 +343,43 @@ def merge(
             if declared[:1] in taken or declared[:2] in taken:
                 origins.setdefault(declared, where)
     return data, origins, problems
+
+
+def overlay_onto(data: dict[str, Any], origins: dict[Path, Location], overlay: Document) -> None:
+    """Merge a host overlay over the merged base, in place: tables key by key, the
+    overlay's value wins for every key it sets (a list replaces the base's whole); where
+    each value came from follows it."""
+
+    def walk(into: dict[str, Any], value: dict[str, Any], path: Path) -> None:
+        for key, item in value.items():
+            here: Path = (*path, key)
+            if isinstance(item, dict) and isinstance(into.get(key), dict):
+                walk(into[key], item, here)
+                continue
+            into[key] = item
+            for stale in [p for p in origins if p[: len(here)] == here]:
+                del origins[stale]
+            for declared, where in overlay.origins.items():
+                if declared[: len(here)] == here:
+                    origins[declared] = where
+
+    walk(data, overlay.data, ())
+    for declared, where in overlay.origins.items():
+        origins.setdefault(declared, where)
+
+
+def drop_disabled(data: dict[str, Any], origins: dict[Path, Location]) -> None:
+    """Remove, in place, every resource table set `enabled = false`; `enabled = true` is
+    the default and stays."""
+    for section in RESOURCES:
+        tables = data.get(section)
+        if not isinstance(tables, dict):
+            continue
+        for name in [n for n, body in tables.items() if isinstance(body, dict)]:
+            if tables[name].get("enabled") is False:
+                del tables[name]
+                for gone in [p for p in origins if p[:2] == (section, name)]:
+                    del origins[gone]
 
 
 def _twice(path: Path, origins: dict[Path, Location], document: Document) -> Problem:

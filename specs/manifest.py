@@ -6,6 +6,7 @@ Schema and the generated reference, docs/manifest.md, from the field
 descriptions below. Types are strict: `ctx = "4096"` is an error, not 4096.
 Fields marked "(not supported yet)" are validated, and a manifest that sets one is
 refused by diff, apply and serve (`specs.support`) rather than silently ignored.
+Every resource table has `enabled`: the loader drops one set to false (host overlays).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ __all__ = [
     "Engine",
     "EngineRouting",
     "Key",
+    "Kubernetes",
     "Lora",
     "Manifest",
     "Model",
@@ -410,6 +412,9 @@ class Engine(_Table):
         "from source at the commit the catalog pins; install, version, feed and source do "
         "not apply. Models whose architecture it adds are routed to it.",
     )
+    enabled: bool = Field(
+        default=True, description="false removes it (a host overlay uses it: docs/fleet.md)."
+    )
 
     @property
     def lane_name(self) -> str:
@@ -634,6 +639,15 @@ class Model(_Table):
         default=[],
         description="Extra llama-server flags, such as ['--batch-size', '1024'].",
     )
+    failover: list[RemoteName] = Field(
+        default=[],
+        description="Remotes (names under [remotes]) that serve this model when this host "
+        "cannot: all slots busy with the queue full, a failed load, or a crash before any "
+        "byte reached the client. The first healthy one in order takes the request.",
+    )
+    enabled: bool = Field(
+        default=True, description="false removes it (a host overlay uses it: docs/fleet.md)."
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Model:
@@ -683,6 +697,9 @@ class Lora(_Table):
         "`model+NAME`; a request turns it off with `model+none`, or names the adapters it "
         "wants (`model+other`, `model+NAME:0.3`).",
     )
+    enabled: bool = Field(
+        default=True, description="false removes it (a host overlay uses it: docs/fleet.md)."
+    )
 
     @model_validator(mode="after")
     def _digest(self) -> Lora:
@@ -715,17 +732,77 @@ class Key(_Table):
     created: str | None = Field(
         default=None, description="When `blazar keys add` made it (ISO 8601, UTC)."
     )
+    enabled: bool = Field(
+        default=True, description="false removes it (a host overlay uses it: docs/fleet.md)."
+    )
 
 
 class Remote(_Table):
-    """(not supported yet: a manifest that declares remotes is refused) Another
-    OpenAI-compatible server."""
+    """Another Blazar, or any OpenAI-compatible server: the gateway lists its models and
+    forwards requests for them, and models name it in `failover` (docs/fleet.md)."""
 
-    url: HttpUrl = Field(description="Base URL of the remote server.")
-    api_key_env: EnvName | None = Field(
-        default=None, description="Environment variable holding its API key (never the key itself)."
+    url: HttpUrl = Field(
+        description="Base URL of the remote server, such as https://big-box:11435 (a "
+        "trailing /v1 is dropped: requests keep their own paths)."
     )
-    models: list[ModelName] = Field(default=[], description="Model names served through it.")
+    key_env: EnvName | None = Field(
+        default=None,
+        description="Environment variable holding the key sent to it (`Authorization: "
+        "Bearer`); never the key itself. Unset or empty in serve's environment: no key is sent.",
+    )
+    models: list[ModelName] = Field(
+        default=[],
+        description="The model names to take from it. Default: every model its /v1/models "
+        "lists (a name this host serves itself stays local).",
+    )
+    timeout: Duration = Field(
+        default=5.0,
+        description="Connect timeout, and the limit of each health probe: a request for a "
+        "remote that does not answer fails within it.",
+    )
+    health_interval: Duration = Field(
+        default=10.0,
+        description="How often its /health is probed; two failures in a row mark it down "
+        "(requests never wait on a down remote), one success up again.",
+    )
+    enabled: bool = Field(
+        default=True, description="false removes it (a host overlay uses it: docs/fleet.md)."
+    )
+
+    @model_validator(mode="after")
+    def _positive(self) -> Remote:
+        for name in ("timeout", "health_interval"):
+            if not getattr(self, name) > 0:
+                raise FieldError(name, f"{name} must be a positive duration, such as '5s'")
+        return self
+
+
+class Kubernetes(_Table):
+    """How `blazar render kubernetes` renders this manifest (docs/fleet.md); nothing else
+    reads it."""
+
+    replicas: int = Field(
+        default=1,
+        ge=1,
+        description="Pods of the Deployment, each a whole Blazar. Above 1 they share the "
+        "model store's volume (ReadWriteMany: the storage class must offer it).",
+    )
+    image: NonEmpty | None = Field(
+        default=None,
+        description="The container image (built from packaging/Containerfile). Default: "
+        "blazar:VERSION.",
+    )
+    storage_class: NonEmpty | None = Field(
+        default=None,
+        description="storageClassName of the model store's PersistentVolumeClaim. Default: "
+        "the cluster's default class.",
+    )
+    storage: Size | None = Field(
+        default=None,
+        description="The model store's size. Default: the models' and adapters' sizes (from "
+        "this host's store or blazar.lock) plus room for engines and a fifth more.",
+    )
+    cpu: NonEmpty = Field(default="1", description="The container's CPU request.")
 
 
 class EngineRouting(_Table):
@@ -779,7 +856,11 @@ class Manifest(_Table):
     )
     remotes: dict[RemoteName, Remote] = Field(
         default_factory=dict,
-        description="(not supported yet) Remote servers by name.",
+        description="Remote servers (other Blazars, OpenAI-compatible servers) by name.",
+    )
+    kubernetes: Kubernetes = Field(
+        default_factory=Kubernetes,
+        description="How `blazar render kubernetes` renders the manifest.",
     )
     _origins: dict[Path, Location] = PrivateAttr(default_factory=dict)
     _engine_catalog: str | None = PrivateAttr(default=None)

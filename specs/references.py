@@ -1,6 +1,7 @@
 """Cross-references between a manifest's resources, checked over the whole document.
 
-A lora names a model, a model names an engine, a key names models, and a
+A lora names a model, a model names an engine and the remotes it fails over to,
+a key names models, and a
 model's aliases must not collide with another model's name or aliases. These
 checks read plain data (the parsed document or `Manifest.model_dump()`) and
 tolerate values of the wrong type, so the loader can report dangling
@@ -160,6 +161,17 @@ def reference_findings(doc: Mapping[str, Any]) -> list[Finding]:
         for i, ref in _strings(body.get("models")):
             if ref != "*":
                 check(("keys", name, "models", i), f"key {name!r}", ref)
+    remotes = list(_tables(doc, "remotes"))
+    for name, body in models.items():
+        for i, ref in _strings(body.get("failover")):
+            if ref not in remotes:
+                found.append(
+                    Finding(
+                        ("models", name, "failover", i),
+                        f"model {name!r} fails over to remote {ref!r}, which is not declared",
+                        _suggest(ref, remotes) or f"declare [remotes.{ref}] first",
+                    )
+                )
     return found
 
 

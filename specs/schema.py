@@ -34,6 +34,7 @@ SECTIONS = [
     ("loras", "[loras.NAME]", "Lora"),
     ("keys", "[keys.NAME]", "Key"),
     ("remotes", "[remotes.NAME]", "Remote"),
+    ("kubernetes", "[kubernetes]", "Kubernetes"),
 ]
 
 

@@ -1,7 +1,7 @@
 """Fields the manifest validates but Blazar does not act on yet: a manifest using one is refused.
 
-A user who declares a remote believes requests are forwarded to it. Until the
-work that implements a field lands, `blazar diff`, `apply` and `serve` refuse a
+A user who declares a field believes Blazar acts on it. Until the work that
+implements a field lands, `blazar diff`, `apply` and `serve` refuse a
 manifest that uses it, naming the field and saying it is not supported yet
 (`blazar.reconcile.load` calls `unsupported`). Pure: a function of the
 manifest. When a field becomes real, its entry here goes away.
@@ -13,9 +13,7 @@ from specs.manifest import Manifest
 from specs.problems import Path as FieldPath
 from specs.problems import Problem, format_path
 
-NOT_YET: dict[FieldPath, str] = {
-    ("remotes",): "requests would not be forwarded to remotes",
-}
+NOT_YET: dict[FieldPath, str] = {}
 
 
 def _used(manifest: Manifest, path: FieldPath) -> bool:

@@ -24,6 +24,7 @@ from blazar.serve.access import Access
 from blazar.serve.app import build_app
 from blazar.serve.child_http import ChildConnections
 from blazar.serve.instance import State
+from blazar.serve.remotes import FLEET
 from blazar.serve.runtime import ModelRuntime
 from blazar.serve.scheduler import Scheduler
 from blazar.serve.services import Control, Services
@@ -139,6 +140,7 @@ class InProcessGateway:
         async def stop() -> None:
             assert self._runner is not None
             await self._runner.cleanup()
+            await self.app[FLEET].close()  # the remotes' client, when a test used one
             self.children.close()
             await self.scheduler.close()
             if self.store is not None:

@@ -36,9 +36,19 @@ def processes_mentioning(text: str) -> list[int]:
 class Served:
     """`blazar serve MANIFEST --port P` in a child process; a context manager."""
 
-    def __init__(self, manifest: Path, home: Path, *, extra: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        manifest: Path,
+        home: Path,
+        *,
+        extra: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """`env` is added to this process's environment for serve (BLAZAR_HOME for a
+        second serve beside the first, a remote's key)."""
         self.manifest = manifest
         self.home = home
+        self.env = env or {}
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.extra = extra
@@ -52,7 +62,7 @@ class Served:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env=dict(os.environ),
+            env={**os.environ, **self.env},
         )
         # A thread drains the output for the whole run (a full pipe would block serve).
         self._started = threading.Event()

@@ -7,8 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from blazar.cli.docs import render
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,23 +30,3 @@ def test_import_example_runs(blazar_home: Path) -> None:
     assert "imported tiny: llama" in result.stdout
     assert "largest ctx that fits: 2048" in result.stdout
     assert "removed tiny" in result.stdout
-
-
-@pytest.mark.network  # pip fetches Blazar's dependencies from the package index
-def test_install_script_installs_a_working_blazar(tmp_path: Path) -> None:
-    """packaging/install.sh, into a throwaway prefix, from this checkout."""
-    env = {
-        **os.environ,
-        "PREFIX": str(tmp_path / "venv"),
-        "BINDIR": str(tmp_path / "bin"),
-        "PYTHON": sys.executable,
-    }
-    result = subprocess.run(
-        ["sh", str(ROOT / "packaging" / "install.sh")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
-    assert result.returncode == 0, result.stderr
-    assert "installed:" in result.stdout and "blazar, version" in result.stdout

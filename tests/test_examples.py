@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,7 +27,7 @@ MANIFESTS = sorted(
 def test_example_manifests_load_and_name_the_schema(path: Path) -> None:
     manifest = load_manifest(path)
     assert manifest.models
-    files = [path] if path.is_file() else sorted(path.iterdir())
+    files = [path] if path.is_file() else sorted(f for f in path.rglob("*") if f.is_file())
     for file in files:
         assert "manifest.schema.json" in file.read_text(), f"{file} does not reference the schema"
 
@@ -47,11 +48,27 @@ def hub(tmp_path: Path) -> Iterator[FakeHub]:
         yield served
 
 
-def test_team_box_applies_and_converges(
-    blazar: Blazar, hub: FakeHub, monkeypatch: pytest.MonkeyPatch
+def test_the_fleet_example_applies_on_one_host_with_a_lock_and_previews_another(
+    blazar: Blazar, hub: FakeHub, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("HF_ENDPOINT", hub.url)
-    path = str(EXAMPLES / "team-box")
+    repo = tmp_path / "fleet"
+    shutil.copytree(EXAMPLES / "fleet", repo)
+    out = blazar("apply", "--host", "laptop", str(repo)).output
+    assert "Apply complete! Resources: 2 added" in out  # the engine and qwen3; no smollm2
+    assert f"wrote {repo / 'blazar.lock'}" in out
+    assert blazar("diff", "--host", "laptop", "--detailed-exitcode", str(repo)).exit_code == 0
+    assert "No changes." in blazar("apply", "--locked", "--host", "laptop", str(repo)).output
+    gpu = blazar("diff", "--host", "gpu-box", str(repo)).output
+    assert "engines.llamacpp" in gpu and "+ models.smollm2" in gpu and "+ keys.fleet" in gpu
+
+
+def test_team_box_applies_and_converges(
+    blazar: Blazar, hub: FakeHub, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    shutil.copytree(EXAMPLES / "team-box", tmp_path / "team-box")  # apply writes a lock there
+    path = str(tmp_path / "team-box")
     assert "Plan: 4 to add" in blazar("diff", path).output
     assert "Apply complete! Resources: 4 added" in blazar("apply", path).output
     assert blazar("diff", path, "--detailed-exitcode").exit_code == 0

@@ -263,7 +263,7 @@ def shape_of(method: str, path: str, anthropic: bool) -> str:
     if path.startswith("/v1/messages"):
         return "anthropic"
     openai_only = path.startswith(
-        ("/v1/chat/", "/v1/completions", "/v1/embeddings", "/v1/responses")
+        ("/v1/chat/", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/audio/")
     )
     return "anthropic" if anthropic and path.startswith("/v1/") and not openai_only else "openai"
 

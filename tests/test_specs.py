@@ -59,7 +59,7 @@ def test_full_toml_manifest_loads_to_the_declared_values() -> None:
     assert m.loras["fox"].model == "gemma" and m.loras["fox"].scale == 0.5
     assert m.keys["ci"].models == ["gemma3-270m", "qwen3:0.6b"]
     assert m.keys["admin"].models == ["*"]
-    assert m.remotes["openai"].api_key_env == "OPENAI_API_KEY"
+    assert m.remotes["openai"].key_env == "OPENAI_API_KEY"
 
 
 def test_yaml_manifest_equals_its_toml_twin() -> None:

@@ -121,7 +121,7 @@ def test_a_file_that_does_not_parse_hides_no_other_problem_but_invents_none() ->
     assert [str(p) for p in info.value.problems] == [
         "a.toml:1: invalid TOML: expected ']' at the end of a table declaration",
         "b.toml:4: unknown field 'x' in loras.fox; known fields: model, source, sha256, scale, "
-        "always_on",
+        "always_on, enabled",
     ]
 
 
@@ -143,7 +143,7 @@ def test_duplicate_top_level_keys_across_files() -> None:
         load_manifest_files([("a.toml", "version = 1\n"), ("b.yaml", "version: 1\nfoo: 2\n")])
     assert [str(p) for p in info.value.problems] == [
         "b.yaml:2: unknown section 'foo'; sections are $schema, version, serving, engines, "
-        "engine_routing, models, loras, keys, remotes"
+        "engine_routing, models, loras, keys, remotes, kubernetes"
     ]
 
 
@@ -159,11 +159,11 @@ def test_duplicate_top_level_keys_across_files() -> None:
             "declare it under [models] first",
         ),
         (
-            '[remotes.up]\nurl = "ftp://example.com"\napi_key_env = "MY-KEY"\n',
+            '[remotes.up]\nurl = "ftp://example.com"\nkey_env = "MY-KEY"\n',
             "blazar.toml",
             "blazar.toml:2: remotes.up.url: expected an http:// or https:// URL, "
             "got 'ftp://example.com'\n"
-            "blazar.toml:3: remotes.up.api_key_env: expected an environment variable name "
+            "blazar.toml:3: remotes.up.key_env: expected an environment variable name "
             "such as 'OPENAI_API_KEY', got 'MY-KEY'",
         ),
         (

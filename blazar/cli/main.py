@@ -47,6 +47,8 @@ COMMANDS: dict[str, str] = {
     "ps": "blazar.cli.serve:ps",
     "pull": "blazar.cli.imperative:pull",
     "push": "blazar.cli.shell:push",
+    "remotes": "blazar.cli.fleet:remotes",
+    "render": "blazar.cli.fleet:render",
     "rm": "blazar.cli.imperative:rm",
     "run": "blazar.cli.serve:run_",
     "schema": "blazar.cli.manifest:schema",

@@ -22,6 +22,13 @@ if TYPE_CHECKING:
     from reconcilers.apply import ApplyReport
 
 PATH_ARG = click.argument("path", required=False, type=click.Path(path_type=Path))
+HOST_OPTION = click.option(
+    "--host",
+    "host",
+    metavar="NAME",
+    help="Merge the manifest directory's hosts/NAME overlay (default: this machine's name, "
+    "when it has one).",
+)
 
 
 @click.command("diff")
@@ -33,20 +40,37 @@ PATH_ARG = click.argument("path", required=False, type=click.Path(path_type=Path
     help="Exit 0 when there are no changes, 1 on error, 2 when there are changes.",
 )
 @click.option("--prune", is_flag=True, help="Also plan deleting managed resources not declared.")
+@HOST_OPTION
 @pass_context
 def diff(
-    ctx: Context, path: Path | None, as_json: bool, detailed_exitcode: bool, prune: bool
+    ctx: Context,
+    path: Path | None,
+    as_json: bool,
+    detailed_exitcode: bool,
+    prune: bool,
+    host: str | None,
 ) -> None:
-    """Show what `apply` would change, as terraform shows a plan. PATH: the manifest."""
-    from blazar.reconcile import load, manifest_path, reconcile
+    """Show what `apply` would change, as terraform shows a plan, and where the host, the
+    manifest and its blazar.lock disagree (drift). PATH: the manifest."""
+    from blazar.reconcile import load, manifest_drift, manifest_path, reconcile
 
-    manifest = load(manifest_path(ctx.paths, path))
+    where = manifest_path(ctx.paths, path)
+    manifest = load(where, host)
     result = reconcile(ctx.store, ctx.paths, manifest, apply=False, prune=prune)
+    drift = manifest_drift(ctx.store, where, manifest)
     if as_json:
-        click.echo(json.dumps(result.plan.to_json(), indent=2, sort_keys=True))
+        click.echo(json.dumps({**result.plan.to_json(), "drift": drift}, indent=2, sort_keys=True))
     else:
         click.echo(render(result.plan))
-    if detailed_exitcode and not result.plan.empty:
+        if drift:
+            click.echo(f"\nDrift from blazar.lock ({len(drift)}):")
+            for line in drift:
+                click.echo(f"  {line}")
+            click.echo(
+                "`blazar apply` rewrites the lock from what the host holds (commit it); "
+                "`apply --locked` refuses a manifest the lock does not cover."
+            )
+    if detailed_exitcode and (not result.plan.empty or drift):
         sys.exit(2)
 
 
@@ -104,6 +128,13 @@ def summarize(plan: Plan, report: ApplyReport) -> None:
 @click.option("--prune", is_flag=True, help="Delete managed resources the manifest dropped.")
 @click.option("--target", "targets", multiple=True, help="Only this resource (repeatable).")
 @click.option("--dry-run", is_flag=True, help="Show the plan and stop.")
+@click.option(
+    "--locked",
+    is_flag=True,
+    help="Install exactly what blazar.lock says; refuse, changing nothing, a manifest that "
+    "resolves differently (CI, fleet hosts).",
+)
+@HOST_OPTION
 @pass_context
 def apply(
     ctx: Context,
@@ -112,11 +143,24 @@ def apply(
     prune: bool,
     targets: tuple[str, ...],
     dry_run: bool,
+    locked: bool,
+    host: str | None,
 ) -> None:
-    """Make the host match the manifest. PATH: the manifest (default: `blazar config path`)."""
-    from blazar.reconcile import load, manifest_path, reconcile
+    """Make the host match the manifest, and write blazar.lock next to it (what it resolved
+    to; commit it). PATH: the manifest (default: `blazar config path`)."""
+    from blazar.lockfile import lock_path, read_lock
+    from blazar.reconcile import load, manifest_path, reconcile, update_lock
 
-    manifest = load(manifest_path(ctx.paths, path))
+    where = manifest_path(ctx.paths, path)
+    manifest = load(where, host)
+    lock = None
+    if locked:
+        lock = read_lock(lock_path(where))
+        if lock is None:
+            raise click.ClickException(
+                f"--locked: there is no {lock_path(where)}; run `blazar apply` once where "
+                "changes are made, and commit the lock it writes"
+            )
 
     def confirm(plan: Plan) -> bool:
         deletes = [a for a in plan.actions if a.change in (Change.DELETE, Change.REPLACE)]
@@ -141,12 +185,22 @@ def apply(
         notify=lambda message: click.echo(message, err=True),
         on_event=_event,
         progress_for=_progress_for,
+        locked=lock,
     )
     if result.report is None:
         if not result.plan.empty and not dry_run:
             click.echo("Apply cancelled.")
+        elif not dry_run and not locked and not targets:
+            _lock(update_lock(ctx.store, where, manifest))
         return
+    if result.report.ok and not locked and not targets:
+        _lock(update_lock(ctx.store, where, manifest))
     summarize(result.plan, result.report)
+
+
+def _lock(written: Path | None) -> None:
+    if written is not None:
+        click.echo(f"wrote {written}")
 
 
 @click.command("status")

@@ -112,14 +112,28 @@ URL_OPTION = click.option("--url", default=None, help="The daemon (default: the 
 @click.option("--host", default=None, help="Listen address (default: serving.host).")
 @click.option("--port", type=int, default=None, help="Listen port (default: serving.port).")
 @click.option("--no-apply", is_flag=True, help="Serve what is held; do not reconcile.")
+@click.option(
+    "--overlay",
+    metavar="NAME",
+    default=None,
+    help="Merge the manifest directory's hosts/NAME overlay (default: this machine's name, "
+    "when it has one; --host is the listen address here).",
+)
 @pass_context
 def serve(
-    ctx: Context, path: Path | None, host: str | None, port: int | None, no_apply: bool
+    ctx: Context,
+    path: Path | None,
+    host: str | None,
+    port: int | None,
+    no_apply: bool,
+    overlay: str | None,
 ) -> None:
     """Run the gateway and the control loop. PATH: the manifest (default: yours)."""
     from blazar.serve.daemon import PortInUse, ServeOptions, run
 
-    options = ServeOptions(path or ctx.paths.manifest, host, port, apply=not no_apply)
+    options = ServeOptions(
+        path or ctx.paths.manifest, host, port, apply=not no_apply, overlay=overlay
+    )
     try:
         run(ctx.paths, options)
     except PortInUse as exc:
@@ -138,7 +152,8 @@ def _remaining(value: float | None) -> str:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per instance.")
 @pass_context
 def ps(ctx: Context, url: str | None, as_json: bool) -> None:
-    """The running instances: model, replica, engine lane and tag, pid, port, slots, load."""
+    """The running instances: model, replica, engine lane and tag, pid, port, slots, load;
+    and the models served from remotes (lane `remote NAME`, state its health)."""
     rows = call(daemon_url(ctx.paths, url), "/api/blazar/ps")["instances"]
     if as_json:
         for row in rows:
@@ -156,14 +171,14 @@ def ps(ctx: Context, url: str | None, as_json: bool) -> None:
                 [
                     r["model"],
                     r["replica"],
-                    r.get("lane"),
+                    f"remote {r['remote']}" if r.get("remote") else r.get("lane"),
                     r["engine"],
                     r["pid"],
                     r["port"],
                     r["slots"],
                     r["ctx"] or None,  # a speech model has none
                     r["in_flight"],
-                    _remaining(r["keep_alive_remaining"]),
+                    "-" if r.get("remote") else _remaining(r["keep_alive_remaining"]),
                     r["state"],
                 ]
                 for r in rows

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from blazar.engines.base import KIND, InstalledEngine, publish, staging
 from blazar.errors import BlazarError, InvalidInput
+from blazar.hashing import sha256_file
 
 PACKAGE = "xllamacpp"
 LAUNCHER = Path(__file__).with_name("launcher.py")
@@ -133,5 +134,9 @@ def install_wheel(engines_root: Path, cache: Path, version: str | None = None) -
         version=version,
         path=final,
         command=[str(final / "venv" / "bin" / "python"), str(final / "launcher.py")],
-        details={"wheel": wheel.name, "launcher_version": _tail(check.stdout, 2)},
+        details={
+            "wheel": wheel.name,
+            "sha256": sha256_file(wheel)[0],  # the artifact's digest, for blazar.lock
+            "launcher_version": _tail(check.stdout, 2),
+        },
     )

@@ -5,7 +5,8 @@ inference request and makes it `current()` for the request's task; the request
 path fills it in as it goes: `pipeline.resolve` (the name asked for), `pipeline.lease`
 (the instance, the scheduler's decision, queue wait and load time), `engine` and
 the OpenAI pass-through (what was sent, the answer's bytes or events and when each
-arrived), the `errors` middleware (a failure). Those calls only store references
+arrived), `blazar.serve.relay` (the remote that carried it out, and why), the
+`errors` middleware (a failure). Those calls only store references
 and clock readings; reading the answer (`outcome`), the sentinels, the cache-bust
 check and the record happen in `finish`, which the observer runs once the answer
 has gone out. `record()` is the plain dict that `blazar why` shows and the store keeps.
@@ -69,6 +70,8 @@ class Trace:
         "outcome",
         "protocol",
         "rejected",
+        "remote",
+        "remote_reason",
         "replica",
         "requested",
         "route",
@@ -107,6 +110,8 @@ class Trace:
         self.error: str | None = None
         self.code: str | None = None
         self.rejected: str | None = None  # busy, preflight, auth, rate: set by who refused
+        self.remote: str | None = None  # "NAME (URL)": the remote that carried it out
+        self.remote_reason: str | None = None  # why it went there (remote model, failover)
         self.outcome: Outcome | None = None
         self.detections: list[sentinels.Detection] | None = None
         self.first_ns: int | None = None  # first output, ns after `started`
@@ -123,6 +128,10 @@ class Trace:
         self.engine = lease.runtime.engine_tag
         self.decision = lease.decision
         self._lease_begin, self._leased = begin, time.perf_counter_ns()
+
+    def forwarded(self, name: str, url: str, reason: str) -> None:
+        """`blazar.serve.relay` carries the request out on a remote, for `reason`."""
+        self.remote, self.remote_reason = f"{name} ({url})", reason
 
     def sending(self, path: str, body: Mapping[str, Any]) -> None:
         """The engine endpoint and the body it gets (read again only in `finish`)."""
@@ -275,6 +284,8 @@ class Trace:
             "error": self.error,
             "code": self.code,
             "rejected": self.rejected,
+            "remote": self.remote,
+            "remote_reason": self.remote_reason,
             "sentinels": [d.to_dict() for d in self.detections or []],
             "cache": cache,
             "prompt": _text_facts(prompt_text(self._body), scrub),

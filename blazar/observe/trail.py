@@ -54,6 +54,8 @@ def render(record: dict[str, Any]) -> list[str]:
         if r.get("evicted"):
             step(f"evicted {', '.join(r['evicted'])} to make room (serving.max_loaded_models)")
         step(f"queue wait {_ms(r.get('queue_ms'))}, load {_ms(r.get('load_ms'))}")
+    if r.get("remote"):
+        step(f"forwarded to remote {r['remote']}: {r.get('remote_reason') or '-'}")
     prompt, cached = r.get("prompt_tokens"), r.get("cached_tokens")
     if prompt is not None:
         share = f" ({100 * cached / prompt:.0f}% reused)" if cached is not None and prompt else ""

@@ -31,10 +31,15 @@ class ServedName:
 
     name: str
     ctx: int
+    remote: str | None = None  # served from this remote (`[remotes.NAME]`)
 
 
 def openai_model(served: ServedName, created: int) -> dict[str, Any]:
-    return {"id": served.name, "object": "model", "created": created, "owned_by": "blazar"}
+    out: dict[str, Any] = {"id": served.name, "object": "model", "created": created}
+    out["owned_by"] = "blazar"
+    if served.remote is not None:  # another Blazar's fleet probe leaves these out
+        out["blazar_remote"] = served.remote
+    return out
 
 
 def openai_list(names: Sequence[ServedName], created: int) -> dict[str, Any]:

@@ -130,6 +130,22 @@ def tags(models: Iterable[ModelInfo]) -> dict[str, Any]:
     }
 
 
+def remote_tag(name: str, host: str) -> dict[str, Any]:
+    """An `/api/tags` entry for a model served from another host, in the fields ollama
+    uses for its own remote (cloud) models: `remote_model` and `remote_host`."""
+    ref = name if ":" in name else f"{name}:latest"
+    return {
+        "name": ref,
+        "model": ref,
+        "modified_at": "",
+        "size": 0,
+        "digest": "",
+        "details": _details(ModelInfo(ref.rsplit(":", 1)[0], ref.rsplit(":", 1)[1])),
+        "remote_model": name,
+        "remote_host": host,
+    }
+
+
 def ps(running: Iterable[RunningModel]) -> dict[str, Any]:
     """The `/api/ps` body: every loaded instance."""
     return {

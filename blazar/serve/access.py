@@ -100,6 +100,8 @@ SCOPES: dict[tuple[str, str], str] = {
     ("GET", "/api/blazar/ps"): ADMIN,  # pids and ports: an operator's view
     ("POST", "/api/blazar/stop"): ADMIN,
     ("GET", "/api/blazar/stats"): ADMIN,  # `blazar watch`: the operator's live view
+    ("GET", "/api/failover"): ADMIN,  # remotes' URLs and health: `blazar remotes`
+    ("POST", "/api/failover"): ADMIN,  # drain or undrain a remote
 }
 # Route families, by path prefix, any method: for routes other modules add.
 PREFIXES: tuple[tuple[str, str], ...] = (

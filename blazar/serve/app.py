@@ -4,7 +4,8 @@
 Anthropic, Blazar's own) on one application and installs the middleware every request
 passes through: `observe` (`blazar.serve.observer`) traces each request; the
 access layer (`blazar.serve.access`: Host, Origin and CORS, API keys and
-scopes, rate and body limits) runs inside `errors`, which gives each response
+scopes, rate and body limits) runs inside `errors`, and the relay
+(`blazar.serve.relay`: requests carried out on remotes) inside it; `errors` gives each response
 its trace id and answers what a route raised in the route's protocol envelope
 (`pipeline.failure`, `envelopes.for_request`): a client's mistake as a 4xx, a
 bug as a 500 in the same shape with the traceback only in serve's log. What
@@ -25,6 +26,7 @@ from blazar.serve import (
     anthropic_api,
     audio_api,
     blazar_api,
+    fleet_api,
     keys_api,
     observe_api,
     ollama_admin,
@@ -33,12 +35,14 @@ from blazar.serve import (
     ollama_pull,
     openai_api,
     pipeline,
+    relay,
     responses_api,
     sessions_api,
 )
 from blazar.serve.access import Access, add_cors_headers
 from blazar.serve.envelopes import for_request
 from blazar.serve.http import TRACE, trace_id
+from blazar.serve.remotes import FLEET
 from blazar.serve.services import Services
 
 MAX_BODY = 64 * 1024**2
@@ -104,8 +108,11 @@ def build_app(services: Services, access: Access | None = None) -> web.Applicati
     access.max_body = MAX_BODY
     # observe first: it sees every answer, the errors middleware's and the access layer's
     # refusals included.
+    # relay innermost: what it forwards has passed the access layer.
     middlewares = [services.observer.middleware(), errors, access.middleware]
+    middlewares.append(relay.middleware(services))
     app = web.Application(client_max_size=MAX_BODY, middlewares=middlewares)
+    app[FLEET] = services.fleet
     app.on_response_prepare.append(add_cors_headers)
     blazar_api.register(app, services)
     observe_api.register(app, services)
@@ -119,4 +126,5 @@ def build_app(services: Services, access: Access | None = None) -> web.Applicati
     sessions_api.register(app, services)
     keys_api.register(app, services)
     audio_api.register(app, services)
+    fleet_api.register(app, services)
     return app

@@ -5,7 +5,9 @@ The control loop is level-triggered: a pass loads the manifest, applies it
 hands the scheduler the models that are now ready; hot reload restarts only
 the instances whose arguments changed. Each pass also hands the access layer
 (`blazar.serve.access`) the manifest's keys and `[serving]` settings first, so
-a key added or removed applies at once; records when keys were last used;
+a key added or removed applies at once, and the fleet (`blazar.serve.remotes`)
+its remotes and failover chains, which it probes on their own timers; records
+when keys were last used;
 reloads a rotated TLS certificate; and removes uploads no model used. Passes
 run on start, on a manifest change (watchfiles), when a child exits, and on a
 timer. Sessions (`blazar.serve.sessions`) live under `Paths.sessions`; the
@@ -52,6 +54,7 @@ from blazar.serve.instance import Instance
 from blazar.serve.listener import GatewaySite, Limits, TLSFiles
 from blazar.serve.observer import Observer, Settings
 from blazar.serve.policy import is_loopback
+from blazar.serve.remotes import Fleet
 from blazar.serve.runtime import build_runtimes
 from blazar.serve.scheduler import Scheduler
 from blazar.serve.services import Control, Services
@@ -91,6 +94,7 @@ class ServeOptions:
     host: str | None = None
     port: int | None = None
     apply: bool = True  # reconcile the manifest on each pass (fetch what is missing)
+    overlay: str | None = None  # the host overlay to merge (default: this machine's name)
 
 
 def log(message: str) -> None:
@@ -120,7 +124,9 @@ class Daemon:
         self.clock = clock  # what fork retirement reads
         # A manifest that is refused at start stops serve (exit 1, every problem named);
         # one refused on a later reload leaves what runs as it is (see `_load`).
-        self.manifest = load(options.manifest) if options.manifest.exists() else Manifest()
+        self.manifest = (
+            load(options.manifest, options.overlay) if options.manifest.exists() else Manifest()
+        )
         self.store = Store(paths.db)
         self.wake = asyncio.Event()
         self.stopping = asyncio.Event()
@@ -136,12 +142,13 @@ class Daemon:
         self.limits = Limits()
         self.tls: TLSFiles | None = None
         self.manifest_keys = self.manifest.keys  # the keys the access layer enforces
+        self.fleet = Fleet()  # remotes and failover chains, probed by `Fleet.run`
 
     def _load(self) -> Manifest | None:
         if not self.options.manifest.exists():
             return None
         try:
-            return load(self.options.manifest)
+            return load(self.options.manifest, self.options.overlay)
         except (InvalidManifest, BlazarError) as exc:
             log(f"manifest not applied, keeping the current state:\n{exc}")
             return None
@@ -181,6 +188,7 @@ class Daemon:
             self.access.audit = None
         if self.services is not None:
             self.services.serving = serving
+        self.fleet.configure(manifest)
         self.limits.header_timeout = serving.header_timeout
         self.limits.max_connections_per_client = serving.max_connections_per_client
         if self.tls is not None and (note := self.tls.reload_if_changed()) is not None:
@@ -278,7 +286,7 @@ class Daemon:
             if target.is_dir():
                 name = Path(path).name
                 return (
-                    Path(path).parent == target
+                    Path(path).parent in (target, target / "hosts")  # hosts/: the overlays
                     and not name.startswith(".")
                     and (name.endswith((".toml", ".yaml", ".yml")))
                 )
@@ -358,6 +366,7 @@ class Daemon:
             observer=self.observer,
             sessions=self.sessions,
             serving=serving,
+            fleet=self.fleet,
         )
         self.services = services
         self._guard(self.manifest)
@@ -392,6 +401,7 @@ class Daemon:
                 asyncio.create_task(self._timer()),
                 asyncio.create_task(self._watch()),
                 asyncio.create_task(self.observer.run()),
+                asyncio.create_task(self.fleet.run()),
             ]
             print(f"Blazar is serving on {url}", flush=True)
             stop = asyncio.create_task(self.stopping.wait())
@@ -412,6 +422,7 @@ class Daemon:
             await self.scheduler.close()
             await self._record_key_use()
             await runner.cleanup()
+            await self.fleet.close()
             await self.observer.close()
             self.children.close()
             with contextlib.suppress(OSError):

@@ -55,6 +55,10 @@ def _info(record: ModelRecord) -> ollama.ModelInfo:
     return ollama.ModelInfo.from_record(asdict(record))
 
 
+def _ref(name: str) -> str:
+    return name if ":" in name else f"{name}:latest"
+
+
 def _rfc3339(when: datetime) -> str:
     return when.isoformat(timespec="microseconds").replace("+00:00", "Z")
 
@@ -86,7 +90,12 @@ class OllamaAdmin:
             own = parse_name(runtime.name)
             for adapter in runtime.adapters:  # `name:tag+adapter`: the model with it on
                 infos.append(replace(base, tag=f"{own.tag}+{adapter.name}"))
-        return web.json_response(ollama.tags(infos))
+        body = ollama.tags(infos)
+        local = {i.ref for i in infos}
+        for name, remote in self.services.fleet.listing(lambda n: _ref(n) in local):
+            if sees(request, name, ()):  # models served from remotes (docs/fleet.md)
+                body["models"].append(ollama.remote_tag(name, remote.url))
+        return web.json_response(body)
 
     async def ps(self, request: web.Request) -> web.StreamResponse:
         store = self.services.need_control().store

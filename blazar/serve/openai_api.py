@@ -96,12 +96,18 @@ class OpenAIAPI:
         self.services = services
 
     def _names(self, request: web.Request) -> list[model_lists.ServedName]:
-        return [
+        runtimes = self.services.scheduler.runtimes
+        names = [
             model_lists.ServedName(name, runtime.ctx)
-            for runtime in self.services.scheduler.runtimes.values()
+            for runtime in runtimes.values()
             if sees(request, runtime.name, runtime.aliases)  # a key lists only its models
             for name in (runtime.name, *runtime.aliases, *runtime.variants)
         ]
+        local = {n.name for n in names} | {f"{n.name}:latest" for n in names}
+        for name, remote in self.services.fleet.listing(lambda n: n in local):
+            if sees(request, name, ()):
+                names.append(model_lists.ServedName(name, 0, remote=remote.name))
+        return names
 
     def _created_at(self) -> str:
         return (

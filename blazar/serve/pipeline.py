@@ -20,6 +20,10 @@ here and the same for all three:
    a prompt that cannot fit) and the sessions' slot routing (`id_slot`), and
    `keep_alive` reads a request's keep_alive (body field or header).
    Steps 1 and 3 note what they did on the request's trace (`blazar.observe.trace`).
+   The fleet (`blazar.serve.remotes`): step 1 raises `Forward` for a model only a
+   remote serves, and step 3 (`spill`) when this host cannot serve a model that has
+   a `failover` chain (busy with the queue full, a failed load); `blazar.serve.relay`
+   carries it out.
 5. `failure`: every exception a route may raise -> (status, message, code,
    Retry-After). The `errors` middleware in `blazar.serve.app` answers with it
    in the route's envelope (`blazar.serve.envelopes`), so routes only raise.
@@ -47,9 +51,17 @@ from blazar.serve.grants import grant_of
 from blazar.serve.http import wants_priority
 from blazar.serve.instance import InstanceFailed
 from blazar.serve.prompts import KINDS, Prompts
+from blazar.serve.remotes import FAILOVER, FLEET, FORWARDED, Fleet, Forward
 from blazar.serve.runtime import ModelRuntime
 from blazar.serve.runtime import resolve as resolve_name
-from blazar.serve.scheduler import Lease, Scheduler, SchedulerError, Target, model_not_found
+from blazar.serve.scheduler import (
+    Lease,
+    ModelNotFound,
+    Scheduler,
+    SchedulerError,
+    Target,
+    model_not_found,
+)
 from blazar.serve.sessions import Sessions
 from specs.names import InvalidName
 from specs.sources import InvalidSource
@@ -105,18 +117,54 @@ def resolve(scheduler: Scheduler, requested: Any, request: web.Request) -> Targe
     if trace is not None:  # observe: the name asked for, even if it is unknown
         trace.requested = requested
     grant = grant_of(request)
+    fleet = request.app.get(FLEET)
     if grant is not None and grant.models is not None:
         try:
             runtime: ModelRuntime | None = resolve_name(scheduler.runtimes, requested)[0]
         except KeyError:
             runtime = None
+        if runtime is None and fleet is not None and grant.sees(requested, ()):
+            _remote(fleet, request, requested)
         if runtime is None or not grant.sees(runtime.name, runtime.aliases):  # as if absent
             visible = (r.name for r in scheduler.runtimes.values() if grant.sees(r.name, r.aliases))
             raise model_not_found(requested, visible)
-    target = scheduler.resolve(requested)
+    try:
+        target = scheduler.resolve(requested)
+    except ModelNotFound:
+        if fleet is not None:
+            _remote(fleet, request, requested)
+        raise
     if trace is not None:
         trace.model, trace.adapter = target.runtime.name, adapters_text(target)
+    if fleet is not None and fleet.chains and target.runtime.name in fleet.chains:
+        request[FAILOVER] = target.runtime.name  # a crash before any byte may fail over
     return target
+
+
+def _remote(fleet: Fleet, request: web.Request, requested: str) -> None:
+    """Raise `Forward` when a remote serves the name this host does not (never for a
+    request another Blazar forwarded here: no loops)."""
+    if FORWARDED in request.headers:
+        return
+    remote = fleet.remote_for(requested)
+    if remote is not None:
+        if (trace := current()) is not None:
+            trace.model = requested
+        raise Forward(remote, "a remote model: this host does not serve it", requested)
+
+
+def spill(request: web.Request | None, target: Target, why: str) -> None:
+    """Raise `Forward` to the next usable member of the model's failover chain, when it
+    has one (`blazar.serve.remotes`): this host cannot serve the request, for `why`.
+    Work no client waits on (`request` None: an async transcription job) stays here."""
+    if request is None:
+        return
+    fleet = request.app.get(FLEET)
+    if fleet is None or not fleet.chains or FORWARDED in request.headers:
+        return
+    member = fleet.member(target.runtime.name)
+    if member is not None:
+        raise Forward(member, f"failover: {why}", target.runtime.name)
 
 
 def adapters_text(target: Target) -> str | None:
@@ -232,6 +280,7 @@ async def lease(
     """
     check_kind(target.runtime, kind)
     if target.runtime.refusal is not None:
+        spill(request, target, "no installed engine supports the model here")
         raise ProtocolError(400, target.runtime.refusal, "invalid_request_error")
     ready = target.ready
     begin = time.perf_counter_ns()
@@ -242,9 +291,14 @@ async def lease(
             keep_alive=keep_alive,
         )
     except InstanceFailed as exc:
+        spill(request, target, f"the model failed to start here ({exc})")
         raise ProtocolError(
             502, f"model '{target.runtime.name}' failed to start: {exc}", "upstream_error"
         ) from None
+    except SchedulerError as exc:
+        if exc.status == 503:  # busy with the queue full, no capacity: not a 4xx
+            spill(request, target, str(exc))
+        raise
     load_ns = 0 if ready else time.perf_counter_ns() - begin
     if (trace := current()) is not None:  # observe: the instance and how it was chosen
         trace.leased(leased, begin)

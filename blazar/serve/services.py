@@ -1,8 +1,9 @@
 """What the gateway's routes work with, as one small value the daemon builds.
 
 `Services` holds the scheduler, the one HTTP client to the children, the
-prompt counter, the sessions and singleflight (docs/sessions.md), the
-daemon's hooks for routes that edit the manifest (`Control`), the observer
+prompt counter, the sessions and singleflight (docs/sessions.md), the fleet
+(remotes and failover chains, `blazar.serve.remotes`), the daemon's hooks for
+routes that edit the manifest (`Control`), the observer
 (traces and metrics, `blazar.serve.observer`), and the manifest's current
 `[serving]` settings (the daemon replaces them on reload). Route modules
 (`openai_api`, `ollama_api`, `ollama_admin`, `ollama_pull`, `anthropic_api`,
@@ -23,6 +24,7 @@ from blazar.serve import pipeline
 from blazar.serve.child_http import ChildConnections
 from blazar.serve.observer import Observer
 from blazar.serve.prompts import Prompts
+from blazar.serve.remotes import Fleet
 from blazar.serve.scheduler import Lease, Scheduler
 from blazar.serve.sessions import Sessions
 from blazar.serve.singleflight import SingleFlight
@@ -63,6 +65,7 @@ class Services:
     # Awaited by serve as it stops, before the scheduler stops the children (the audio
     # jobs keep a queued job queued for the next serve).
     closing: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    fleet: Fleet = field(default_factory=Fleet)  # remotes and failover chains (docs/fleet.md)
 
     def __post_init__(self) -> None:
         self.observer.bind(self.scheduler)

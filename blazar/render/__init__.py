@@ -1,0 +1,1 @@
+"""Renderers: the manifest in another system's terms (`blazar render`)."""
