@@ -349,7 +349,7 @@ def test_jobs_survive_a_restart_of_serve(host: Host, monkeypatch: pytest.MonkeyP
     assert failed["status"] == "failed" and failed["error"]["retryable"] is True
     assert "serve stopped while the job ran" in failed["error"]["message"]
     done = host.wait(queued, lambda j: j["status"] in ("succeeded", "failed"))
-    assert done["status"] == "succeeded" and words(done["result"]) == HEARD
+    assert done["status"] == "succeeded" and words(done["result"]) == HEARD, done.get("error")
     again = host.post(f"/v1/audio/jobs/{running}/retry")
     assert again["status"] == "queued" and again["attempts"] == 1
     host.wait(running, lambda j: j["status"] == "running" and j["attempts"] == 2)

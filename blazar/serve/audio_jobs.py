@@ -42,7 +42,14 @@ from blazar.protocols.openai_audio import TranscriptionRequest, render
 from blazar.serve import pipeline
 from blazar.serve.audio_engine import transcribe
 from blazar.serve.child_http import ChildConnections
-from blazar.serve.scheduler import Busy, ModelNotFound, Scheduler, SchedulerError, Target
+from blazar.serve.scheduler import (
+    Busy,
+    ModelNotFound,
+    Scheduler,
+    SchedulerError,
+    Starting,
+    Target,
+)
 
 QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED = (
     "queued", "running", "succeeded", "failed", "cancelled"
@@ -275,6 +282,9 @@ class AudioJobs:
         while True:
             try:
                 return self.scheduler.resolve(job.request.model)
+            except Starting:  # serve's first pass runs (a pull may take long): it waits
+                deadline = time.monotonic() + RESOLVE_WAIT
+                await asyncio.sleep(1.0)
             except ModelNotFound:
                 if time.monotonic() >= deadline:
                     raise
