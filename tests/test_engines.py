@@ -134,7 +134,7 @@ def test_bench_records_history(blazar: Blazar, paths: Paths, tiny_model: Path) -
 
 def test_engine_commands_explain_an_empty_lane(blazar: Blazar) -> None:
     assert "No engines yet" in blazar("engine", "list").output
-    assert "no active engine" in blazar("bench", "x", ok=False).output
+    assert "no active llamacpp engine" in blazar("bench", "x", ok=False).output
     assert "no earlier llamacpp engine" in blazar("engine", "rollback", ok=False).output
     assert "no engine tagged" in blazar("engine", "use", "b1-cpu", ok=False).output
     r = blazar("engine", "update", "--gate", "1.5", ok=False)
