@@ -23,6 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 FINDING = "cache_bust_system"
 FIX = (
     "keep the system prompt byte-stable across turns and move per-turn values (counters, "
@@ -74,7 +76,10 @@ def _hash(value: Any) -> int:
     """Python's own hash: turns are compared in memory only, within one process."""
     if isinstance(value, str):
         return hash(value)
-    return hash(json.dumps(value, sort_keys=True, default=str))
+    try:
+        return hash(orjson.dumps(value, default=str, option=orjson.OPT_SORT_KEYS))
+    except TypeError:  # what orjson cannot write (an integer past 64 bits): json can
+        return hash(json.dumps(value, sort_keys=True, default=str))
 
 
 def busts(

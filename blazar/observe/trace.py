@@ -19,6 +19,8 @@ from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from typing import Any
 
+import orjson
+
 from blazar.observe import sentinels
 from blazar.observe.cachebust import digest
 from blazar.observe.outcome import EXCERPT, Outcome, StreamOutcome, from_response
@@ -350,12 +352,17 @@ def engine_error(payload: Any) -> str | None:
 
 
 def _json(payload: bytes | bytearray) -> Any:
-    import json
-
+    """The engine's answer, parsed (orjson: a few times faster than json on the request
+    path's thread); what orjson refuses and json takes (NaN) still parses."""
     try:
-        return json.loads(payload)
-    except ValueError:
-        return None
+        return orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        import json
+
+        try:
+            return json.loads(payload)
+        except ValueError:
+            return None
 
 
 def _ms(ns: int | None) -> float | None:

@@ -14,20 +14,28 @@ import json
 import time
 from typing import Any
 
+import orjson
+
 from blazar.store import Store
 
 
 def write(store: Store, records: list[dict[str, Any]]) -> None:
     """Insert a batch of trace records in one transaction."""
-    rows = [
-        (r["id"], r["time"], r.get("model"), r.get("status"), json.dumps(r, separators=(",", ":")))
-        for r in records
-    ]
+    rows = [(r["id"], r["time"], r.get("model"), r.get("status"), _text(r)) for r in records]
     with store.db.atomic():
         store.db.conn.executemany(
             "INSERT INTO traces (trace_id, time, model, status, record) VALUES (?, ?, ?, ?, ?)",
             rows,
         )
+
+
+def _text(record: dict[str, Any]) -> str:
+    """A record as compact JSON: orjson (this runs under the GIL the requests need), or
+    json for what orjson cannot write (an integer past 64 bits)."""
+    try:
+        return orjson.dumps(record).decode()
+    except TypeError:
+        return json.dumps(record, separators=(",", ":"))
 
 
 def prune(store: Store, *, max_age: float, count: int, now: float | None = None) -> int:

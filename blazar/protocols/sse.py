@@ -14,6 +14,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 __all__ = ["DONE", "SSEDecoder", "SSEEvent", "encode"]
 
 DONE = "[DONE]"
@@ -78,7 +80,11 @@ class SSEDecoder:
         event, self._event, self._data = self._event, None, []
         if text == DONE:
             return SSEEvent(event, DONE)
-        try:
+        try:  # orjson: each streamed token is one of these, on the request path
+            return SSEEvent(event, orjson.loads(text))
+        except orjson.JSONDecodeError:
+            pass
+        try:  # what orjson refuses and json takes (NaN)
             return SSEEvent(event, json.loads(text))
         except json.JSONDecodeError:
             return SSEEvent(event, text)
