@@ -19,14 +19,13 @@ gates (`blazar.engines.audio_bench`) and switches them.
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from blazar.engines.base import InstalledEngine, publish, staging
-from blazar.engines.wheel import WheelInstallError, _pip, _tail
+from blazar.engines.wheel import WheelInstallError, _pip, _tail, place_launcher
 from blazar.errors import InvalidInput
 from reconcilers.engines import audio_tag
 from specs.manifest import AUDIO_ENGINES
@@ -127,19 +126,10 @@ def install_audio(
             raise WheelInstallError(
                 f"could not install {requirement}:\n{_tail(result.stderr or result.stdout)}"
             )
-        launcher = Path(__file__).with_name(spec.launcher)
-        shutil.copy2(launcher, tmp / spec.launcher)
-        check = subprocess.run(
-            [str(python), str(tmp / spec.launcher), "--version"],
-            capture_output=True,
-            text=True,
+        launcher_version = place_launcher(
+            Path(__file__).with_name(spec.launcher), tmp, spec.launcher, requirement,
             timeout=120,
-        )
-        if check.returncode != 0:
-            raise WheelInstallError(
-                f"{requirement} installed but its launcher does not start:\n"
-                f"{_tail(check.stderr or check.stdout)}"
-            )
+        )  # fmt: skip
         publish(tmp, final)
     return InstalledEngine(
         kind=kind,
@@ -148,5 +138,5 @@ def install_audio(
         version=version,
         path=final,
         command=[str(final / "venv" / "bin" / "python"), str(final / spec.launcher)],
-        details={"package": spec.package, "launcher_version": _tail(check.stdout, 2)},
+        details={"package": spec.package, "launcher_version": launcher_version},
     )

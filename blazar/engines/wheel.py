@@ -54,6 +54,25 @@ def _pip(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
         raise WheelInstallError(f"cannot run pip: {exc}") from exc
 
 
+def place_launcher(launcher: Path, tmp: Path, name: str, what: str, *, timeout: float) -> str:
+    """Copy an engine's standalone launcher into its staging directory as `name` and run
+    it once with the environment's Python (`--version`); what it printed, or a
+    WheelInstallError saying why the engine installed but does not start."""
+    shutil.copy2(launcher, tmp / name)
+    check = subprocess.run(
+        [str(tmp / "venv" / "bin" / "python"), str(tmp / name), "--version"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if check.returncode != 0:
+        raise WheelInstallError(
+            f"{what} installed but its launcher does not start:\n"
+            f"{_tail(check.stderr or check.stdout)}"
+        )
+    return _tail(check.stdout, 2)
+
+
 def _tail(text: str, lines: int = 8) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
@@ -114,18 +133,9 @@ def install_wheel(engines_root: Path, cache: Path, version: str | None = None) -
             raise WheelInstallError(
                 f"could not install {wheel.name}:\n{_tail(result.stderr or result.stdout)}"
             )
-        shutil.copy2(LAUNCHER, tmp / "launcher.py")
-        check = subprocess.run(
-            [str(venv / "bin" / "python"), str(tmp / "launcher.py"), "--version"],
-            capture_output=True,
-            text=True,
-            timeout=60,
+        launcher_version = place_launcher(
+            LAUNCHER, tmp, "launcher.py", f"{PACKAGE} {version}", timeout=60
         )
-        if check.returncode != 0:
-            raise WheelInstallError(
-                f"{PACKAGE} {version} installed but does not start:\n"
-                f"{_tail(check.stderr or check.stdout)}"
-            )
         publish(tmp, final)
     return InstalledEngine(
         kind=KIND,
@@ -137,6 +147,6 @@ def install_wheel(engines_root: Path, cache: Path, version: str | None = None) -
         details={
             "wheel": wheel.name,
             "sha256": sha256_file(wheel)[0],  # the artifact's digest, for blazar.lock
-            "launcher_version": _tail(check.stdout, 2),
+            "launcher_version": launcher_version,
         },
     )
