@@ -12,7 +12,9 @@ on the store under `BLAZAR_HOME`, with a control-loop pass that does nothing.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -30,6 +32,20 @@ from blazar.serve.scheduler import Scheduler
 from blazar.serve.services import Control, Services
 from blazar.serve.sessions import Sessions
 from blazar.store import Store
+
+
+def one_chunk_of_a_stream(handler: BaseHTTPRequestHandler) -> None:
+    """For a scripted child: read the request and start an OpenAI event stream with one
+    chunk (the word "fox"); what the child does next is the fault the test injects."""
+    handler.rfile.read(int(handler.headers["Content-Length"]))
+    handler.send_response(200)
+    handler.send_header("Content-Type", "text/event-stream")
+    handler.send_header("Transfer-Encoding", "chunked")
+    handler.end_headers()
+    chunk = {"choices": [{"index": 0, "delta": {"content": "fox"}, "finish_reason": None}]}
+    data = f"data: {json.dumps(chunk)}\n\n".encode()
+    handler.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+    handler.wfile.flush()
 
 
 def runtime(name: str, **fields: Any) -> ModelRuntime:

@@ -22,7 +22,7 @@ from blazar.protocols import ProtocolError
 from blazar.serve.relay import bridge_for
 from blazar.serve.remotes import FLEET, FORWARDED, Fleet, Health, Remote, base_url, next_health
 from specs.loader import load_manifest_text
-from tests.gateway_harness import InProcessGateway
+from tests.gateway_harness import InProcessGateway, one_chunk_of_a_stream
 from tests.loopback import LoopbackHTTP
 
 HI = [{"role": "user", "content": "hi"}]
@@ -127,15 +127,7 @@ class CutMidStream(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def do_POST(self) -> None:
-        self.rfile.read(int(self.headers["Content-Length"]))
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        chunk = {"choices": [{"index": 0, "delta": {"content": "fox"}, "finish_reason": None}]}
-        data = f"data: {json.dumps(chunk)}\n\n".encode()
-        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-        self.wfile.flush()
+        one_chunk_of_a_stream(self)
         self.close_connection = True
 
     def log_message(self, *args: Any) -> None:

@@ -8,7 +8,6 @@ protocol's own error shape, a 504 when the child stays silent past
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
@@ -20,7 +19,7 @@ import openai
 import pytest
 
 from blazar.protocols import anthropic as anthropic_protocol
-from tests.gateway_harness import InProcessGateway
+from tests.gateway_harness import InProcessGateway, one_chunk_of_a_stream
 from tests.loopback import LoopbackHTTP
 
 HI = [{"role": "user", "content": "hi"}]
@@ -43,15 +42,7 @@ class StallsMidStream(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def do_POST(self) -> None:
-        self.rfile.read(int(self.headers["Content-Length"]))
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        chunk = {"choices": [{"index": 0, "delta": {"content": "fox"}, "finish_reason": None}]}
-        data = f"data: {json.dumps(chunk)}\n\n".encode()
-        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-        self.wfile.flush()
+        one_chunk_of_a_stream(self)
         time.sleep(5)
 
     def log_message(self, *args: Any) -> None:
