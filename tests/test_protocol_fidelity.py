@@ -164,12 +164,41 @@ def test_responses_stream_and_status(clients: Clients) -> None:
     assert whole.status == "incomplete" and whole.incomplete_details is not None
     assert whole.incomplete_details.reason == "max_output_tokens"
     assert whole.id.startswith("resp_") and is_tiny_text(whole.output_text, allow=())
-    with pytest.raises(openai.NotFoundError) as gone:
-        clients.openai.responses.retrieve(whole.id)
-    assert "does not store responses" in gone.value.message
-    with pytest.raises(openai.BadRequestError) as chained:
-        clients.openai.responses.create(model="tiny", input="again", previous_response_id=whole.id)
-    assert "does not store responses" in chained.value.message
+    assert last.store is True, last
+    assert clients.openai.responses.retrieve(last.id).output_text == text  # streamed, kept
+
+
+def test_responses_are_kept_listed_continued_and_deleted(clients: Clients) -> None:
+    oai = clients.openai
+    first = oai.responses.create(model="tiny", input="hello", max_output_tokens=3)
+    assert first.store is True
+    kept = oai.responses.retrieve(first.id)
+    assert kept.id == first.id and kept.output_text == first.output_text
+    items = oai.responses.input_items.list(first.id).data
+    assert [(i.type, i.role) for i in items] == [("message", "user")]  # type: ignore[union-attr]
+    assert items[0].content[0].text == "hello"  # type: ignore[union-attr]
+    # A continuation: the engine gets the first turn and its answer before the new input.
+    alone = oai.responses.create(model="tiny", input="again", max_output_tokens=3)
+    chained = oai.responses.create(
+        model="tiny", input="again", max_output_tokens=3, previous_response_id=first.id
+    )
+    assert chained.previous_response_id == first.id
+    assert chained.usage is not None and alone.usage is not None
+    assert chained.usage.input_tokens > alone.usage.input_tokens + 3
+    with pytest.raises(openai.BadRequestError) as cancel:
+        oai.responses.cancel(first.id)
+    assert "only background responses can be cancelled" in cancel.value.message
+    oai.responses.delete(first.id)
+    for gone_id in (first.id, "resp_nope"):
+        with pytest.raises(openai.NotFoundError) as gone:
+            oai.responses.retrieve(gone_id)
+        assert "store: false, deleted" in gone.value.message
+    with pytest.raises(openai.NotFoundError):
+        oai.responses.create(model="tiny", input="x", previous_response_id=first.id)
+    unkept = oai.responses.create(model="tiny", input="hi", max_output_tokens=2, store=False)
+    assert unkept.store is False
+    with pytest.raises(openai.NotFoundError):
+        oai.responses.retrieve(unkept.id)
 
 
 def test_responses_text_format_is_enforced_or_refused_with_the_reason(clients: Clients) -> None:

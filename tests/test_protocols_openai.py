@@ -204,7 +204,8 @@ def test_engine_500s_that_are_the_clients_mistake() -> None:
 
 
 RESPONSES_REFUSED = [
-    ({"input": "x", "previous_response_id": "resp_1"}, "does not store responses"),
+    ({"input": "x", "previous_response_id": 7}, "previous_response_id: expected the id"),
+    ({"input": "x", "conversation": "conv_1"}, "does not store conversations"),
     ({"input": "x", "background": True}, "background responses"),
     ({"input": "x", "frobnicate": 1}, "Unrecognized request argument(s): frobnicate"),
     ({"input": "x", "tools": [{"type": "web_search"}]}, "'web_search' tools run on OpenAI's"),

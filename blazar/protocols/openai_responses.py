@@ -14,8 +14,10 @@ endpoint says why a generation ended (`finish_reason`), constrains output with
   `instructions` as messages, `max_output_tokens`, `temperature`, `top_p`,
   function `tools`, `tool_choice` (`auto`, `none`), `parallel_tool_calls`,
   `text.format` as `response_format`, `reasoning.effort` as the template's
-  thinking switch. What Blazar cannot do is refused with the reason: stored
-  state (`previous_response_id`, `conversation`, `background`), hosted tools,
+  thinking switch; `previous_response_id` is the gateway's (it puts the stored
+  conversation before `input`, `input_items` lists what a response was asked).
+  What Blazar cannot do is refused with the reason: server-side conversations
+  (`conversation`), `background`, hosted tools,
   forcing a tool call, images and files (no projector), `top_logprobs`.
 - `openai_responses_stream` builds the Response object from the engine's answer,
   whole or as the Responses event sequence.
@@ -26,13 +28,13 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from blazar.protocols import EngineRequest, ProtocolError
 
-__all__ = ["ResponsesRequest", "obj", "responses_request"]
+__all__ = ["ResponsesRequest", "input_items", "obj", "responses_request"]
 
 ACCEPTED = frozenset(
     {
@@ -40,11 +42,10 @@ ACCEPTED = frozenset(
         "tools", "tool_choice", "parallel_tool_calls", "text", "reasoning", "stream",
         "stream_options", "store", "metadata", "user", "safety_identifier",
         "prompt_cache_key", "service_tier", "truncation", "include", "top_logprobs",
-        "max_tool_calls",
+        "max_tool_calls", "previous_response_id",
     }
 )  # fmt: skip
 REFUSED = {
-    "previous_response_id": "Blazar does not store responses; send the whole conversation as input",
     "conversation": "Blazar does not store conversations; send the whole conversation as input",
     "background": "background responses need stored state, which Blazar does not keep",
     "prompt": "stored prompt templates live on OpenAI's servers; send instructions and input",
@@ -249,6 +250,9 @@ def _check(body: Mapping[str, Any]) -> None:
         raise _bad(f"Unrecognized request argument(s): {', '.join(unknown)}")
     if not isinstance(body.get("model"), str) or not body["model"]:
         raise _bad("model: Field required")
+    previous = body.get("previous_response_id")
+    if previous is not None and (not isinstance(previous, str) or not previous):
+        raise _bad("previous_response_id: expected the id of a response (a string)")
     limit = body.get("max_output_tokens")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise _bad("max_output_tokens: expected an integer of at least 1")
@@ -303,9 +307,39 @@ def responses_request(body: Mapping[str, Any]) -> ResponsesRequest:
     return ResponsesRequest(engine, tuple(needs), _echo(body))
 
 
+def input_items(body: Mapping[str, Any], new_id: Callable[[str], str]) -> list[dict[str, Any]]:
+    """A valid request's `input` as the items `GET /v1/responses/{id}/input_items` lists
+    and a later `previous_response_id` continues: a string is one user message, a
+    message's string content one text part, and each item has an id (`new_id(prefix)`)."""
+    items = body.get("input")
+    if isinstance(items, str):
+        items = [{"type": "message", "role": "user", "content": items}]
+    out: list[dict[str, Any]] = []
+    for item in items if isinstance(items, list) else []:
+        kind = item.get("type", "message")
+        made = {"type": kind, **item}
+        if kind == "message" and isinstance(made.get("content"), str):
+            part = "output_text" if made.get("role") == "assistant" else "input_text"
+            made["content"] = [{"type": part, "text": made["content"]}]
+        if not isinstance(made.get("id"), str):
+            made["id"] = new_id(ITEM_PREFIX.get(kind, "item"))
+        out.append(made)
+    return out
+
+
+ITEM_PREFIX = {
+    "message": "msg",
+    "function_call": "fc",
+    "function_call_output": "fco",
+    "reasoning": "rs",
+}
+
+
 def _echo(body: Mapping[str, Any]) -> dict[str, Any]:
     text, reasoning = obj(body.get("text")), obj(body.get("reasoning"))
     return {
+        "store": body.get("store") is not False,  # kept for GET /v1/responses/{id} unless false
+        "previous_response_id": body.get("previous_response_id"),
         "instructions": body.get("instructions"),
         "max_output_tokens": body.get("max_output_tokens"),
         "metadata": dict(body.get("metadata") or {}),

@@ -67,7 +67,7 @@ def _skeleton(rid: str, created_at: int, model: str, echo: Mapping[str, Any]) ->
         "output": [],
         "previous_response_id": None,
         "service_tier": "default",
-        "store": False,  # nothing is kept: GET /v1/responses/{id} finds nothing
+        "store": False,  # the request's echo says whether the gateway keeps it
         "top_logprobs": 0,
         "truncation": "disabled",
         "usage": None,
