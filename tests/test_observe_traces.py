@@ -235,3 +235,41 @@ def test_a_repeated_request_id_finds_the_newest(tmp_path: Path) -> None:
         traces_db.write(store, [{**RECORD, "status": 200}, {**RECORD, "status": 503}])
         found = traces_db.find(store, "abc")
         assert found is not None and found["status"] == 503
+
+
+def test_a_passed_through_stream_is_read_wherever_its_bytes_were_cut() -> None:
+    """The trace splits the bytes it kept into events itself: the same outcome whether
+    the engine's writes arrived one event a chunk, cut mid-line, with CRLF, comments,
+    several data lines or a last event without its blank line."""
+    chunk = {"choices": [{"index": 0, "delta": {"content": " word"}, "finish_reason": None}]}
+    last = {
+        "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8},
+    }
+    events = [f"data: {json.dumps(chunk)}\n\n".encode()] * 3 + [
+        b": keep-alive\n\n",
+        f"data: {json.dumps(last)}\n\n".encode(),
+        b"data: [DONE]\n\n",
+    ]
+    whole = b"".join(events)
+    multi_line = (
+        b'event: x\ndata: {"choices": [{"index": 0,\ndata: "delta": {"content": " word"}}]}\n\n'
+    )
+    cuts = {
+        "one event a chunk": events,
+        "cut anywhere": [whole[i : i + 7] for i in range(0, len(whole), 7)],
+        "crlf": [whole.replace(b"\n", b"\r\n")],
+        "no final blank line": [whole.removesuffix(b"\n\n")],
+    }
+    for how, chunks in cuts.items():
+        trace = Trace("t", "openai", "/v1/chat/completions")
+        trace.sending("/v1/chat/completions", {"model": "m", "stream": True})
+        for piece in chunks:
+            trace.chunk(piece)
+        record = trace.record(scrub=False)
+        assert (record["generated_tokens"], record["finish_reason"]) == (3, "length"), how
+        assert record["output"]["excerpt"] == " word word word", (how, record["output"])
+    trace = Trace("t", "openai", "/v1/chat/completions")
+    trace.sending("/v1/chat/completions", {"model": "m", "stream": True})
+    trace.chunk(multi_line)
+    assert trace.record(scrub=False)["output"]["excerpt"] == " word"

@@ -24,7 +24,6 @@ import orjson
 from blazar.observe import sentinels
 from blazar.observe.cachebust import digest
 from blazar.observe.outcome import EXCERPT, Outcome, StreamOutcome, from_response
-from blazar.protocols.sse import SSEDecoder
 
 KEEP_BYTES = 1 << 20  # of a passed-through stream, read when it is done
 KEEP_EVENTS = 20_000
@@ -296,17 +295,41 @@ class Trace:
 
 
 def _sse(chunks: list[bytes], times: list[int]) -> Iterator[tuple[int, Any]]:
-    decoder = SSEDecoder()
+    """(when it arrived, its parsed data) for each `data:` event of a passed-through
+    stream. Whole events are split off with bytes methods, not line by line: a trace
+    reads every token's event once the request is done, on the request path's thread."""
+    pending = b""
     at = times[0] if times else 0
     for chunk, at in zip(chunks, times, strict=False):
-        try:
-            events = decoder.feed(chunk)
-        except UnicodeDecodeError:  # not UTF-8: nothing more to read in it
-            return
-        for event in events:
-            yield at, event.data
-    for event in decoder.close():
-        yield at, event.data
+        pending = pending + chunk if pending else chunk
+        if b"\r" in pending:
+            pending = pending.replace(b"\r\n", b"\n")
+        if b"\n\n" not in pending:
+            continue
+        *whole, pending = pending.split(b"\n\n")
+        for block in whole:
+            if (data := _event_data(block)) is not None:
+                yield at, data
+    if pending.strip() and (data := _event_data(pending)) is not None:
+        yield at, data
+
+
+def _event_data(block: bytes) -> Any:
+    """An event's `data:` lines, parsed as JSON; None when it has none, or they are not
+    JSON (`[DONE]`, a comment): nothing a trace reads."""
+    if block.startswith(b"data: ") and b"\n" not in block:  # llama-server's every event
+        data = block[6:]
+    else:
+        lines = [
+            line[5:].removeprefix(b" ") for line in block.split(b"\n") if line.startswith(b"data:")
+        ]
+        if not lines:
+            return None
+        data = b"\n".join(lines)
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return _json(data)
 
 
 def prompt_text(body: Mapping[str, Any] | None) -> str | None:
