@@ -927,7 +927,7 @@ class Manifest(_Table):
         """The engine `model` runs on when not routed by architecture: its own, the only one
         declared of its kind, or the default lane of its kind ('llamacpp' for chat); None
         when several are declared and it names none (auto routing chooses)."""
-        doc = self.model_dump()
+        doc = self.model_dump(include={"engines", "engine_routing"})  # not every model's
         declared = self.models[model]
         return resolve_engine(declared.model_dump(), default_candidates(doc, declared.kind))
 
