@@ -30,7 +30,7 @@ from pathlib import Path
 
 import aiohttp
 
-from blazar.engines.process import free_port
+from blazar.testing.ports import free_port
 
 
 def memory_kib(pid: int, field: str) -> int:

@@ -30,3 +30,24 @@ def test_import_example_runs(blazar_home: Path) -> None:
     assert "imported tiny: llama" in result.stdout
     assert "largest ctx that fits: 2048" in result.stdout
     assert "removed tiny" in result.stdout
+
+
+BENCHES = sorted((ROOT / "bench").glob("*.py"))
+
+
+def test_every_bench_script_starts() -> None:
+    """The figures in docs/ come from these: each must still import and parse its
+    arguments after the code it measures moved (body_memory.py once imported a helper
+    from where it no longer was)."""
+    assert len(BENCHES) >= 7
+    for script in BENCHES:
+        if "__main__" in script.read_text():  # a bench: it parses --help
+            argv, expect = [str(script), "--help"], "usage:"
+        else:  # a helper the benches import: it imports
+            argv = ["-c", f"import runpy; runpy.run_path({str(script)!r}); print('imported')"]
+            expect = "imported"
+        result = subprocess.run(
+            [sys.executable, *argv], capture_output=True, text=True, timeout=60, cwd=script.parent
+        )
+        assert result.returncode == 0, f"{script.name}: {result.stderr[-2000:]}"
+        assert expect in result.stdout, script.name
