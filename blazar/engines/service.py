@@ -27,6 +27,7 @@ from blazar.store import Store, utcnow
 from specs.names import parse_name
 
 DEFAULT_GATE = 0.10
+WHY_INACTIVE = " (the gate refused it or it was switched away from)"
 # The speech lanes and the kind of model each serves (blazar.engines.audio).
 AUDIO_LANES = {"whisper": "transcription", "piper": "speech"}
 Runner = Callable[..., Any]
@@ -221,23 +222,27 @@ class Engines:
         method = method or (active.method if active else "wheel")
         version = self.resolve_version(method, version, feed=feed)
         tag = self.expected_tag(method, version)
-        try:
-            existing = self.records.get(kind, tag)
-        except NotFound:
-            existing = None
-        if existing is not None:
-            if existing.active:
-                return UpdateOutcome(kind, tag, False, False, f"{tag} is current (active)")
-            return UpdateOutcome(
-                kind, tag, False, False,
-                f"{tag} is already installed but inactive (the gate refused it or it was "
-                f"switched away from): `blazar engine use {tag}` activates it",
-            )  # fmt: skip
+        if (held := self._held(kind, tag, WHY_INACTIVE)) is not None:
+            return held
         progress(f"installing {kind} {tag} ({method} {version}) ...")
         candidate = self.install(method, version, feed=feed)
         if active:
             progress(f"benchmarking {active.tag} against {tag} ...")
         return self.adopt(candidate, max_drop=max_drop, model=model)
+
+    def _held(self, lane: str, tag: str, why: str = "") -> UpdateOutcome | None:
+        """What `update` says when lane `lane` holds `tag` already (nothing to install):
+        current when active, else how to activate it (`why` it may be inactive)."""
+        try:
+            existing = self.records.get(lane, tag)
+        except NotFound:
+            return None
+        if existing.active:
+            return UpdateOutcome(lane, tag, False, False, f"{tag} is current (active)")
+        return UpdateOutcome(
+            lane, tag, False, False,
+            f"{tag} is already installed but inactive{why}: `blazar engine use {tag}` activates it",
+        )  # fmt: skip
 
     def update_audio(
         self,
@@ -255,17 +260,8 @@ class Engines:
         package = lane(kind).package
         version = version or latest_version(kind)
         tag = lane(kind).tag(version)
-        try:
-            existing = self.records.get(kind, tag)
-        except NotFound:
-            existing = None
-        if existing is not None:
-            if existing.active:
-                return UpdateOutcome(kind, tag, False, False, f"{tag} is current (active)")
-            return UpdateOutcome(
-                kind, tag, False, False,
-                f"{tag} is already installed but inactive: `blazar engine use {tag}` activates it",
-            )  # fmt: skip
+        if (held := self._held(kind, tag)) is not None:
+            return held
         active = self.records.active(kind)
         progress(f"installing {kind} {tag} ({package} {version}) ...")
         candidate = self.install_audio(kind, version)
@@ -294,17 +290,8 @@ class Engines:
             return UpdateOutcome(name, tag, False, False, "current (the catalog offers no update)")
         backend = str(active.details.get("backend", "cpu")) if active else "cpu"
         tag = found.tag(backend)
-        try:
-            existing = self.records.get(name, tag)
-        except NotFound:
-            existing = None
-        if existing is not None:
-            if existing.active:
-                return UpdateOutcome(name, tag, False, False, f"{tag} is current (active)")
-            return UpdateOutcome(
-                name, tag, False, False,
-                f"{tag} is already installed but inactive: `blazar engine use {tag}` activates it",
-            )  # fmt: skip
+        if (held := self._held(name, tag)) is not None:
+            return held
         progress(f"building fork {name} at {found.short} ({backend}) ...")
         candidate = self.install_fork(found, backend, log=progress, runner=runner)
         if active:
