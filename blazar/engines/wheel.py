@@ -77,13 +77,28 @@ def _tail(text: str, lines: int = 8) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
-def latest_version() -> str:
-    """The newest xllamacpp release on the package index pip is configured for."""
-    result = _pip("index", "versions", PACKAGE, timeout=120)
-    match = re.search(rf"^{PACKAGE} \(([^)]+)\)", result.stdout, re.MULTILINE)
+def make_venv(tmp: Path) -> Path:
+    """An engine's own virtual environment, `tmp/venv`, made by this Python without pip
+    (pip installs into it from outside, `--python`)."""
+    venv = tmp / "venv"
+    made = subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)],
+        capture_output=True,
+        text=True,
+    )
+    if made.returncode != 0:
+        raise WheelInstallError(f"could not create a virtual environment:\n{made.stderr}")
+    return venv
+
+
+def latest_version(package: str = PACKAGE) -> str:
+    """The newest release of `package` (xllamacpp) on the package index pip is configured
+    for."""
+    result = _pip("index", "versions", package, timeout=120)
+    match = re.search(rf"^{re.escape(package)} \(([^)]+)\)", result.stdout, re.MULTILINE)
     if result.returncode != 0 or not match:
         raise WheelInstallError(
-            f"could not find the newest {PACKAGE} on the package index:\n"
+            f"could not find the newest {package} on the package index:\n"
             f"{_tail(result.stderr or result.stdout)}\n"
             "pass --version to choose one, or check pip's index settings"
         )
@@ -117,14 +132,7 @@ def install_wheel(engines_root: Path, cache: Path, version: str | None = None) -
     tag = tag_for_version(version)
     wheel = fetch_wheel(cache, version)
     with staging(engines_root, tag) as (tmp, final):
-        venv = tmp / "venv"
-        made = subprocess.run(
-            [sys.executable, "-m", "venv", "--without-pip", str(venv)],
-            capture_output=True,
-            text=True,
-        )
-        if made.returncode != 0:
-            raise WheelInstallError(f"could not create a virtual environment:\n{made.stderr}")
+        venv = make_venv(tmp)
         result = _pip(
             "--python", str(venv / "bin" / "python"), "install", "--no-index", "--no-deps",
             "--quiet", str(wheel),
