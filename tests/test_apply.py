@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from blazar.paths import Paths
-from blazar.testing.tiny import write_tiny_lora, write_tiny_model
+from blazar.testing.tiny import write_tiny_model
 from tests.conftest import Blazar
 from tests.hf_endpoint import FakeHub
 
@@ -24,16 +24,6 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-@pytest.fixture
-def files(tmp_path: Path) -> dict[str, Path]:
-    src = tmp_path / "src"
-    src.mkdir()
-    tiny = write_tiny_model(src / "tiny.gguf")
-    other = write_tiny_model(src / "other.gguf", seed=7)
-    fox = write_tiny_lora(src / "fox.gguf", tiny)
-    return {"tiny": tiny, "other": other, "fox": fox}
 
 
 def write(path: Path, text: str) -> Path:

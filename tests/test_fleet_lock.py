@@ -14,7 +14,7 @@ import pytest
 from blazar.engines.wheel import tag_for_version
 from blazar.lockfile import Lock, Locked, drift, merged, parse_lock, refusals
 from blazar.paths import Paths
-from blazar.testing.tiny import write_tiny_lora, write_tiny_model
+from blazar.testing.tiny import write_tiny_model
 from reconcilers.desired import Desired, DesiredEngine, DesiredModel
 from tests.conftest import WHEEL_CACHE, Blazar
 from tests.hf_endpoint import FakeHub
@@ -31,16 +31,6 @@ def write(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
-
-
-@pytest.fixture
-def files(tmp_path: Path) -> dict[str, Path]:
-    src = tmp_path / "src"
-    src.mkdir()
-    tiny = write_tiny_model(src / "tiny.gguf")
-    other = write_tiny_model(src / "other.gguf", seed=7)
-    fox = write_tiny_lora(src / "fox.gguf", tiny)
-    return {"tiny": tiny, "other": other, "fox": fox}
 
 
 def base_text(files: dict[str, Path]) -> str:
