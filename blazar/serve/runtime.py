@@ -19,7 +19,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from blazar import cache_settings
 from blazar.cache_settings import CacheSettings
@@ -275,20 +275,11 @@ def audio_runtime(
             f"`blazar engine update --kind {lane}` (or declare [engines.{lane}] kind = "
             f"'{lane}' and apply), then retry"
         )
-    keep_alive = (
-        serving.keep_alive if model is None or model.keep_alive is None else model.keep_alive
-    )
     return ModelRuntime(
         name=name,
         path=record.path,
-        aliases=tuple(model.aliases) if model else (),
         ctx=0,
-        slots=(model.slots if model and model.slots else None) or serving.default_slots,
-        replicas=model.replicas if model else 0,
-        pin=model.pin if model else False,
-        keep_alive=float(keep_alive),
-        engine_tag=engine.tag if engine else "",
-        command=tuple(engine.command) if engine else (),
+        **_declared(model, serving, engine),
         has_template=False,
         chat_template=None,
         embeddings=False,
@@ -306,6 +297,33 @@ def audio_runtime(
     )
 
 
+class _Declared(TypedDict):
+    aliases: tuple[str, ...]
+    slots: int
+    replicas: int
+    pin: bool
+    keep_alive: float
+    engine_tag: str
+    command: tuple[str, ...]
+
+
+def _declared(model: Model | None, serving: Serving, engine: EngineRecord | None) -> _Declared:
+    """What every model's runtime takes from its declaration (or the serving defaults,
+    for a model the manifest does not declare) and from the engine that runs it."""
+    keep_alive = (
+        serving.keep_alive if model is None or model.keep_alive is None else model.keep_alive
+    )
+    return {
+        "aliases": tuple(model.aliases) if model else (),
+        "slots": (model.slots if model and model.slots else None) or serving.default_slots,
+        "replicas": model.replicas if model else 0,
+        "pin": model.pin if model else False,
+        "keep_alive": float(keep_alive),
+        "engine_tag": engine.tag if engine else "",
+        "command": tuple(engine.command) if engine else (),
+    }
+
+
 def _runtime(
     name: str,
     path: str,
@@ -317,9 +335,6 @@ def _runtime(
     template: AppliedTemplate,
     refusal: str | None = None,
 ) -> ModelRuntime:
-    keep_alive = serving.keep_alive
-    if model is not None and model.keep_alive is not None:
-        keep_alive = model.keep_alive
     train_ctx = facts.get("context_length")
     ctx = (model.ctx if model and model.ctx else None) or serving.default_ctx
     if isinstance(train_ctx, int) and train_ctx > 0:
@@ -337,14 +352,8 @@ def _runtime(
     return ModelRuntime(
         name=name,
         path=path,
-        aliases=tuple(model.aliases) if model else (),
         ctx=ctx,
-        slots=(model.slots if model and model.slots else None) or serving.default_slots,
-        replicas=model.replicas if model else 0,
-        pin=model.pin if model else False,
-        keep_alive=float(keep_alive),
-        engine_tag=engine.tag if engine else "",
-        command=tuple(engine.command) if engine else (),
+        **_declared(model, serving, engine),
         has_template=bool(facts.get("has_chat_template")),
         chat_template=template.text if template.declared else None,
         embeddings=model.embeddings if model else False,
