@@ -182,53 +182,60 @@ class LockMismatch(InvalidInput):
     """`apply --locked` on a manifest that resolves differently from its lock."""
 
 
-def views(path: Path) -> list[Desired]:
+def views(path: Path, known: tuple[str | None, Desired] | None = None) -> list[Desired]:
     """Every view of the manifest at `path` a lock serves: the base, and each host
-    overlay its directory holds."""
-    found = [desired_from_manifest(load_manifest(path))]
-    for host in hosts(path):
-        found.append(desired_from_manifest(load_manifest(path, host)))
-    return found
+    overlay its directory holds. `known`: one the caller has already (the host whose
+    overlay it applied, None for the base; its Desired), not loaded again."""
+
+    def view(host: str | None) -> Desired:
+        if known is not None and known[0] == host:
+            return known[1]
+        return desired_from_manifest(load_manifest(path, host))
+
+    return [view(None), *(view(host) for host in hosts(path))]
 
 
-def host_lock(store: Store, manifest: Manifest) -> Lock:
-    """What this host holds now for what `manifest` asks, as lock entries."""
+def host_lock(store: Store, desired: Desired) -> Lock:
+    """What this host holds now for what the manifest asks (`desired`), as lock entries."""
     from blazar.engines.records import EngineStore
 
-    return held(
-        desired_from_manifest(manifest),
-        store.list_models(),
-        store.list_loras(),
-        EngineStore(store).installed(),
-    )
+    return held(desired, store.list_models(), store.list_loras(), EngineStore(store).installed())
 
 
-def update_lock(store: Store, path: Path, manifest: Manifest) -> Path | None:
+def _other_views(path: Path, host: str | None, desired: Desired) -> list[Desired]:
+    """`views`, with the one the caller loaded (`host` as given to `load`) reused."""
+    known = (overlay_host(path, host), desired)
+    try:
+        return views(path, known)
+    except ManifestError:
+        return []
+
+
+def update_lock(
+    store: Store, path: Path, manifest: Manifest, host: str | None = None
+) -> Path | None:
     """After an apply: write the lock next to the manifest at `path` with this host's
     entries (and those other views of the manifest still ask for); the lock's path when
-    it changed."""
+    it changed. `host`: as given to `load`."""
     where = lock_path(path)
-    try:
-        others = views(path)
-    except ManifestError:
-        others = []
-    if write_lock(where, merged(host_lock(store, manifest), read_lock(where), others)):
+    desired = desired_from_manifest(manifest)
+    others = _other_views(path, host, desired)
+    if write_lock(where, merged(host_lock(store, desired), read_lock(where), others)):
         return where
     return None
 
 
-def manifest_drift(store: Store, path: Path, manifest: Manifest) -> list[str]:
+def manifest_drift(
+    store: Store, path: Path, manifest: Manifest, host: str | None = None
+) -> list[str]:
     """Drift between the manifest at `path`, its lock and this host (`lockfile.drift`);
-    empty when there is no lock."""
+    empty when there is no lock. `host`: as given to `load`."""
     lock = read_lock(lock_path(path))
     if lock is None:
         return []
-    try:
-        others = views(path)
-    except ManifestError:
-        others = []
     desired = desired_from_manifest(manifest)
-    return drift(desired, lock, host_lock(store, manifest), [desired, *others])
+    others = _other_views(path, host, desired)
+    return drift(desired, lock, host_lock(store, desired), [desired, *others])
 
 
 def _declared(desired: Desired, target: str) -> bool:

@@ -57,7 +57,7 @@ def diff(
     where = manifest_path(ctx.paths, path)
     manifest = load(where, host)
     result = reconcile(ctx.store, ctx.paths, manifest, apply=False, prune=prune)
-    drift = manifest_drift(ctx.store, where, manifest)
+    drift = manifest_drift(ctx.store, where, manifest, host)
     if as_json:
         click.echo(json.dumps({**result.plan.to_json(), "drift": drift}, indent=2, sort_keys=True))
     else:
@@ -191,10 +191,10 @@ def apply(
         if not result.plan.empty and not dry_run:
             click.echo("Apply cancelled.")
         elif not dry_run and not locked and not targets:
-            _lock(update_lock(ctx.store, where, manifest))
+            _lock(update_lock(ctx.store, where, manifest, host))
         return
     if result.report.ok and not locked and not targets:
-        _lock(update_lock(ctx.store, where, manifest))
+        _lock(update_lock(ctx.store, where, manifest, host))
     summarize(result.plan, result.report)
 
 
