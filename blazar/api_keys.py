@@ -1,7 +1,7 @@
 """API keys in the manifest: made, listed and removed the way `blazar pull` edits models.
 
 `blazar keys add|list|rm` (`blazar.cli.keys`) and the gateway's `/api/keys`
-routes (`blazar.serve.keys_api`) call these. A key is `plm_` and 32 random
+routes (`blazar.serve.routes.keys_api`) call these. A key is `plm_` and 32 random
 bytes (url-safe base64); only its sha256 goes into the manifest, under
 `[keys.NAME]` with its scope, models, rpm and creation time (tomlkit: comments
 and order kept), and the caller shows the key once. The key is then reconciled

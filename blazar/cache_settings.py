@@ -7,7 +7,7 @@ the GGUF's facts alone, why the engine would refuse them or serve them wrongly
 (a quantized KV cache on heads whose size is no multiple of the block, a YaRN
 factor beyond what the model declares), so a model with a problem is refused
 before any child is spawned. `flags` maps them onto llama-server's flags.
-`blazar.serve.runtime` builds the runtime of each model with them and
+`blazar.serve.supervisor.runtime` builds the runtime of each model with them and
 `blazar.fit` (through `blazar fit`) estimates memory with the same values.
 Pure: no I/O.
 """

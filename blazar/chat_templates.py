@@ -1,6 +1,6 @@
 """The chat template a model is served with, as the Jinja text its engine is given.
 
-`blazar.serve.runtime` calls `model_template` when it builds each model's
+`blazar.serve.supervisor.runtime` calls `model_template` when it builds each model's
 runtime, at every pass of `blazar serve`'s loop (so an edited template file
 restarts the model's instances at the next pass: their arguments changed);
 `blazar show` calls it too, and ollama's `/api/show` reports the runtime's

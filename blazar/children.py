@@ -1,6 +1,6 @@
 """The one set of primitives for engine server children: spawn, output, health, stop.
 
-Two owners are built on them: `blazar.serve.instance.Instance`, the supervised
+Two owners are built on them: `blazar.serve.supervisor.instance.Instance`, the supervised
 child behind `blazar serve` (one owner task, a mailbox, respawn with backoff),
 and `blazar.engines.process.EngineServer`, a child for one job (`blazar bench`,
 the engine update gate, tests). Nothing else spawns or signals a child.

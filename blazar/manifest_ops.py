@@ -3,7 +3,7 @@
 The one declare -> targeted reconcile -> restore-on-failure flow, used by the
 CLI (`blazar pull`, `blazar rm` in `blazar.cli.imperative`, `blazar lora` in
 `blazar.cli.lora`) and by the gateway's management routes (`/api/pull`,
-`/api/create`, `/api/delete`, `/api/copy` in `blazar.serve.ollama_admin` and
+`/api/create`, `/api/delete`, `/api/copy` in `blazar.serve.routes.ollama_admin` and
 `ollama_pull`). Edits go through `ManifestFile` (comments and order kept,
 validated whole before writing); only the model (or the adapter, with its
 model) named is reconciled; when that fails the manifest is put back, so

@@ -15,7 +15,7 @@
    adds the architecture.
 
 `"manual"` runs every model on its declared (or the default) lane, whatever
-its architecture. The serve runtime (`blazar.serve.runtime`) routes with this
+its architecture. The serve runtime (`blazar.serve.supervisor.runtime`) routes with this
 when it builds what the gateway serves; `blazar diff` and `apply` show the
 same refusals as plan notes (`reconcilers.apply`).
 """

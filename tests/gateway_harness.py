@@ -1,6 +1,6 @@
 """The gateway's app in-process, in front of a scripted fake child: for fault injection only.
 
-`InProcessGateway` runs `blazar.serve.app.build_app` on a free loopback port in a
+`InProcessGateway` runs `blazar.serve.gateway.app.build_app` on a free loopback port in a
 thread of its own, with a real `Scheduler` whose instances are stand-ins that
 report a scripted child's URL as theirs. The scripted child is a
 `tests.loopback.LoopbackHTTP` whose handler the test writes: hang, answer late, stop mid-stream.
@@ -22,15 +22,15 @@ from typing import Any
 from aiohttp import web
 
 from blazar.paths import resolve_paths
-from blazar.serve.access import Access
-from blazar.serve.app import build_app
-from blazar.serve.child_http import ChildConnections
-from blazar.serve.instance import State
-from blazar.serve.remotes import FLEET
-from blazar.serve.runtime import ModelRuntime
-from blazar.serve.scheduler import Scheduler
-from blazar.serve.services import Control, Services
-from blazar.serve.sessions import Sessions
+from blazar.serve.gateway.access import Access
+from blazar.serve.gateway.app import build_app
+from blazar.serve.routes.services import Control, Services
+from blazar.serve.state.remotes import FLEET
+from blazar.serve.state.sessions import Sessions
+from blazar.serve.supervisor.child_http import ChildConnections
+from blazar.serve.supervisor.instance import State
+from blazar.serve.supervisor.runtime import ModelRuntime
+from blazar.serve.supervisor.scheduler import Scheduler
 from blazar.store import Store
 
 

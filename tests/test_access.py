@@ -25,8 +25,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from blazar.serve import audit, uploads
-from blazar.serve.access import (
+from blazar.serve.daemon import Daemon, ServeOptions, Unprotected, exposure
+from blazar.serve.gateway import audit
+from blazar.serve.gateway.access import (
     ADMIN,
     INFERENCE,
     PUBLIC,
@@ -34,9 +35,8 @@ from blazar.serve.access import (
     declared_scope,
     scope_of,
 )
-from blazar.serve.app import build_app
-from blazar.serve.daemon import Daemon, ServeOptions, Unprotected, exposure
-from blazar.serve.policy import (
+from blazar.serve.gateway.app import build_app
+from blazar.serve.gateway.policy import (
     BodyBudget,
     OriginPolicy,
     host_allowed,
@@ -44,8 +44,9 @@ from blazar.serve.policy import (
     is_loopback,
     take_token,
 )
-from blazar.serve.scheduler import Scheduler
-from blazar.serve.services import Services
+from blazar.serve.request import uploads
+from blazar.serve.routes.services import Services
+from blazar.serve.supervisor.scheduler import Scheduler
 from specs.manifest import Key, Manifest, Serving
 from specs.sizes import InvalidSize, format_size, parse_size
 from tests.gateway_harness import InProcessGateway

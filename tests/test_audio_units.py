@@ -29,9 +29,9 @@ from blazar.protocols.openai_audio import (
     transcription_request,
 )
 from blazar.registry import Registry
-from blazar.serve.audio_jobs import CANCELLED, FAILED, QUEUED, SUCCEEDED, AudioJobs, Job
-from blazar.serve.child_http import ChildConnections
-from blazar.serve.scheduler import Scheduler
+from blazar.serve.request.audio_jobs import CANCELLED, FAILED, QUEUED, SUCCEEDED, AudioJobs, Job
+from blazar.serve.supervisor.child_http import ChildConnections
+from blazar.serve.supervisor.scheduler import Scheduler
 from blazar.sources import FetchError, fetch, speech_catalog
 from blazar.store import Store
 from reconcilers.desired import desired_from_manifest
@@ -445,4 +445,4 @@ def test_a_job_round_trips_through_its_row() -> None:
     done = Job("audiojob_2", transcription_request(form(model="w")), "", "b.wav", 1, 1.0,
                status=SUCCEEDED, result='{"text": "hi"}')  # fmt: skip
     assert done.to_api()["result"] == {"text": "hi"}
-    assert sys.modules["blazar.serve.audio_jobs"].MAX_LIVE > 0
+    assert sys.modules["blazar.serve.request.audio_jobs"].MAX_LIVE > 0

@@ -12,7 +12,7 @@ import jinja2
 import pytest
 
 from blazar.chat_templates import MAX_TEMPLATE_BYTES, TEMPLATES_DIR, applied_template, builtin_text
-from blazar.serve.runtime import ModelRuntime
+from blazar.serve.supervisor.runtime import ModelRuntime
 from blazar.testing.tiny import write_tiny_model
 from specs.chat_templates import BUILTIN_TEMPLATES, classify_chat_template
 from specs.loader import load_manifest_text

@@ -1,4 +1,4 @@
-"""The pass-through's HTTP/1.1 client (`blazar.serve.child_http`) against small servers.
+"""The pass-through's HTTP/1.1 client (`blazar.serve.supervisor.child_http`) against small servers.
 
 Each test runs its own asyncio server on 127.0.0.1 whose answers are written by hand,
 byte by byte where it matters: framing (Content-Length, chunks, the connection's end),
@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from blazar.serve import child_http
-from blazar.serve.child_http import ChildConnections, Exchange, UpstreamError
+from blazar.serve.supervisor import child_http
+from blazar.serve.supervisor.child_http import ChildConnections, Exchange, UpstreamError
 
 # (reader, writer, the connection's number from 0, the request's number on it from 0)
 Answer = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int, int], Awaitable[bool]]

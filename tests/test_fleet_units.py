@@ -19,8 +19,16 @@ import openai
 import pytest
 
 from blazar.protocols import ProtocolError
-from blazar.serve.relay import bridge_for
-from blazar.serve.remotes import FLEET, FORWARDED, Fleet, Health, Remote, base_url, next_health
+from blazar.serve.gateway.relay import bridge_for
+from blazar.serve.state.remotes import (
+    FLEET,
+    FORWARDED,
+    Fleet,
+    Health,
+    Remote,
+    base_url,
+    next_health,
+)
 from specs.loader import load_manifest_text
 from tests.gateway_harness import InProcessGateway, one_chunk_of_a_stream
 from tests.loopback import LoopbackHTTP

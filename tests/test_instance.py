@@ -21,7 +21,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from blazar.serve.instance import Instance, InstanceFailed, InstanceSpec, State, stop_all
+from blazar.serve.supervisor.instance import Instance, InstanceFailed, InstanceSpec, State, stop_all
 from tests.fake_children import (
     FAKE_DEAD_PORT,
     FAKE_SILENT,

@@ -1,4 +1,4 @@
-"""The responses the gateway keeps (`blazar.serve.responses_api.Recent`): by owner, bounded."""
+"""The responses the gateway keeps (`routes.responses_api.Recent`): by owner, bounded."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 
 from blazar.protocols.openai_responses import input_items
-from blazar.serve.responses_api import Recent
+from blazar.serve.routes.responses_api import Recent
 
 
 def response(n: int, text: str = "x") -> dict[str, Any]:

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from blazar.serve.runtime import ModelRuntime
-from blazar.serve.scheduler import Busy, NoCapacity, Pool, Scheduler, choose_eviction
+from blazar.serve.supervisor.runtime import ModelRuntime
+from blazar.serve.supervisor.scheduler import Busy, NoCapacity, Pool, Scheduler, choose_eviction
 from tests.gateway_harness import StandIn, runtime
 
 

@@ -16,7 +16,7 @@ import anthropic
 import openai
 import pytest
 
-from blazar.serve.session_files import read_tokens
+from blazar.serve.state.session_files import read_tokens
 from blazar.testing.tiny import TINY_WORDS, write_tiny_model
 from tests.conftest import Blazar
 from tests.serving import Served

@@ -10,9 +10,10 @@ import pytest
 
 from blazar.cache_settings import CacheSettings, flags, problems, settings_for
 from blazar.protocols import ProtocolError
-from blazar.serve import prompts, session_files
-from blazar.serve.sessions import choose_slot, incompatibility
-from blazar.serve.singleflight import SingleFlight, deterministic
+from blazar.serve.request import prompts
+from blazar.serve.request.singleflight import SingleFlight, deterministic
+from blazar.serve.state import session_files
+from blazar.serve.state.sessions import choose_slot, incompatibility
 from blazar.store import SessionRecord
 from specs.manifest import Model, Serving
 from tests.gateway_harness import runtime

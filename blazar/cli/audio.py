@@ -134,7 +134,7 @@ def _local(ctx: Context, engine: Any, model_path: str, call: Any) -> Any:
     import asyncio
 
     from blazar.engines.process import EngineServer
-    from blazar.serve.runtime import default_threads
+    from blazar.serve.supervisor.runtime import default_threads
 
     async def run() -> Any:
         args = ["--model", model_path, "--threads", str(default_threads())]

@@ -1,7 +1,7 @@
 """`blazar why` (a request's routing trail) and `blazar watch` (a live view of the gateway).
 
 Both ask the running daemon (`/api/why`, `/api/blazar/stats`, `/api/blazar/ps`; see
-`blazar.serve.observe_api`); `why` reads the store directly when no daemon answers,
+`blazar.serve.routes.observe_api`); `why` reads the store directly when no daemon answers,
 so a trace can be read after serve has stopped. The trail itself is rendered by
 `blazar.observe.trail`.
 """

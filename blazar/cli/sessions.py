@@ -1,6 +1,6 @@
 """`blazar session save|restore|list|rm`: KV sessions on a running daemon.
 
-Each command calls the daemon's `/api/blazar/sessions` (`blazar.serve.sessions_api`);
+Each command calls the daemon's `/api/blazar/sessions` (`blazar.serve.routes.sessions_api`);
 the daemon's address comes as for `blazar ps` (`--url`, `$BLAZAR_URL`, the running
 serve, the default). docs/sessions.md says what a session is and when the bank makes one.
 """

@@ -43,7 +43,7 @@ class Workload:
     prompt: str = PROMPT
     predict: int = PREDICT
     runs: int = RUNS
-    # Half the cores, as `blazar serve` runs its children (blazar.serve.runtime
+    # Half the cores, as `blazar serve` runs its children (blazar.serve.supervisor.runtime
     # default_threads): the gate measures an engine the way it will serve, and llama.cpp's
     # spinning threads on every core make a busy machine's figures meaningless.
     threads: int = max(1, (os.cpu_count() or 1) // 2)

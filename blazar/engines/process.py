@@ -1,7 +1,7 @@
 """An engine server child for one job: start it, use its URL, stop it.
 
 Used by `blazar bench` and the engine update gate (`blazar.engines.bench`) and
-by tests that need a bare engine. It is `blazar.serve.instance.Instance`
+by tests that need a bare engine. It is `blazar.serve.supervisor.instance.Instance`
 without the supervision: no mailbox, no respawn, one start and one stop. The
 mechanics are the same ones, `blazar.children`'s: `--port 0` and the listening
 line, its own process group, PDEATHSIG, health polled to a deadline with a fast

@@ -10,7 +10,7 @@ Responses API) into hashes of its system prompt and of each other message;
 model, shows the pattern: both have a system prompt, it differs, the rest of the
 conversation continues the previous one, and the prompt cache reused little.
 `Tracker` keeps the last turn per (client, model), bounded, and counts the busts
-per client for `blazar doctor`. `blazar.serve.observer` calls it when a request
+per client for `blazar doctor`. `blazar.serve.state.tracing` calls it when a request
 is done; the finding goes on the trace as `cache_bust_system` with `FIX`.
 """
 

@@ -1,7 +1,7 @@
 """The gateway's Prometheus metrics: families per model, and the children's own, relabelled.
 
 `Metrics` owns one `CollectorRegistry` (one per gateway app, so tests can run
-several in a process) with the request families below; `blazar.serve.observer`
+several in a process) with the request families below; `blazar.serve.state.tracing`
 calls `observe` once per finished request (off the answer's way out) and
 `instance_event` for a child's start and crash, and registers a collector for what
 is read at scrape time (queue depth, instances, evictions, build info, the

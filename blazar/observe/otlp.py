@@ -6,7 +6,7 @@ for its queue wait, its model's load and its generation, exported in batches by
 'blazar[otlp]'`). The spans are built from a finished trace after the answer went
 out, with the times the trace measured; a request's 32-hex-digit `x-request-id` is
 its OpenTelemetry trace id, so a trace in Blazar and one in the collector share
-their id. `blazar.serve.observer` makes the `SpanExporter` and calls `export`.
+their id. `blazar.serve.state.tracing` makes the `SpanExporter` and calls `export`.
 """
 
 from __future__ import annotations

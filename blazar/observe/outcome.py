@@ -3,7 +3,7 @@
 Pure: `from_response` reads one whole answer and `StreamOutcome` the events of a
 stream, for each engine endpoint the gateway calls (OpenAI chat, completions and
 responses, llama-server's native `/completion`, Anthropic's `/v1/messages`,
-embeddings and token counting). `blazar.serve.observer` calls them when a request
+embeddings and token counting). `blazar.serve.state.tracing` calls them when a request
 is done, off the answer's way to the client; the sentinels (`blazar.observe.sentinels`)
 and the metrics read the `Outcome`.
 

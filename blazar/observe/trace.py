@@ -1,11 +1,11 @@
 """A request's trace: what happened to it on the gateway's one request path.
 
-The `observe` middleware (`blazar.serve.observer`) starts a `Trace` for each
+The `observe` middleware (`blazar.serve.state.tracing`) starts a `Trace` for each
 inference request and makes it `current()` for the request's task; the request
 path fills it in as it goes: `pipeline.resolve` (the name asked for), `pipeline.lease`
 (the instance, the scheduler's decision, queue wait and load time), `engine` and
 the OpenAI pass-through (what was sent, the answer's bytes or events and when each
-arrived), `blazar.serve.relay` (the remote that carried it out, and why), the
+arrived), `blazar.serve.gateway.relay` (the remote that carried it out, and why), the
 `errors` middleware (a failure). Those calls only store references
 and clock readings; reading the answer (`outcome`), the sentinels, the cache-bust
 check and the record happen in `finish`, which the observer runs once the answer
@@ -131,7 +131,7 @@ class Trace:
         self._lease_begin, self._leased = begin, time.perf_counter_ns()
 
     def forwarded(self, name: str, url: str, reason: str) -> None:
-        """`blazar.serve.relay` carries the request out on a remote, for `reason`."""
+        """`blazar.serve.gateway.relay` carries the request out on a remote, for `reason`."""
         self.remote, self.remote_reason = f"{name} ({url})", reason
 
     def sending(self, path: str, body: Mapping[str, Any]) -> None:

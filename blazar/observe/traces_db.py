@@ -1,6 +1,6 @@
 """Traces in the store: written in batches, pruned by age and count, read by `blazar why`.
 
-`blazar.serve.observer` queues each finished trace and hands a batch to `write`
+`blazar.serve.state.tracing` queues each finished trace and hands a batch to `write`
 about once a second, in a worker thread with a connection of its own, so a
 request never waits for SQLite. `prune` keeps at most `count` traces younger than
 `max_age` seconds (serving.trace_retention). `find` and `recent` read them back:

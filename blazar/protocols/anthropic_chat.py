@@ -13,7 +13,7 @@ Messages request with adapters on is therefore sent to `/v1/chat/completions`:
   chunk) back into the Anthropic shapes llama-server's `/v1/messages` answers
   with, so `blazar.protocols.anthropic` normalizes both paths the same way.
 
-Pure, like every translator here: the gateway (`blazar.serve.anthropic_api`)
+Pure, like every translator here: the gateway (`blazar.serve.routes.anthropic_api`)
 posts what `chat_request` builds and feeds what comes back through the rest.
 """
 

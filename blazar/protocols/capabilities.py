@@ -4,7 +4,7 @@ ollama's `/api/show` lists capabilities from the template, and ollama refuses a
 request for a capability the model lacks (`"<model>" does not support tools`);
 clients such as `llm-ollama` rely on that to fall back. Blazar answers the same
 way on all three protocols, so one function decides, for the listing and for the
-refusals: `template_capabilities(text)`. `blazar.serve.runtime` calls it with the
+refusals: `template_capabilities(text)`. `blazar.serve.supervisor.runtime` calls it with the
 template a model is served with; `ollama_models.show` reports what it found.
 
 Tools: the template is rendered (sandboxed, no I/O, a fixed date) with one probe

@@ -1,7 +1,7 @@
 """`GET /v1/models` and `GET /v1/models/{id}` in OpenAI's shapes and in Anthropic's.
 
 Both APIs serve their model listing at the same path; the gateway
-(`blazar.serve.openai_api`) answers in Anthropic's shapes when the request carries
+(`blazar.serve.routes.openai_api`) answers in Anthropic's shapes when the request carries
 `anthropic-version` (every Anthropic SDK request does, no OpenAI client does) and
 in OpenAI's otherwise. It passes plain values in: each served name with the
 model's context size, and the gateway's start time as the creation time (a

@@ -1,6 +1,6 @@
 """OpenAI pass-through replies reshaped where llama-server's differ from OpenAI's.
 
-`blazar.serve.openai_api` copies a child's answer to the client; when
+`blazar.serve.routes.openai_api` copies a child's answer to the client; when
 `openai_requests.shape_request` returned a `Reply`, it passes the answer through
 here first: a whole JSON body through `reshape_body`, a stream event by event
 through `ReplyStream` (or, when only the id changes, through `IdRenamer`, which

@@ -1,7 +1,7 @@
 """What the OpenAI pass-through checks and changes in a request before the engine sees it.
 
 `/v1/chat/completions` and `/v1/completions` go to llama-server as they came
-(`blazar.serve.openai_api`); `shape_request(path, body)` is the one look at a
+(`blazar.serve.routes.openai_api`); `shape_request(path, body)` is the one look at a
 request on the way, and returns a `Shaping`: the capabilities the request needs
 from the model's chat template (`tools`), a replacement body where the engine
 must be asked differently than the client asked, and how the reply must be

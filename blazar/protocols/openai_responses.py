@@ -6,7 +6,7 @@ official SDK (no `output_index`, `content_index` or `sequence_number`, a
 raises), and a response cut at `max_output_tokens` says `completed`. Its chat
 endpoint says why a generation ended (`finish_reason`), constrains output with
 `response_format`, and parses tool calls, so the gateway translates instead
-(`blazar.serve.responses_api`):
+(`blazar.serve.routes.responses_api`):
 
 - `responses_request(body)` validates a request as OpenAI's API does (an unknown
   field is a 400 naming it) and builds the chat request: `input` (a string, or

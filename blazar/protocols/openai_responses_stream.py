@@ -1,7 +1,7 @@
 """The Responses API's answers (`/v1/responses`), built from `/v1/chat/completions` ones.
 
 The other half of the Responses translator (`openai_responses` builds the chat
-request; `blazar.serve.responses_api` sends it and calls these):
+request; `blazar.serve.routes.responses_api` sends it and calls these):
 
 - `response_object` builds the Response from a whole chat answer: `output` items
   (`reasoning` from `reasoning_content`, a `message` with one `output_text` part,

@@ -4,13 +4,13 @@ The control loop is level-triggered: a pass loads the manifest, applies it
 (fetching what is missing, under the apply lock, in a worker thread) and
 hands the scheduler the models that are now ready; hot reload restarts only
 the instances whose arguments changed. Each pass also hands the access layer
-(`blazar.serve.access`) the manifest's keys and `[serving]` settings first, so
-a key added or removed applies at once, and the fleet (`blazar.serve.remotes`)
+(`blazar.serve.gateway.access`) the manifest's keys and `[serving]` settings first, so
+a key added or removed applies at once, and the fleet (`blazar.serve.state.remotes`)
 its remotes and failover chains, which it probes on their own timers; records
 when keys were last used;
 reloads a rotated TLS certificate; and removes uploads no model used. Passes
 run on start, on a manifest change (watchfiles), when a child exits, and on a
-timer. Sessions (`blazar.serve.sessions`) live under `Paths.sessions`; the
+timer. Sessions (`blazar.serve.state.sessions`) live under `Paths.sessions`; the
 session bank saves a model's slots before the scheduler stops it (serve's own
 stop included).
 
@@ -45,20 +45,20 @@ from blazar.errors import BlazarError
 from blazar.locking import LockTimeout, apply_lock
 from blazar.paths import Paths
 from blazar.reconcile import InvalidManifest, load, reconcile
-from blazar.serve import uploads
-from blazar.serve.access import Access
-from blazar.serve.app import build_app
-from blazar.serve.audit import AuditLog
-from blazar.serve.child_http import ChildConnections
-from blazar.serve.instance import Instance
-from blazar.serve.listener import GatewaySite, Limits, TLSFiles
-from blazar.serve.observer import Observer, Settings
-from blazar.serve.policy import is_loopback
-from blazar.serve.remotes import Fleet
-from blazar.serve.runtime import build_runtimes
-from blazar.serve.scheduler import Scheduler
-from blazar.serve.services import Control, Services
-from blazar.serve.sessions import Sessions
+from blazar.serve.gateway.access import Access
+from blazar.serve.gateway.app import build_app
+from blazar.serve.gateway.audit import AuditLog
+from blazar.serve.gateway.listener import GatewaySite, Limits, TLSFiles
+from blazar.serve.gateway.policy import is_loopback
+from blazar.serve.request import uploads
+from blazar.serve.routes.services import Control, Services
+from blazar.serve.state.remotes import Fleet
+from blazar.serve.state.sessions import Sessions
+from blazar.serve.state.tracing import Observer, Settings
+from blazar.serve.supervisor.child_http import ChildConnections
+from blazar.serve.supervisor.instance import Instance
+from blazar.serve.supervisor.runtime import build_runtimes
+from blazar.serve.supervisor.scheduler import Scheduler
 from blazar.store import Store
 from blazar.wiring import offer_view
 from reconcilers.ports import OfferView

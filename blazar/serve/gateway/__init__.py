@@ -1,0 +1,3 @@
+"""The gateway's edge: the aiohttp app, the listener, the one middleware (access,
+tracing, errors), the relay.
+"""

@@ -1,0 +1,208 @@
+"""How the gateway listens: TCP or TLS, a deadline for request heads, connections per client.
+
+The daemon starts a `GatewaySite` on its aiohttp runner instead of aiohttp's
+`TCPSite`. Each connection gets a `GatewayHandler` (aiohttp's own request
+handler) that:
+
+- is admitted only while its client address holds fewer than
+  `serving.max_connections_per_client` connections; beyond that it is answered
+  503 and closed before anything is read (`Admission`);
+- must send a whole request head within `serving.header_timeout` of opening or
+  of its last response (aiohttp's keep-alive deadline, which also closes a
+  connection that stays silent or stops halfway through its headers: slowloris).
+
+Bodies have their own deadline in the access middleware (`blazar.serve.gateway.access`).
+With `serving.tls_cert`/`tls_key` the site speaks TLS only (`TLSFiles`): a pair
+that is missing, unreadable or mismatched refuses to start, naming the file, and
+`reload_if_changed` (each control-loop pass) loads rotated files into the same
+context, so new connections get the new certificate without a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from blazar.errors import BlazarError
+
+_BUSY_TEXT = b"too many open connections from this address; retry later\n"
+BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nRetry-After: 1\r\n"
+    b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(_BUSY_TEXT), _BUSY_TEXT)
+)
+
+
+class TLSFilesError(BlazarError):
+    """A TLS certificate or key that cannot be used; the message names the file."""
+
+
+def _readable(field: str, path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise TLSFilesError(
+            f"serving.{field} {path}: cannot read it ({exc.strerror}); fix the path or its "
+            "permissions, or remove tls_cert and tls_key to serve plain HTTP"
+        ) from None
+
+
+def tls_context(cert: Path, key: Path) -> ssl.SSLContext:
+    """A server context (TLS 1.2 or newer) for the pair, or TLSFilesError naming the file."""
+    if b"-----BEGIN CERTIFICATE-----" not in _readable("tls_cert", cert):
+        raise TLSFilesError(f"serving.tls_cert {cert}: it holds no PEM certificate")
+    if b"PRIVATE KEY-----" not in _readable("tls_key", key):
+        raise TLSFilesError(f"serving.tls_key {key}: it holds no PEM private key")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    _load(context, cert, key)
+    return context
+
+
+def _load(context: ssl.SSLContext, cert: Path, key: Path) -> None:
+    try:
+        context.load_cert_chain(cert, key)
+    except ssl.SSLError as exc:
+        if "KEY_VALUES_MISMATCH" in str(exc) or "key values mismatch" in str(exc):
+            raise TLSFilesError(
+                f"serving.tls_key {key} does not match serving.tls_cert {cert}: give the "
+                "private key the certificate was issued for"
+            ) from None
+        raise TLSFilesError(
+            f"serving.tls_cert {cert} and serving.tls_key {key} cannot be used together "
+            f"({exc.reason or exc}); check that both are PEM files and the key is not "
+            "encrypted"
+        ) from None
+
+
+class TLSFiles:
+    """The certificate pair a TLS gateway serves, reloaded into its context on change."""
+
+    def __init__(self, cert: Path, key: Path) -> None:
+        self.cert, self.key = cert, key
+        self.context = tls_context(cert, key)
+        self._stamp = self._mtimes()
+
+    def _mtimes(self) -> tuple[float, float]:
+        try:
+            return (self.cert.stat().st_mtime, self.key.stat().st_mtime)
+        except OSError:
+            return (0.0, 0.0)
+
+    def reload_if_changed(self) -> str | None:
+        """Load the files again if they changed; what happened, for serve's log."""
+        stamp = self._mtimes()
+        if stamp == self._stamp:
+            return None
+        try:
+            tls_context(self.cert, self.key)  # the whole check first: a bad pair changes nothing
+            _load(self.context, self.cert, self.key)
+        except TLSFilesError as exc:
+            return f"TLS files changed but are not usable, keeping the loaded ones: {exc}"
+        self._stamp = stamp
+        return f"TLS certificate reloaded from {self.cert}"
+
+
+class Admission:
+    """Open connections per client address, against a limit read at each admission."""
+
+    def __init__(self, limit: Callable[[], int]) -> None:
+        self.limit = limit
+        self.open: Counter[str] = Counter()
+
+    def admit(self, client: str) -> bool:
+        if self.open[client] >= self.limit():
+            return False
+        self.open[client] += 1
+        return True
+
+    def leave(self, client: str) -> None:
+        self.open[client] -= 1
+        if self.open[client] <= 0:
+            del self.open[client]
+
+
+class GatewayHandler(web.RequestHandler):
+    """aiohttp's request handler, admitted per client address first."""
+
+    def __init__(self, manager: web.Server, *, admission: Admission, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self.admission = admission
+        self.client: str | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        peer = transport.get_extra_info("peername")
+        client = str(peer[0]) if isinstance(peer, tuple) and peer else "unknown"
+        if not self.admission.admit(client):
+            assert isinstance(transport, asyncio.WriteTransport)
+            transport.write(BUSY)
+            transport.close()
+            return
+        self.client = client
+        super().connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self.client is not None:
+            super().data_received(data)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self.client is None:
+            return  # refused: aiohttp never saw it
+        self.admission.leave(self.client)
+        self.client = None
+        super().connection_lost(exc)
+
+
+@dataclass
+class Limits:
+    """What a new connection is held to, read when it opens (so a reload applies)."""
+
+    header_timeout: float = 30.0
+    max_connections_per_client: int = 128
+
+
+class GatewaySite(web.BaseSite):
+    """A TCP (or TLS) site whose connections are `GatewayHandler`s held to `limits`."""
+
+    def __init__(
+        self,
+        runner: web.BaseRunner,
+        host: str,
+        port: int,
+        limits: Limits,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        super().__init__(runner, ssl_context=ssl_context)
+        self._host, self._port, self.limits = host, port, limits
+        self.admission = Admission(lambda: self.limits.max_connections_per_client)
+
+    @property
+    def name(self) -> str:
+        scheme = "https" if self._ssl_context else "http"
+        return f"{scheme}://{self._host}:{self._port}"
+
+    async def start(self) -> None:
+        await super().start()
+        loop = asyncio.get_running_loop()
+        server = self._runner.server
+        assert server is not None
+
+        def handler() -> GatewayHandler:
+            return GatewayHandler(
+                server,
+                admission=self.admission,
+                loop=loop,
+                access_log=None,  # requests are never logged with their headers
+                keepalive_timeout=self.limits.header_timeout,
+            )
+
+        self._server = await loop.create_server(
+            handler, self._host, self._port, ssl=self._ssl_context, reuse_address=True
+        )

@@ -1,0 +1,3 @@
+"""The route modules: each protocol's HTTP surface, translating to and from the one
+request path.
+"""

@@ -1,0 +1,282 @@
+"""OpenAI's Responses API on the gateway: `POST /v1/responses`, and what it cannot find.
+
+A request is validated and translated by `blazar.protocols.openai_responses`
+into a `/v1/chat/completions` request (docs/compatibility.md says why not the
+engine's own `/v1/responses`), takes the gateway's one request path
+(`blazar.serve.request.pipeline`: resolve, require a chat template, and tools or
+thinking when the request uses them, lease), and the engine's answer is built
+back into a Response, whole or as the Responses event stream
+(`blazar.protocols.openai_responses_stream`).
+
+The gateway keeps the newest responses in memory (`Recent`: at most
+RECENT_COUNT of them and RECENT_BYTES in all, until serve restarts), unless a
+request says `store: false`: `GET`/`DELETE /v1/responses/{id}` and its
+`input_items` read them, and `previous_response_id` continues one (its whole
+conversation is put before the new `input`). Each is readable only with the key
+that made it. `cancel` is for background responses, which Blazar refuses to
+make. Failures are raised and answered in
+OpenAI's envelope by the gateway's error middleware; a child that fails
+mid-stream gets an `error` event.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from blazar.protocols import ProtocolError, openai_responses
+from blazar.protocols.openai_responses import ResponsesRequest, responses_request
+from blazar.protocols.openai_responses_stream import ResponseStream, response_object
+from blazar.protocols.sse import encode
+from blazar.serve.http import KEY_NAME, read_json
+from blazar.serve.request import child_calls, pipeline
+from blazar.serve.request.envelopes import OPENAI
+from blazar.serve.request.pipeline import Timed
+from blazar.serve.routes.services import Services
+from blazar.serve.supervisor.child_http import UpstreamError
+
+NO_TEMPLATE_HINT = "use /v1/completions, or "
+RECENT_COUNT = 1000
+RECENT_BYTES = 64 << 20
+NOT_KEPT = (
+    "no response '{id}' to {what}: it was made with store: false, deleted, made with "
+    "another key, or is older than the {count} newest responses this gateway keeps in "
+    "memory (until it restarts); send the whole conversation as input instead"
+)
+FINAL = ("response.completed", "response.incomplete", "response.failed")
+HISTORY_ITEMS = ("message", "function_call", "function_call_output", "reasoning")
+
+
+@dataclass
+class Kept:
+    """A stored response: what was asked (`items`), the whole conversation it answered
+    (`history`: a continuation's earlier turns, then `items`), its owner and its size."""
+
+    owner: str | None
+    response: dict[str, Any]
+    items: list[dict[str, Any]]
+    history: list[dict[str, Any]]
+    size: int
+
+    def conversation(self) -> list[dict[str, Any]]:
+        """What a response continuing this one starts from: the history and the output."""
+        output = [i for i in self.response.get("output") or [] if i.get("type") in HISTORY_ITEMS]
+        return [*self.history, *output]
+
+
+class Recent:
+    """The newest responses, in memory: at most `count`, `size` bytes of JSON in all."""
+
+    def __init__(self, count: int = RECENT_COUNT, size: int = RECENT_BYTES) -> None:
+        self.count, self.size = count, size
+        self._kept: OrderedDict[str, Kept] = OrderedDict()
+        self._bytes = 0
+
+    def keep(
+        self,
+        owner: str | None,
+        response: dict[str, Any],
+        items: list[dict[str, Any]],
+        history: list[dict[str, Any]],
+    ) -> None:
+        size = len(orjson.dumps([response, history], default=str))
+        if size > self.size:
+            return  # larger than everything kept together: not kept
+        self._kept[response["id"]] = Kept(owner, response, items, history, size)
+        self._bytes += size
+        while len(self._kept) > self.count or self._bytes > self.size:
+            _, gone = self._kept.popitem(last=False)
+            self._bytes -= gone.size
+
+    def find(self, response_id: str, owner: str | None) -> Kept | None:
+        kept = self._kept.get(response_id)
+        return kept if kept is not None and kept.owner == owner else None
+
+    def drop(self, response_id: str, owner: str | None) -> bool:
+        if self.find(response_id, owner) is None:
+            return False
+        self._bytes -= self._kept.pop(response_id).size
+        return True
+
+
+def register(app: web.Application, services: Services) -> None:
+    """Add the Responses routes to the gateway's app."""
+    api = ResponsesAPI(services)
+    app.router.add_post("/v1/responses", api.create)
+    app.router.add_get("/v1/responses/{id}", api.retrieve)
+    app.router.add_delete("/v1/responses/{id}", api.delete)
+    app.router.add_get("/v1/responses/{id}/input_items", api.input_items)
+    app.router.add_post("/v1/responses/{id}/cancel", api.cancel)
+
+
+def _item_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def _event(event: dict[str, Any]) -> bytes:
+    return encode(event, str(event["type"]))
+
+
+class ResponsesAPI:
+    """The Responses handlers; one instance per gateway app."""
+
+    def __init__(self, services: Services) -> None:
+        self.services = services
+        self.recent = Recent()
+
+    def _kept(self, request: web.Request, what: str, response_id: str | None = None) -> Kept:
+        rid = response_id or request.match_info["id"]
+        kept = self.recent.find(rid, request.get(KEY_NAME))
+        if kept is None:
+            message = NOT_KEPT.format(id=rid, what=what, count=self.recent.count)
+            raise ProtocolError(404, message, "response_not_found")
+        return kept
+
+    async def retrieve(self, request: web.Request) -> web.StreamResponse:
+        if request.query.get("stream") not in (None, "false"):
+            raise ProtocolError(
+                400, "stream: replaying a stored response as events is not supported; "
+                "GET it without stream", "invalid_request_error",
+            )  # fmt: skip
+        kept = self._kept(request, "read")
+        return web.json_response(kept.response, headers=OPENAI.headers(request))
+
+    async def delete(self, request: web.Request) -> web.StreamResponse:
+        rid = request.match_info["id"]
+        self._kept(request, "delete")
+        self.recent.drop(rid, request.get(KEY_NAME))
+        body = {"id": rid, "object": "response", "deleted": True}
+        return web.json_response(body, headers=OPENAI.headers(request))
+
+    async def input_items(self, request: web.Request) -> web.StreamResponse:
+        kept = self._kept(request, "list the input items of")
+        query = request.query
+        order = query.get("order", "desc")
+        if order not in ("asc", "desc"):
+            raise ProtocolError(400, "order: expected asc or desc", "invalid_request_error")
+        raw_limit = query.get("limit", "20")
+        if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= 100:
+            raise ProtocolError(
+                400, "limit: expected a whole number from 1 to 100", "invalid_request_error"
+            )
+        items = kept.items if order == "asc" else kept.items[::-1]
+        after = query.get("after")
+        if after is not None:
+            ids = [i.get("id") for i in items]
+            if after not in ids:
+                raise ProtocolError(
+                    400, f"after: no input item '{after}' in this response",
+                    "invalid_request_error",
+                )  # fmt: skip
+            items = items[ids.index(after) + 1 :]
+        page = items[: int(raw_limit)]
+        body = {
+            "object": "list",
+            "data": page,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None,
+            "has_more": len(items) > len(page),
+        }
+        return web.json_response(body, headers=OPENAI.headers(request))
+
+    async def cancel(self, request: web.Request) -> web.StreamResponse:
+        self._kept(request, "cancel")
+        raise ProtocolError(
+            400, "only background responses can be cancelled, and Blazar makes none: this "
+            "one has finished", "invalid_request_error",
+        )  # fmt: skip
+
+    async def create(self, request: web.Request) -> web.StreamResponse:
+        started = time.perf_counter_ns()
+        body = await read_json(request)
+        req = responses_request(body)  # the request as sent is valid, or a 400 before all
+        items = openai_responses.input_items(body, _item_id)
+        history = items
+        previous = body.get("previous_response_id")
+        if isinstance(previous, str):
+            earlier = self._kept(request, "continue", previous).conversation()
+            history = [*earlier, *items]
+            req = responses_request({**body, "input": history})
+        model = str(body["model"])
+        owner = request.get(KEY_NAME)
+
+        def keep(response: dict[str, Any]) -> None:  # before the client can see it ends
+            if response.get("store"):
+                self.recent.keep(owner, response, items, history)
+
+        scheduler = self.services.scheduler
+        target = pipeline.resolve(scheduler, model, request)
+        pipeline.require(target.runtime, pipeline.CHAT, alternative=NO_TEMPLATE_HINT)
+        for need in req.needs:
+            pipeline.require(target.runtime, need, requested=model)
+        timed = await pipeline.lease(scheduler, request, target, started=started)
+        try:
+            return await self._answer(request, timed, req, model, keep)
+        finally:
+            scheduler.release(timed.lease)
+
+    async def _answer(
+        self,
+        request: web.Request,
+        timed: Timed,
+        req: ResponsesRequest,
+        model: str,
+        keep: Callable[[dict[str, Any]], None],
+    ) -> web.StreamResponse:
+        response_id, created_at = f"resp_{uuid.uuid4().hex}", int(time.time())
+        if req.engine.stream:
+            stream = ResponseStream(response_id, created_at, model, req.echo)
+            return await self._stream(request, timed, req, stream, keep)
+        status, payload = await child_calls.call(self.services.children, timed.lease, req.engine)
+        if status != 200 or not isinstance(payload, dict):
+            raise child_calls.refused(status, payload)
+        out = response_object(
+            payload, response_id=response_id, created_at=created_at, model=model, echo=req.echo
+        )
+        keep(out)
+        return web.json_response(out, headers=OPENAI.headers(request))
+
+    async def _stream(
+        self,
+        request: web.Request,
+        timed: Timed,
+        req: ResponsesRequest,
+        state: ResponseStream,
+        keep: Callable[[dict[str, Any]], None],
+    ) -> web.StreamResponse:
+        async with child_calls.stream(self.services.children, timed.lease, req.engine) as exchange:
+            if not child_calls.is_event_stream(exchange):
+                raise child_calls.refused(exchange.status, await child_calls.error_body(exchange))
+            headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+            response = web.StreamResponse(headers={**headers, **OPENAI.headers(request)})
+            await response.prepare(request)
+
+            async def send(events: list[dict[str, Any]]) -> None:
+                for event in events:
+                    if event["type"] in FINAL:  # kept before the client sees the end
+                        keep(event["response"])
+                    await response.write(_event(event))
+
+            try:
+                await send(state.start())
+                async for data in child_calls.events(exchange):
+                    await send(state.feed(data))
+                await send(state.finish())
+            except UpstreamError as exc:  # the engine failed mid-stream
+                failed = child_calls.child_failed(state.model, exc)
+                error = state.error(failed.code or "server_error", failed.message)
+                with contextlib.suppress(ConnectionError):
+                    await response.write(_event(error))
+            except ConnectionError:  # the client went away; leaving closes the engine request
+                return response
+            with contextlib.suppress(ConnectionError):
+                await response.write_eof()
+            return response

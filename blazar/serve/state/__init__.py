@@ -1,0 +1,3 @@
+"""The gateway's long-lived parts beside the scheduler: sessions, remotes, tracing,
+live figures.
+"""
