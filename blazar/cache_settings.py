@@ -17,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from specs.manifest import Model, Serving
+from specs.models import Model
+from specs.serving import Serving
 
 # Elements per quantization block of the KV cache types Blazar offers (ggml's q8_0, q4_0).
 QUANT_BLOCK = {"q8_0": 32, "q4_0": 32}

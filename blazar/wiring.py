@@ -29,7 +29,7 @@ from reconcilers.ports import (
     Ports,
     Progress,
 )
-from specs.manifest import AUDIO_ENGINES
+from specs.engines import AUDIO_ENGINES
 from specs.names import parse_name
 from specs.sources import parse_source
 

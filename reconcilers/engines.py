@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from reconcilers.desired import LATEST, DesiredEngine
 from reconcilers.plan import Action, Change, Note
 from reconcilers.ports import EnginesPort, ObservedEngine, ObservedLane
-from specs.manifest import AUDIO_ENGINES
+from specs.engines import AUDIO_ENGINES
 
 TagOf = Callable[[str, str, str], str]  # (method, version, backend) -> tag
 

@@ -79,8 +79,9 @@ def _tidy(node: Any) -> None:
 HEADER = """\
 # Manifest reference
 
-<!-- Generated from specs/manifest.py by `python -m specs.schema`, which also writes
-specs/manifest.schema.json. Do not edit by hand: a test fails when this file is stale. -->
+<!-- Generated from the manifest's models (specs/manifest.py and the tables it holds) by
+`python -m specs.schema`, which also writes specs/manifest.schema.json. Do not edit by
+hand: a test fails when this file is stale. -->
 
 A manifest declares what a host should have: engines, models, LoRA adapters,
 API keys and how the gateway serves them. `blazar apply` makes the host match

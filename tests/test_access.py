@@ -47,7 +47,9 @@ from blazar.serve.gateway.policy import (
 from blazar.serve.request import uploads
 from blazar.serve.routes.services import Services
 from blazar.serve.supervisor.scheduler import Scheduler
-from specs.manifest import Key, Manifest, Serving
+from specs.keys import Key
+from specs.manifest import Manifest
+from specs.serving import Serving
 from specs.sizes import InvalidSize, format_size, parse_size
 from tests.gateway_harness import InProcessGateway
 from tests.loopback import LoopbackHTTP

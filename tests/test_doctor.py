@@ -15,7 +15,8 @@ from blazar.doctor import DaemonView, Finding, exit_code
 from blazar.doctor.host import system_findings, version_finding
 from blazar.doctor.serving import channel_findings, runtime_findings
 from blazar.engines.records import EngineRecord
-from specs.manifest import Manifest, Serving
+from specs.manifest import Manifest
+from specs.serving import Serving
 
 
 def severities(findings: list[Finding]) -> list[str]:

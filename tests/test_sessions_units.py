@@ -15,7 +15,8 @@ from blazar.serve.request.singleflight import SingleFlight, deterministic
 from blazar.serve.state import session_files
 from blazar.serve.state.sessions import choose_slot, incompatibility
 from blazar.store import SessionRecord
-from specs.manifest import Model, Serving
+from specs.models import Model
+from specs.serving import Serving
 from tests.gateway_harness import runtime
 
 MAGIC = session_files.MAGIC

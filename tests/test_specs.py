@@ -9,10 +9,13 @@ import pytest
 from pydantic import ValidationError
 
 from specs.durations import FOREVER, InvalidDuration, format_duration, parse_duration
+from specs.engines import Engine
 from specs.loader import load_manifest, load_manifest_text
-from specs.manifest import Engine, Manifest, Model, Serving
+from specs.manifest import Manifest
+from specs.models import Model
 from specs.problems import Location, ManifestError
 from specs.schema import DOCS_FILE, SCHEMA_FILE, render_manifest_docs, schema_text
+from specs.serving import Serving
 from specs.toml_locations import toml_locations
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -28,7 +28,7 @@ from blazar.engines.base import InstalledEngine, publish, staging
 from blazar.engines.wheel import WheelInstallError, _pip, _tail, place_launcher
 from blazar.errors import InvalidInput
 from reconcilers.engines import audio_tag
-from specs.manifest import AUDIO_ENGINES
+from specs.engines import AUDIO_ENGINES
 
 _VERSION = re.compile(r"^[0-9]+(\.[0-9]+){1,3}$")
 

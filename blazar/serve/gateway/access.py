@@ -49,7 +49,8 @@ from blazar.serve.http import KEY_NAME
 from blazar.serve.request import pipeline
 from blazar.serve.request.envelopes import for_path
 from blazar.serve.request.grants import ADMIN, GRANT, INFERENCE, Grant
-from specs.manifest import Key, Serving
+from specs.keys import Key
+from specs.serving import Serving
 
 PUBLIC = "public"
 RANK = {PUBLIC: 0, INFERENCE: 1, ADMIN: 2}

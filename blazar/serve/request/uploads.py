@@ -24,7 +24,8 @@ from pathlib import Path
 from blazar.paths import Paths
 from blazar.protocols import ProtocolError
 from blazar.store import Store
-from specs.manifest import Manifest, Serving
+from specs.manifest import Manifest
+from specs.serving import Serving
 from specs.sources import FileSource, InvalidSource, parse_source
 
 DIGEST = re.compile(r"sha256[:-]([0-9a-f]{64})")  # how ollama names a blob

@@ -29,7 +29,7 @@ from blazar.serve.state.tracing import Observer
 from blazar.serve.supervisor.child_http import ChildConnections
 from blazar.serve.supervisor.scheduler import Lease, Scheduler
 from blazar.store import Store
-from specs.manifest import Serving
+from specs.serving import Serving
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from blazar.serve.state import live
 from blazar.serve.supervisor.instance import Instance
 from blazar.serve.supervisor.scheduler import Scheduler
 from blazar.store import Store
-from specs.manifest import Serving
+from specs.serving import Serving
 
 # The requests that get a trace: inference on each protocol.
 TRACED = {

@@ -32,8 +32,10 @@ from blazar.store import LoraRecord, ModelRecord, Store
 from reconcilers.desired import routing_of
 from reconcilers.ports import OfferView
 from reconcilers.routing import route
-from specs.manifest import Manifest, Model, Serving
+from specs.manifest import Manifest
+from specs.models import Model
 from specs.names import AdapterChoice, Requested, parse_name, parse_requested
+from specs.serving import Serving
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,265 @@
+"""`[serving]`: how the gateway listens and how loaded models are scheduled; part of
+the manifest (`specs.manifest.Manifest`)."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from specs.durations import Duration
+from specs.fields import HttpUrl, NonEmpty
+from specs.problems import FieldError
+from specs.sizes import Size
+from specs.tables import CacheType, FlashAttn, LoadMode, Table
+
+
+class TraceRetention(Table):
+    """How many request traces the store keeps, and for how long (`blazar why`)."""
+
+    age: Duration = Field(
+        default="168h",
+        validate_default=True,
+        description="Traces older than this are deleted (-1: any age is kept).",
+    )
+    count: int = Field(
+        default=100_000, ge=1, description="At most this many traces are kept, the newest."
+    )
+
+
+class Serving(Table):
+    """How the gateway listens and how loaded models are scheduled."""
+
+    host: NonEmpty = Field(default="127.0.0.1", description="Address the gateway listens on.")
+    port: int = Field(default=11435, ge=1, le=65535, description="TCP port the gateway listens on.")
+    max_loaded_models: int = Field(
+        default=3,
+        ge=1,
+        description="Most models loaded at once; the least recently used is evicted.",
+    )
+    default_ctx: int = Field(
+        default=4096, gt=0, description="Context size of a model that sets no ctx."
+    )
+    default_slots: int = Field(
+        default=1,
+        ge=1,
+        description="Parallel sequences (llama-server slots) of a model that sets none.",
+    )
+    keep_alive: Duration = Field(
+        default="5m",
+        validate_default=True,
+        description="How long an idle model stays loaded (0: unload at once, -1: forever).",
+    )
+    max_queue: int = Field(
+        default=64,
+        ge=0,
+        description="Requests that may wait for a slot per model; beyond this they get 503 "
+        "all_slots_busy with Retry-After.",
+    )
+    queue_timeout: Duration = Field(
+        default="30s",
+        validate_default=True,
+        description="Longest a request waits in the queue for a slot before it gets 503.",
+    )
+    upstream_timeout: Duration = Field(
+        default="10m",
+        validate_default=True,
+        description="Longest the gateway waits for a model's next bytes (a long prompt's first "
+        "token, or a whole answer that is not streamed) before answering 504; a limit between "
+        "chunks, not on a whole stream. 0 or -1: no limit.",
+    )
+    # -- sessions and the prompt cache (docs/sessions.md) --
+    session_bank: bool = Field(
+        default=False,
+        description="Save the slots that hold a conversation before a model is unloaded "
+        "(keep_alive, eviction, `blazar stop`, a restart or reload; not a crash) and restore "
+        "the best match when a request for it comes back, also after serve restarts. Per "
+        "model: models.NAME.session_bank.",
+    )
+    session_bank_mb: int = Field(
+        default=4096,
+        ge=1,
+        description="Most MiB of banked sessions kept on disk; the least recently used go first.",
+    )
+    prompt_preflight: bool = Field(
+        default=True,
+        description="Count a request's prompt tokens with the model's tokenizer before it "
+        "reaches the engine and refuse (400) one whose prompt and requested output cannot "
+        "fit the slot's context.",
+    )
+    singleflight: bool = Field(
+        default=False,
+        description="Identical concurrent non-streamed deterministic requests (temperature 0 "
+        "or a seed) for the same model share one engine call; each client gets its own id.",
+    )
+    cache_type: CacheType | None = Field(
+        default=None,
+        description="Default KV cache element type (K and V) of every model: f16, q8_0 or "
+        "q4_0 (quantized types need a head size that is a multiple of 32). Default: the "
+        "engine's (f16).",
+    )
+    kv_unified: bool | None = Field(
+        default=None,
+        description="Default for models: one KV buffer shared by all slots (true) or one per "
+        "slot (false). Default: the engine's.",
+    )
+    cache_ram_mb: int | None = Field(
+        default=None,
+        ge=-1,
+        description="Default MiB of host memory for the engine's prompt cache, which keeps "
+        "prefixes a slot has lost (0: off, -1: no limit). Default: the engine's (8192).",
+    )
+    cache_reuse: int | None = Field(
+        default=None,
+        ge=0,
+        description="Default smallest chunk (tokens) the engine reuses from the cache by "
+        "shifting it (llama-server --cache-reuse; 0: off). Default: the engine's (0).",
+    )
+    load_mode: LoadMode | None = Field(
+        default=None,
+        description="Default way models are loaded: mmap (map the file), none (read it into "
+        "memory), mlock (read and lock it in RAM), mmap+mlock. Default: the engine's.",
+    )
+    flash_attn: FlashAttn | None = Field(
+        default=None,
+        description="Default flash attention: on, off or auto. Default: the engine's (auto).",
+    )
+    deterministic: bool = Field(
+        default=False,
+        description="Default for models: a fixed seed and one slot, for reproducible outputs.",
+    )
+    cors_origins: list[str] = Field(
+        default=[],
+        description="Browser origins allowed besides the defaults (pages on localhost and "
+        "127.0.0.1 at any port, app://, file://, tauri://, vscode-webview://): preflights "
+        "are answered and responses carry Access-Control-Allow-Origin for them; a request "
+        "from any other origin is refused (403). An entry is an origin "
+        "('https://app.example'), may use '*' as a wildcard ('https://*.example.com', "
+        "'http://box:*'), or is '*' alone for every origin.",
+    )
+    tls_cert: NonEmpty | None = Field(
+        default=None,
+        description="PEM certificate (chain) file: the gateway speaks HTTPS only; set with "
+        "tls_key. A missing, unreadable or mismatched pair refuses to start; a changed file "
+        "is reloaded (certificate rotation) without a restart.",
+    )
+    tls_key: NonEmpty | None = Field(
+        default=None,
+        description="PEM private key file of tls_cert; set with tls_cert.",
+    )
+    allowed_hosts: list[NonEmpty] = Field(
+        default=[],
+        description="Host names clients may reach the gateway by, besides localhost, IP "
+        "addresses and this machine's hostname: a request whose Host header names anything "
+        "else is refused (403; a guard against DNS rebinding). '*' turns the check off "
+        "(behind a proxy that checks Host itself).",
+    )
+    allow_unauthenticated: bool = Field(
+        default=False,
+        description="Serve on an address beyond loopback with no [keys] declared. Without "
+        "it such a serve refuses to start; with it serve warns at every start.",
+    )
+    import_roots: list[NonEmpty] = Field(
+        default=[],
+        description="Absolute directories whose GGUF files /api/create and /api/pull may "
+        "read (besides the store and uploaded blobs). Empty: no other server path. "
+        "Manifests and the CLI read any file:// source; this limits only the HTTP API.",
+    )
+    max_upload: Size = Field(
+        default="64GiB",
+        validate_default=True,
+        description="Largest blob /api/blobs accepts (bounded further by the free disk "
+        "space, less a margin of 1 GiB).",
+    )
+    audit_log: bool = Field(
+        default=False,
+        description="Append admin actions and refused requests (time, key name, client "
+        "address, route, outcome) as JSON Lines to <state>/logs/audit.jsonl, rotated at "
+        "10 MiB (five files kept).",
+    )
+    metrics_public: bool = Field(
+        default=False,
+        description="/metrics answers without a key; otherwise it needs an admin key once "
+        "keys are declared.",
+    )
+    header_timeout: Duration = Field(
+        default="30s",
+        validate_default=True,
+        description="Longest a connection may take to send a whole request head, counted "
+        "from when it opens or from its last response (so also how long an idle keep-alive "
+        "connection stays open). Slower clients are disconnected.",
+    )
+    body_timeout: Duration = Field(
+        default="60s",
+        validate_default=True,
+        description="Longest a request body may take to arrive (an upload to /api/blobs: "
+        "each MiB of it); slower clients get 408.",
+    )
+    max_buffered: Size = Field(
+        default="128MiB",
+        validate_default=True,
+        description="Request bodies held in memory at once, all requests together (parsing "
+        "a JSON body takes about twice its size again); a request beyond it waits (at most "
+        "body_timeout, then 503) before its body is read. Uploads to /api/blobs go to disk "
+        "and do not count.",
+    )
+    max_audio_upload: Size = Field(
+        default="25MiB",
+        validate_default=True,
+        description="Largest audio file /v1/audio/transcriptions and /v1/audio/translations "
+        "accept (OpenAI's own limit is 25 MB); a larger one is answered 413.",
+    )
+    audio_job_retention: Duration = Field(
+        default="24h",
+        validate_default=True,
+        description="How long a finished async transcription job (and its audio, kept in "
+        "the cache for a retry) is kept before it is pruned.",
+    )
+    max_connections_per_client: int = Field(
+        default=128,
+        ge=1,
+        description="Open connections one client address may hold; more are answered 503 "
+        "and closed.",
+    )
+
+    # -- observability (docs/observability.md) --
+    pii_scrub: bool = Field(
+        default=False,
+        description="Request traces keep no message text, only the lengths and hashes of "
+        "prompts and outputs.",
+    )
+    sentinel_enforce: bool = Field(
+        default=False,
+        description="A whole (not streamed) answer that fails a sentinel check (empty, "
+        "truncated, invalid_json, schema_mismatch) is answered with a 422 that names it; "
+        "streamed answers are only recorded.",
+    )
+    trace_retention: TraceRetention = Field(
+        default_factory=TraceRetention,
+        description="How long and how many request traces the store keeps.",
+    )
+    otlp_endpoint: HttpUrl | None = Field(
+        default=None,
+        description="An OTLP/HTTP collector (such as http://127.0.0.1:4318) that gets one span "
+        "per request, with child spans for queue wait, load and generation. Needs the otlp "
+        "extra: pip install 'blazar[otlp]'.",
+    )
+    otlp_service: NonEmpty = Field(
+        default="blazar", description="The service.name of the spans exported over OTLP."
+    )
+    # -- end of observability --
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> Serving:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            have, lack = (
+                ("tls_cert", "tls_key") if self.tls_key is None else ("tls_key", "tls_cert")
+            )
+            raise FieldError(have, f"{have} is set without {lack}", "set both or neither")
+        for index, root in enumerate(self.import_roots):
+            if not root.startswith("/"):
+                raise FieldError(
+                    "import_roots", f"import_roots[{index}] {root!r} is not an absolute path"
+                )
+        for name in ("header_timeout", "body_timeout"):
+            if getattr(self, name) <= 0:
+                raise FieldError(name, f"{name} must be a positive duration such as '30s'")
+        return self
