@@ -201,6 +201,10 @@ GOOD = {"repo": "https://example.org/fork.git", "commit": SHA, "tree": TREE,
         ({"repo": "not a url"}, "repo must be a git URL"),
         ({"branch": "main"}, "unknown key(s) branch"),
         ({"kind": "vllm"}, "not a kind Blazar serves"),
+        ({"backends": ["rocm"]}, "backends must list some of cpu, cuda"),
+        ({"backends": []}, "backends must list some of"),
+        ({"build_minutes": 0}, "build_minutes must be a whole number"),
+        ({"build_minutes": "an hour"}, "build_minutes must be a whole number"),
     ],
 )  # fmt: skip
 def test_bad_offers_are_refused(change: dict[str, object], refused: str) -> None:

@@ -50,7 +50,13 @@ def catalog_location(ctx: Context, given: str | None) -> str | None:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per offer (JSON Lines).")
 @pass_context
 def offers(ctx: Context, catalog: str | None, as_json: bool) -> None:
-    """List the catalog's curated fork lanes, each pinned to one commit, and refused entries."""
+    """List the catalog's curated fork lanes, each pinned to one commit, and refused entries.
+
+    Each offer: its id, the GGUF architectures it adds, the commit and digest it is
+    pinned to, the backends it builds for and how long a build takes. Example:
+
+        blazar engine offers --json
+    """
     from blazar.engines.service import Engines
 
     svc = Engines(ctx.store, ctx.paths)
@@ -68,12 +74,14 @@ def offers(ctx: Context, catalog: str | None, as_json: bool) -> None:
         click.echo(f"No offers in the catalog ({found.source}).")
         return
     rows = [
-        [o.id, ", ".join(o.architectures), o.short, o.digest.split()[0],
-         f"b{o.upstream}" if o.upstream else None, "yes" if o.id in installed else "", o.repo]
+        [o.id, ", ".join(o.architectures), o.short, o.digest.split()[0], "/".join(o.backends),
+         o.build_estimate, f"b{o.upstream}" if o.upstream else None,
+         "yes" if o.id in installed else "", o.repo]
         for o in found.offers.values()
     ]  # fmt: skip
     if rows:
-        headers = ["ID", "ADDS", "COMMIT", "DIGEST", "UPSTREAM", "INSTALLED", "REPO"]
+        headers = ["ID", "ADDS", "COMMIT", "DIGEST", "BACKENDS", "BUILD", "UPSTREAM", "INSTALLED",
+                   "REPO"]  # fmt: skip
         click.echo(table(headers, rows))
     for offer_id, why in found.refused.items():
         click.echo(f"refused: offer {offer_id!r}: {why}")

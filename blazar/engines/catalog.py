@@ -13,6 +13,8 @@ or URL. Each offer pins a fork of llama.cpp to one immutable commit:
     # archive = "https://.../nova.tar.gz" and sha256 = "<64 hex digits>"
     architectures = ["nova"]            # GGUF general.architecture values it adds
     build_options = ["-DGGML_NOVA=ON"]  # cmake -D options its build needs
+    backends = ["cpu", "cuda"]          # what it builds for (default: both)
+    build_minutes = 25                  # how long a CPU build took on two cores, as measured
     upstream = "b12000"                 # once known: the mainstream build that added them
 
 Parsing is pure and refuses each bad offer with its reason (the good ones stay
@@ -46,7 +48,8 @@ _BUILD = re.compile(r"b([0-9]+)")
 _URL = re.compile(r"^(https?|file)://")
 _GIT_URL = re.compile(r"^(https?|git|ssh|file)://|^[\w.-]+@[\w.-]+:")
 _KEYS = {"kind", "description", "repo", "commit", "tree", "archive", "sha256",
-         "architectures", "build_options", "upstream"}  # fmt: skip
+         "architectures", "build_options", "upstream", "backends", "build_minutes"}  # fmt: skip
+BACKENDS = ("cpu", "cuda")  # what `blazar.engines.source` builds
 
 
 class CatalogError(BlazarError):
@@ -68,6 +71,15 @@ class Offer:
     build_options: tuple[str, ...] = ()
     upstream: int | None = None  # mainstream build number that added the architectures
     description: str = ""
+    backends: tuple[str, ...] = BACKENDS  # the backends it builds for
+    build_minutes: int | None = None  # a CPU build's duration on two cores, as measured
+
+    @property
+    def build_estimate(self) -> str | None:
+        """The build time in words, for `engine offers`."""
+        if self.build_minutes is None:
+            return None
+        return f"about {self.build_minutes} min (CPU, 2 cores)"
 
     @property
     def short(self) -> str:
@@ -87,7 +99,8 @@ class Offer:
             "tree": self.tree, "archive": self.archive, "sha256": self.sha256,
             "architectures": list(self.architectures), "build_options": list(self.build_options),
             "upstream": f"b{self.upstream}" if self.upstream is not None else None,
-            "description": self.description,
+            "description": self.description, "backends": list(self.backends),
+            "build_minutes": self.build_minutes, "build_estimate": self.build_estimate,
         }  # fmt: skip
 
 
@@ -174,11 +187,19 @@ def parse_offer(offer_id: str, body: object) -> Offer:
         if match is None:
             raise ValueError(f"upstream {upstream!r} is not a mainstream build such as 'b12000'")
         build = int(match.group(1))
+    backends = _strings(body.get("backends", list(BACKENDS)), "backends")
+    if not backends or any(b not in BACKENDS for b in backends):
+        raise ValueError(f"backends must list some of {', '.join(BACKENDS)}")
+    minutes = body.get("build_minutes")
+    if minutes is not None and (isinstance(minutes, bool) or not isinstance(minutes, int)
+                                or minutes < 1):  # fmt: skip
+        raise ValueError("build_minutes must be a whole number of minutes, at least 1")
     description = body.get("description", "")
     return Offer(
         id=offer_id, kind=kind, repo=repo, commit=commit, architectures=architectures,
         tree=tree, archive=archive, sha256=sha256, build_options=options, upstream=build,
         description=description if isinstance(description, str) else "",
+        backends=backends, build_minutes=minutes,
     )  # fmt: skip
 
 

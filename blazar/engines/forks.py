@@ -121,6 +121,11 @@ def install_offer(
     """Fetch, verify and build `offer` for `backend` as an engine of lane `offer.id`."""
     if backend not in BACKENDS:
         raise InvalidInput(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+    if backend not in offer.backends:
+        raise InvalidInput(
+            f"offer {offer.id!r} builds for {', '.join(offer.backends)}, not {backend}: "
+            f"`blazar engine install --lane {offer.id} --backend {offer.backends[0]}`"
+        )
     say = log or (lambda _msg: None)
     say(f"fetching {offer.repo} at {offer.commit} (offer {offer.id}) ...")
     if offer.tree is not None:
