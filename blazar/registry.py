@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from blazar.errors import AlreadyExists, InvalidInput, VerificationFailed
-from blazar.filesets import DESCRIBED, SET_SUFFIX, kind_of, set_digest
+from blazar.filesets import DESCRIBED, SET_SUFFIX, kind_of, safetensors_facts, set_digest
 from blazar.hashing import sha256_file
 from blazar.paths import Paths
 from blazar.store import LoraRecord, ModelRecord, Store
@@ -251,7 +251,11 @@ class Registry:
             size=total,
             sha256=digest,
             source=source,
-            facts={"kind": kind, "files": {n: d for n, (d, _) in sorted(measured.items())}},
+            facts={
+                "kind": kind,
+                "files": {n: d for n, (d, _) in sorted(measured.items())},
+                **(safetensors_facts(target) if kind == "chat" else {}),
+            },
             managed=managed,
             settings=dict(settings or {}),
         )

@@ -62,9 +62,15 @@ class ModelRecord:
 
     @property
     def kind(self) -> str:
-        """chat (a GGUF), transcription or speech (a set of files: `blazar.filesets`)."""
+        """chat (a GGUF, or a safetensors set), transcription or speech (a set of files:
+        `blazar.filesets`)."""
         kind = self.facts.get("kind")
         return kind if isinstance(kind, str) else "chat"
+
+    @property
+    def is_set(self) -> bool:
+        """A directory of files (`blazar.filesets`), not one GGUF (or its shards)."""
+        return self.kind != "chat" or self.facts.get("format") == "safetensors"
 
     def to_row(self) -> dict[str, Any]:
         row = asdict(self)

@@ -29,7 +29,7 @@ from reconcilers.ports import (
     Ports,
     Progress,
 )
-from specs.engines import AUDIO_ENGINES
+from specs.engines import PACKAGE_ENGINES
 from specs.names import parse_name
 from specs.sources import parse_source
 
@@ -120,7 +120,7 @@ class StoreEngines:
                     self.paths.engines, spec, options.get("backend", "cpu"), work_dir=work
                 )
                 return self.records.add(built).tag
-            if kind in AUDIO_ENGINES:  # whisper, piper: their package from PyPI
+            if kind in PACKAGE_ENGINES:  # whisper, piper, mistralrs: their package from PyPI
                 return self.service.install_audio(kind, version).tag
             feed = options.get("feed")
             version = version or self.service.resolve_version(method, None, feed=feed)
@@ -186,7 +186,7 @@ class StoreModels:
                 r.ref.short, r.sha256, r.source, r.size, r.managed, r.settings, r.architecture
             )
             for r in self.store.list_models()
-            if Path(r.path).is_file() or (r.kind != "chat" and Path(r.path).is_dir())
+            if Path(r.path).is_file() or (r.is_set and Path(r.path).is_dir())
         ]
 
     def fetch(
@@ -199,7 +199,7 @@ class StoreModels:
     ) -> None:
         kind = str(settings.get("kind") or "chat")
         held_set = self.paths.blobs / f"sha256-{sha256}.set" if sha256 else None
-        if kind != "chat" and held_set is not None and held_set.is_dir():
+        if held_set is not None and held_set.is_dir():  # a set (a safetensors model too)
             files = sorted(f for f in held_set.rglob("*") if f.is_file())
             with classified():  # the same set is held already: verified and recorded again
                 self.registry.import_set(

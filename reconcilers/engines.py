@@ -19,15 +19,15 @@ from datetime import datetime, timedelta
 from reconcilers.desired import LATEST, DesiredEngine
 from reconcilers.plan import Action, Change, Note
 from reconcilers.ports import EnginesPort, ObservedEngine, ObservedLane
-from specs.engines import AUDIO_ENGINES
+from specs.engines import PACKAGE_ENGINES
 
 TagOf = Callable[[str, str, str], str]  # (method, version, backend) -> tag
 
 
 def audio_tag(kind: str, version: str) -> str:
-    """The tag of a speech engine (whisper, piper): its package and version, such as
-    faster-whisper-1.2.1 (`blazar.engines.audio` installs it under that tag)."""
-    return f"{AUDIO_ENGINES[kind]}-{version}"
+    """The tag of a package engine (whisper, piper, mistralrs): its package and version,
+    such as faster-whisper-1.2.1 (`blazar.engines.audio` installs it under that tag)."""
+    return f"{PACKAGE_ENGINES[kind]}-{version}"
 
 
 class PlanError(ValueError):
@@ -71,7 +71,7 @@ def plan_engines(
             continue
         tag = (
             audio_tag(engine.kind, engine.version)
-            if engine.kind in AUDIO_ENGINES
+            if engine.kind in PACKAGE_ENGINES
             else tag_of(engine.method, engine.version, engine.backend)
         )
         if active is not None and active.tag == tag:

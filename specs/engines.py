@@ -16,22 +16,25 @@ from specs.tables import Table
 class Engine(Table):
     """An engine lane: which kind of server, how it is installed, and the version wanted."""
 
-    kind: Literal["llamacpp", "whisper", "piper"] = Field(
+    kind: Literal["llamacpp", "mistralrs", "whisper", "piper"] = Field(
         default="llamacpp",
-        description="The server: llamacpp (llama.cpp: chat, completions, embeddings), whisper "
-        "(faster-whisper: speech to text) or piper (piper-tts: text to speech).",
+        description="The server: llamacpp (llama.cpp: chat, completions, embeddings), "
+        "mistralrs (mistral.rs: chat and completions from GGUF or safetensors models, "
+        "OpenAI's API only), whisper (faster-whisper: speech to text) or piper (piper-tts: "
+        "text to speech).",
     )
     install: Literal["wheel", "release", "source"] = Field(
         default="wheel",
-        description="wheel: xllamacpp from PyPI (whisper and piper: faster-whisper or "
-        "piper-tts, the only method for them); release: llama.cpp's release archives; "
-        "source: a cmake build of a llama.cpp tree.",
+        description="wheel: xllamacpp from PyPI (mistralrs, whisper and piper: the "
+        "mistralrs, faster-whisper or piper-tts package, the only method for them); "
+        "release: llama.cpp's release archives; source: a cmake build of a llama.cpp tree.",
     )
     version: NonEmpty = Field(
         default="latest",
         description="'latest', or a pin: YEAR.MONTH.BUILD for the wheel (2026.10.11549), "
-        "bNNNN for a release (b11549), bNNNN or a commit sha for a source build; for whisper "
-        "and piper the package's version (faster-whisper '1.2.1', piper-tts '1.8.0').",
+        "bNNNN for a release (b11549), bNNNN or a commit sha for a source build; for "
+        "mistralrs, whisper and piper the package's version (mistralrs '0.9.5', "
+        "faster-whisper '1.2.1', piper-tts '1.8.0').",
     )
     rollback_on_drop: float = Field(
         default=0.10,
@@ -70,8 +73,8 @@ class Engine(Table):
 
     @model_validator(mode="after")
     def _consistent(self) -> Engine:
-        if self.kind in AUDIO_ENGINES:
-            return self._audio()
+        if self.kind in PACKAGE_ENGINES:
+            return self._packaged()
         if self.lane is not None:
             given = sorted({"install", "version", "feed", "source"} & self.model_fields_set)
             if given:
@@ -108,8 +111,9 @@ class Engine(Table):
             )
         return self
 
-    def _audio(self) -> Engine:
-        """whisper and piper: the wheel method only, on the CPU, with a package version."""
+    def _packaged(self) -> Engine:
+        """mistralrs, whisper and piper: the wheel method only, on the CPU, with a package
+        version."""
         for name, allowed in (("install", "wheel"), ("backend", "cpu")):
             if getattr(self, name) != allowed:
                 raise FieldError(
@@ -119,18 +123,21 @@ class Engine(Table):
             if getattr(self, name) is not None:
                 raise FieldError(name, f"{name} does not apply to a {self.kind} engine")
         if self.version != "latest" and not PACKAGE_VERSION.fullmatch(self.version):
-            package = AUDIO_ENGINES[self.kind]
+            package = PACKAGE_ENGINES[self.kind]
             raise FieldError(
                 "version",
                 f"version {self.version!r} is not 'latest' or a {package} version such as "
-                f"{AUDIO_EXAMPLES[self.kind]!r}",
+                f"{PACKAGE_EXAMPLES[self.kind]!r}",
             )
         return self
 
 
 # The speech engines and the PyPI package each installs (blazar.engines.audio).
 AUDIO_ENGINES = {"whisper": "faster-whisper", "piper": "piper-tts"}
-AUDIO_EXAMPLES = {"whisper": "1.2.1", "piper": "1.8.0"}
+# Every engine installed from one PyPI package into a venv of its own: the speech ones and
+# mistral.rs (a chat engine).
+PACKAGE_ENGINES = {**AUDIO_ENGINES, "mistralrs": "mistralrs"}
+PACKAGE_EXAMPLES = {"whisper": "1.2.1", "piper": "1.8.0", "mistralrs": "0.9.5"}
 PACKAGE_VERSION = re.compile(r"[0-9]+(\.[0-9]+){1,3}")
 # Fields that mean something for chat models only (llama-server's settings).
 
@@ -143,6 +150,12 @@ class EngineRouting(Table):
         description="auto: each model runs on an engine that supports its GGUF architecture "
         "(mainstream, else an installed fork lane that adds it; a model's own engine pins "
         "it); manual: each model runs on its declared engine, or the default one.",
+    )
+    chat_kind: Literal["llamacpp", "mistralrs"] = Field(
+        default="llamacpp",
+        description="The kind of engine chat models that name none run on: llamacpp (routed "
+        "by GGUF architecture among the llama.cpp lanes) or mistralrs. `blazar engine use "
+        "--kind KIND` sets it.",
     )
     fork_retire_days: int = Field(
         default=14,

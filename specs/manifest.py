@@ -21,7 +21,13 @@ from specs.fleet import Kubernetes, Remote
 from specs.keys import Key
 from specs.models import Lora, Model
 from specs.problems import Finding, FindingsError, Location, Path
-from specs.references import canonical, default_candidates, reference_findings, resolve_engine
+from specs.references import (
+    canonical,
+    default_candidates,
+    default_kind,
+    reference_findings,
+    resolve_engine,
+)
 from specs.serving import Serving
 from specs.tables import Table
 
@@ -132,7 +138,11 @@ class Manifest(Table):
         when several are declared and it names none (auto routing chooses)."""
         doc = self.model_dump(include={"engines", "engine_routing"})  # not every model's
         declared = self.models[model]
-        return resolve_engine(declared.model_dump(), default_candidates(doc, declared.kind))
+        return resolve_engine(
+            declared.model_dump(),
+            default_candidates(doc, declared.kind),
+            default_kind(doc, declared.kind),
+        )
 
     def lane_of(self, engine: str) -> str:
         """The store's lane for engine `engine` (a fork's offer id, else its kind)."""

@@ -23,6 +23,19 @@ DEFAULT_ENGINE = "llamacpp"
 # The kind of engine each kind of model runs on; it is also the lane a model of that kind
 # uses when the manifest declares no engine of that kind (docs/audio.md).
 ENGINE_FOR_KIND = {"chat": "llamacpp", "transcription": "whisper", "speech": "piper"}
+# Every kind of engine a model of each kind may run on (chat: llama.cpp or mistral.rs).
+ENGINES_FOR_KIND = {"chat": ("llamacpp", "mistralrs"), "transcription": ("whisper",),
+                    "speech": ("piper",)}  # fmt: skip
+
+
+def default_kind(doc: Mapping[str, Any], kind: str = "chat") -> str:
+    """The kind of engine a model of `kind` that names none runs on: for chat,
+    `engine_routing.chat_kind` (`blazar engine use --kind`), else llamacpp."""
+    routing = doc.get("engine_routing")
+    chosen = routing.get("chat_kind") if isinstance(routing, Mapping) else None
+    if kind == "chat" and isinstance(chosen, str) and chosen in ENGINES_FOR_KIND["chat"]:
+        return chosen
+    return ENGINE_FOR_KIND.get(kind, DEFAULT_ENGINE)
 
 
 def canonical(name: str) -> str:
@@ -62,9 +75,12 @@ def engine_kind(engine: Mapping[str, Any]) -> str:
     return kind if isinstance(kind, str) else DEFAULT_ENGINE
 
 
-def resolve_engine(model: Mapping[str, Any], engines: list[str]) -> str | None:
+def resolve_engine(
+    model: Mapping[str, Any], engines: list[str], default: str | None = None
+) -> str | None:
     """The engine a model runs on: its own, the only one declared (of its kind: `engines`
-    are the candidates for it), or the default lane of its kind.
+    are the candidates for it), or the default lane of its kind (`default`, else the
+    kind's own: `default_kind`).
 
     None when the model names none and several engines are declared.
     """
@@ -72,7 +88,7 @@ def resolve_engine(model: Mapping[str, Any], engines: list[str]) -> str | None:
     if isinstance(named, str):
         return named
     if not engines:
-        return ENGINE_FOR_KIND[model_kind(model)]
+        return default or ENGINE_FOR_KIND[model_kind(model)]
     return engines[0] if len(engines) == 1 else None
 
 
@@ -90,7 +106,7 @@ def default_candidates(doc: Mapping[str, Any], kind: str = "chat") -> list[str]:
     they add by themselves)."""
     routing = doc.get("engine_routing")
     manual = isinstance(routing, Mapping) and routing.get("mode") == "manual"
-    wanted = ENGINE_FOR_KIND.get(kind, DEFAULT_ENGINE)
+    wanted = default_kind(doc, kind)
     return [
         e
         for e, body in _engine_tables(doc).items()
@@ -181,11 +197,11 @@ def _engine_findings(doc: Mapping[str, Any], models: dict[str, Mapping[str, Any]
     found: list[Finding] = []
     for name, body in models.items():
         kind = model_kind(body)
-        wanted = ENGINE_FOR_KIND[kind]
+        allowed = ENGINES_FOR_KIND[kind]
         candidates = default_candidates(doc, kind)
         named = body.get("engine")
         if isinstance(named, str):
-            default = ENGINE_FOR_KIND[kind]
+            default = default_kind(doc, kind)
             if named not in engines and (engines or named != default):
                 hint = _suggest(named, engines or [default])
                 found.append(
@@ -195,17 +211,18 @@ def _engine_findings(doc: Mapping[str, Any], models: dict[str, Mapping[str, Any]
                         hint or f"declare [engines.{named}] or leave engine out",
                     )
                 )
-            elif named in tables and engine_kind(tables[named]) != wanted:
+            elif named in tables and engine_kind(tables[named]) not in allowed:
+                lanes = " or ".join(allowed)
                 found.append(
                     Finding(
                         ("models", name, "engine"),
                         f"model {name!r} is a {kind} model, but engine {named!r} is a "
-                        f"{engine_kind(tables[named])} lane; {kind} models run on a {wanted} "
+                        f"{engine_kind(tables[named])} lane; {kind} models run on a {lanes} "
                         "lane",
-                        f"name a {wanted} engine, or leave engine out",
+                        f"name a {lanes} engine, or leave engine out",
                     )
                 )
-        elif resolve_engine(body, candidates) is None:
+        elif resolve_engine(body, candidates, default_kind(doc, kind)) is None:
             found.append(
                 Finding(
                     ("models", name, "engine"),

@@ -141,7 +141,7 @@ def _report(outcome: UpdateOutcome, as_json: bool) -> None:
     "kind",
     default=KIND,
     show_default=True,
-    help="The lane to update: llamacpp, whisper, piper, or an installed fork lane's id.",
+    help="The lane to update: llamacpp, mistralrs, whisper, piper, or an installed fork lane's id.",
 )
 @click.option("--all", "all_lanes", is_flag=True, help="Update every installed lane.")
 @click.option(
@@ -268,10 +268,34 @@ def build(
 
 
 @engine.command("use")
-@click.argument("tag")
+@click.argument("tag", required=False)
+@click.option(
+    "--kind",
+    default=None,
+    help="Instead of a TAG: the kind of engine (llamacpp, mistralrs) chat models that name no "
+    "engine run on; it sets engine_routing.chat_kind in your manifest.",
+)
 @pass_context
-def use(ctx: Context, tag: str) -> None:
-    """Make engine TAG the active one of its lane."""
+def use(ctx: Context, tag: str | None, kind: str | None) -> None:
+    """Make engine TAG the active one of its lane; or, with --kind, switch the default lane
+    of a kind of model.
+
+    Examples:
+
+        blazar engine use b11549-cpu
+        blazar engine use --kind mistralrs    # chat models run on mistral.rs
+        blazar engine use --kind llamacpp     # back to llama.cpp
+    """
+    if (tag is None) == (kind is None):
+        raise click.UsageError("give a TAG (`blazar engine list`) or --kind KIND, not both")
+    if kind is not None:
+        from blazar.engines.default_kind import use_kind
+        from blazar.engines.kinds import canonical_kind
+
+        installed = engines(ctx).records.active(canonical_kind(kind)) is not None
+        click.echo(use_kind(ctx.paths.manifest, kind, installed=installed))
+        return
+    assert tag is not None
     record, previous = engines(ctx).use(tag)
     if previous and previous.tag == record.tag:
         click.echo(f"{record.kind}: {record.tag} is already active")

@@ -89,22 +89,48 @@ def offers(ctx: Context, catalog: str | None, as_json: bool) -> None:
 
 
 @click.command("install")
-@click.option("--lane", "lane_id", required=True, help="The offer's id (`blazar engine offers`).")
+@click.option("--lane", "lane_id", default=None, help="The offer's id (`blazar engine offers`).")
+@click.option(
+    "--kind",
+    default=None,
+    help="Instead of a fork lane: an engine kind (mistralrs, llamacpp, whisper, piper), its "
+    "newest version (or --version) installed as `engine update` does.",
+)
+@click.option("--version", default=None, help="With --kind: this version, not the newest.")
 @click.option("--backend", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 @click.option("--jobs", "-j", type=int, default=None, help="Parallel build jobs (default: cores).")
 @CATALOG_OPTION
 @pass_context
 def install(
-    ctx: Context, lane_id: str, backend: str, jobs: int | None, catalog: str | None
+    ctx: Context,
+    lane_id: str | None,
+    kind: str | None,
+    version: str | None,
+    backend: str,
+    jobs: int | None,
+    catalog: str | None,
 ) -> None:
-    """Fetch a fork lane at its pinned commit, verify it, build it and make it a lane.
+    """Fetch a fork lane at its pinned commit, verify it, build it and make it a lane; or
+    install an engine of a kind.
 
     The build is `engine build`'s (cmake; CUDA architectures and host compiler
     detected). Models whose architecture the fork adds are routed to it.
+
+    Examples:
+
+        blazar engine install --lane ik --backend cpu
+        blazar engine install --kind mistralrs
     """
     from blazar.engines.service import Engines
 
+    if (lane_id is None) == (kind is None):
+        raise click.UsageError("give --lane ID (`blazar engine offers`) or --kind KIND")
     svc = Engines(ctx.store, ctx.paths)
+    if kind is not None:
+        outcome = svc.update(kind, version=version, progress=click.echo)
+        click.echo(f"{outcome.kind}: {outcome.message}")
+        return
+    assert lane_id is not None
     offer = svc.catalog(catalog_location(ctx, catalog)).get(lane_id)
     record = svc.install_fork(offer, backend, jobs=jobs, log=click.echo)
     outcome = svc.adopt(record)

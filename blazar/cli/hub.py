@@ -29,7 +29,7 @@ from specs.sources import (
 )
 
 if TYPE_CHECKING:  # huggingface_hub loads with it: only for the commands that call the hub
-    from blazar.sources.hub import Quant
+    from blazar.sources.hub import HubRepo, Quant
 
 
 def pulled_quants(ctx: Context) -> set[tuple[str, str]]:
@@ -127,6 +127,28 @@ def hub_target(target: str) -> HFSource | None:
     return source if isinstance(source, HFSource) else None
 
 
+LANE_HINT = "serve with a mistralrs lane: `blazar engine install --kind mistralrs`"
+
+
+def _fit_safetensors(repo: HubRepo, target: str, as_json: bool) -> None:
+    """`fit` for a repo holding a safetensors model and no GGUF: what it weighs, and the
+    lane that serves it (llama.cpp's estimate reads a GGUF header, which it has none of)."""
+    weights = repo.safetensors or 0
+    pull = f"blazar pull hf://{repo.repo} --name NAME"
+    if as_json:
+        echo_json(
+            {"target": target, "repo": repo.repo, "revision": repo.revision,
+             "format": "safetensors", "weights_bytes": weights, "quants": [],
+             "lane": "mistralrs", "hint": LANE_HINT, "command": pull}
+        )  # fmt: skip
+        return
+    click.echo(
+        f"{repo.repo} ({repo.revision[:12]}) holds a safetensors model ({human_bytes(weights)} "
+        "of weights) and no GGUF, so llama.cpp cannot serve it and no memory estimate is "
+        f'made: {LANE_HINT}, then `{pull}` with engine = "mistralrs" in the manifest'
+    )
+
+
 def fit_remote(
     source: HFSource, target: str, *, ctx_size: int | None, cache_type: str, as_json: bool
 ) -> None:
@@ -135,6 +157,9 @@ def fit_remote(
     from blazar.sources import hub
 
     repo = hub.repo_quants(source.repo, os.environ, source.revision)
+    if not repo.quants and repo.safetensors is not None:  # no GGUF: a safetensors model
+        _fit_safetensors(repo, target, as_json)
+        return
     wanted = source.quant
     if source.filename is not None:
         wanted = next((q.name for q in repo.quants if source.filename in q.files), None)

@@ -208,7 +208,7 @@ def show(ctx: Context, name: str, as_json: bool, manifest_path: Path | None) -> 
         return
     facts = record.facts
     lines = [("model", record.ref.short)]
-    if record.kind != "chat":  # a set of files (docs/audio.md): its kind and files
+    if record.is_set:  # a set of files (docs/audio.md; a safetensors model): kind and files
         _show_set(record)
         return
     for key, label in _SHOW_FACTS:

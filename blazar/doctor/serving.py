@@ -41,7 +41,7 @@ def model_findings(store: Store, manifest: Manifest, *, deep: bool) -> list[Find
             )
             continue
         path = Path(record.path)
-        if record.kind != "chat":  # a set of files (docs/audio.md)
+        if record.is_set:  # a set of files (docs/audio.md; a safetensors model)
             out.append(_set_finding(name, record, path, deep))
             continue
         if not path.is_file():

@@ -1,19 +1,22 @@
-"""The whisper and piper lanes: speech engines installed the way the `wheel` method is.
+"""Package lanes: engines installed from one PyPI package into a venv of their own.
 
-A `whisper` engine is faster-whisper (CTranslate2, speech to text); a `piper`
-engine is piper-tts (ONNX Runtime, text to speech). Each version gets its own
-virtual environment under `<data>/engines/<kind>/<tag>/`, with the package and
-its dependencies installed from the wheel cache (`BLAZAR_WHEEL_CACHE`; what is
-missing there is downloaded into it first, so a second install of a version
-fetches nothing), and its launcher (`whisper_launcher.py`, `piper_launcher.py`:
+The speech lanes: a `whisper` engine is faster-whisper (CTranslate2, speech to
+text); a `piper` engine is piper-tts (ONNX Runtime, text to speech). And one chat
+lane: a `mistralrs` engine is mistral.rs (its Python package; chat and completions
+from GGUF or safetensors models). Each version gets its own virtual environment
+under `<data>/engines/<kind>/<tag>/`, with the package and its dependencies
+installed from the wheel cache (`BLAZAR_WHEEL_CACHE`; what is missing there is
+downloaded into it first, so a second install of a version fetches nothing), and
+its launcher (`whisper_launcher.py`, `piper_launcher.py`, `mistralrs_launcher.py`:
 the engine's Python, the engine package and the standard library only) copied
 beside it. The launcher serves HTTP with a `/health` endpoint and prints the
 "listening on" line the supervisor reads, as llama-server does; the serve
 scheduler supervises it like any other child.
 
-Tags name the package and its version (`faster-whisper-1.2.1`, `piper-tts-1.8.0`),
-so they are unique across lanes. `blazar.engines.service.Engines` installs,
-gates (`blazar.engines.audio_bench`) and switches them.
+Tags name the package and its version (`faster-whisper-1.2.1`, `piper-tts-1.8.0`,
+`mistralrs-0.9.5`), so they are unique across lanes. `blazar.engines.service.Engines`
+installs, gates (`blazar.engines.audio_bench`; mistralrs: `blazar.engines.bench`) and
+switches them.
 """
 
 from __future__ import annotations
@@ -28,19 +31,19 @@ from blazar.engines.base import InstalledEngine, publish, staging
 from blazar.engines.wheel import WheelInstallError, _pip, _tail, place_launcher
 from blazar.errors import InvalidInput
 from reconcilers.engines import audio_tag
-from specs.engines import AUDIO_ENGINES
+from specs.engines import PACKAGE_ENGINES
 
 _VERSION = re.compile(r"^[0-9]+(\.[0-9]+){1,3}$")
 
 
 @dataclass(frozen=True)
 class AudioLane:
-    """One speech engine lane: the package it installs and the launcher that serves it."""
+    """One package lane: the package it installs and the launcher that serves it."""
 
-    kind: str  # whisper | piper
+    kind: str  # whisper | piper | mistralrs
     package: str  # the PyPI package
     launcher: str  # the launcher's file name, beside this module
-    serves: str  # the kind of model it loads: transcription | speech
+    serves: str  # the kind of model it loads: transcription | speech | chat
     figure: str  # what its gate compares, in words
 
     def tag(self, version: str) -> str:
@@ -51,21 +54,24 @@ class AudioLane:
 
 LANES = {
     "whisper": AudioLane(
-        "whisper", AUDIO_ENGINES["whisper"], "whisper_launcher.py", "transcription",
+        "whisper", PACKAGE_ENGINES["whisper"], "whisper_launcher.py", "transcription",
         "real-time factor (audio seconds per second of work)",
     ),
     "piper": AudioLane(
-        "piper", AUDIO_ENGINES["piper"], "piper_launcher.py", "speech",
+        "piper", PACKAGE_ENGINES["piper"], "piper_launcher.py", "speech",
         "synthesis speed (audio seconds per second of work)",
     ),
+    "mistralrs": AudioLane(
+        "mistralrs", PACKAGE_ENGINES["mistralrs"], "mistralrs_launcher.py", "chat",
+        "decode tokens/s",
+    ),
 }  # fmt: skip
-KIND_OF_MODEL = {lane.serves: lane.kind for lane in LANES.values()}
 
 
 def lane(kind: str) -> AudioLane:
     found = LANES.get(kind)
     if found is None:
-        raise InvalidInput(f"{kind!r} is not a speech engine lane: whisper or piper")
+        raise InvalidInput(f"{kind!r} is not a package engine lane: {', '.join(LANES)}")
     return found
 
 

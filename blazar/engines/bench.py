@@ -24,6 +24,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
+from blazar.engines.kinds import OPENAI_ONLY
 from blazar.engines.process import EngineServer
 from blazar.engines.records import BenchResult, EngineRecord
 from blazar.errors import BlazarError
@@ -53,18 +54,17 @@ class BenchError(BlazarError):
     pass
 
 
-def _complete(url: str, workload: Workload) -> dict[str, float]:
-    body = json.dumps(
-        {
-            "prompt": workload.prompt,
-            "n_predict": workload.predict,
-            "temperature": 0,
-            "cache_prompt": False,
-            "ignore_eos": True,
-        }
-    ).encode()
+def _complete(url: str, workload: Workload, openai: bool = False) -> dict[str, float]:
+    """One request's `timings`; `openai`: an engine that speaks only OpenAI's API (a
+    mistralrs lane's launcher reports the same `timings` on /v1/completions)."""
+    fields = {"prompt": workload.prompt, "temperature": 0, "ignore_eos": True}
+    if openai:
+        body, path = json.dumps({**fields, "max_tokens": workload.predict}), "/v1/completions"
+    else:
+        body = json.dumps({**fields, "n_predict": workload.predict, "cache_prompt": False})
+        path = "/completion"
     request = urllib.request.Request(
-        f"{url}/completion", data=body, headers={"Content-Type": "application/json"}
+        f"{url}{path}", data=body.encode(), headers={"Content-Type": "application/json"}
     )
     with urllib.request.urlopen(request, timeout=300) as resp:
         data = json.load(resp)
@@ -122,11 +122,13 @@ async def _measure(
             await stack.enter_async_context(EngineServer(e.command, args, log))
             for e, log in zip(engines, logs, strict=True)
         ]
-        for server in servers:  # warm-up: page in weights, first allocations
-            await asyncio.to_thread(_complete, server.url, workload)
+        openai = [e.kind in OPENAI_ONLY for e in engines]
+        for server, plain in zip(servers, openai, strict=True):  # warm-up: page in weights
+            await asyncio.to_thread(_complete, server.url, workload, plain)
         for _ in range(workload.runs):
-            for engine, server in zip(engines, servers, strict=True):
-                samples[engine.tag].append(await asyncio.to_thread(_complete, server.url, workload))
+            for engine, server, plain in zip(engines, servers, openai, strict=True):
+                sample = await asyncio.to_thread(_complete, server.url, workload, plain)
+                samples[engine.tag].append(sample)
     return samples
 
 

@@ -19,6 +19,7 @@ from blazar.engines import wheel
 from blazar.engines.base import KIND, InstalledEngine, processes_using
 from blazar.engines.bench import GateVerdict, Workload, bench_engines, gate
 from blazar.engines.catalog import Catalog, Offer, load_catalog
+from blazar.engines.kinds import KINDS, OPENAI_ONLY, PACKAGE_KINDS, canonical_kind, unknown_kind
 from blazar.engines.lanes import ACTIVE, FORK, RETIRED, LaneRecord, LaneStore
 from blazar.engines.records import BenchResult, EngineRecord, EngineStore
 from blazar.errors import BlazarError, InvalidInput, NotFound
@@ -108,8 +109,8 @@ class Engines:
         return self.records.add(installed)
 
     def install_audio(self, kind: str, version: str | None = None) -> EngineRecord:
-        """Install a speech engine (whisper: faster-whisper, piper: piper-tts) beside the
-        lane's others; `version` None is the newest on the index."""
+        """Install a package engine (whisper: faster-whisper, piper: piper-tts, mistralrs:
+        mistralrs) beside the lane's others; `version` None is the newest on the index."""
         from blazar.engines.audio import install_audio
 
         cache = wheel.wheel_cache(self.paths.cache / "wheels")
@@ -206,18 +207,17 @@ class Engines:
         catalog: str | None = None,
         runner: Runner | None = None,
     ) -> UpdateOutcome:
+        kind = canonical_kind(kind) if canonical_kind(kind) in KINDS else kind
         lane = self.lanes.get(kind)
         if lane.origin == FORK:
             return self.update_fork(lane, max_drop=max_drop, model=model, catalog=catalog,
                                     progress=progress, runner=runner)  # fmt: skip
-        if kind in AUDIO_LANES:
+        if kind in PACKAGE_KINDS:
             return self.update_audio(kind, version=version, max_drop=max_drop, model=model,
                                      progress=progress)  # fmt: skip
         if kind != KIND:
-            raise InvalidInput(
-                f"unknown engine lane {kind!r}: the lanes are {KIND!r}, whisper, piper and "
-                "the fork lanes installed (`blazar engine list`)"
-            )
+            forks = tuple(lane.lane for lane in self.lanes.all() if lane.origin == FORK)
+            raise InvalidInput(unknown_kind(kind, forks))
         active = self.records.active(kind)
         method = method or (active.method if active else "wheel")
         version = self.resolve_version(method, version, feed=feed)
@@ -253,8 +253,9 @@ class Engines:
         model: str | None = None,
         progress: Callable[[str], None] = lambda _: None,
     ) -> UpdateOutcome:
-        """Install the newest (or `version`) faster-whisper or piper-tts beside the lane's
-        engines, behind the lane's gate (its speed on the fixed clip or sentence)."""
+        """Install the newest (or `version`) faster-whisper, piper-tts or mistralrs beside
+        the lane's engines, behind the lane's gate (its speed on the fixed clip or
+        sentence; mistralrs: decode tokens/s on the fixed prompt)."""
         from blazar.engines.audio import lane, latest_version
 
         package = lane(kind).package
@@ -402,7 +403,7 @@ class Engines:
                 m for m in models if known.get(m.architecture or "") is not False
                 and (m.architecture not in forks or known.get(m.architecture or ""))
             ]  # fmt: skip
-        if models:
+        if models and lane not in OPENAI_ONLY:  # mistral.rs: the tiny llama, which it loads
             return BenchModel(models[0].ref.short, Path(models[0].path), models[0].sha256)
         from blazar.hashing import sha256_file
         from blazar.testing.tiny import write_tiny_model

@@ -18,7 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from blazar.engines.download import DownloadError, download
-from blazar.errors import InvalidInput, NotGGUF
+from blazar.errors import InvalidInput, NotGGUF, VerificationFailed
+from blazar.filesets import is_safetensors_model
 from blazar.sources.base import (
     SHARD,
     Fetched,
@@ -143,8 +144,13 @@ def _fetch_file(source: FileSource, sha256: str | None) -> Fetched:
     path = Path(source.path)
     if not path.exists():
         raise FetchError(f"no such file: {path} (the source {source}); check the path")
+    if path.is_dir() and is_safetensors_model(p.name for p in path.iterdir()):
+        return _fetch_directory(path, sha256)
     if not path.is_file():
-        raise FetchError(f"{path} is not a file; give the path of a .gguf file")
+        raise FetchError(
+            f"{path} is not a file; give the path of a .gguf file (or of a directory holding "
+            "a safetensors model: config.json, *.safetensors, tokenizer.json)"
+        )
     files = [path]
     shard = SHARD.match(path.name)
     if shard is not None:  # a split model: every shard, named the way llama.cpp expects
@@ -158,6 +164,24 @@ def _fetch_file(source: FileSource, sha256: str | None) -> Fetched:
     check_gguf(files[0], str(files[0]))
     size += sum(f.stat().st_size for f in files[1:])
     return Fetched(files, digest, size, False, {"path": str(files[0])})
+
+
+def _fetch_directory(path: Path, sha256: str | None) -> Fetched:
+    """A local safetensors model: its files, each hashed, and the set's digest."""
+    from blazar.filesets import safetensors_files, set_digest
+    from blazar.hashing import sha256_file
+
+    names = safetensors_files(p.name for p in path.iterdir() if p.is_file())
+    hashes = {name: sha256_file(path / name)[0] for name in names}
+    digest = set_digest(hashes)
+    if sha256 is not None and digest != sha256.lower():
+        raise VerificationFailed(
+            f"{path}: its files' digest (the sha256 of their sha256sum listing) is {digest}, "
+            f"not the {sha256.lower()} expected; nothing was kept"
+        )
+    size = sum((path / name).stat().st_size for name in names)
+    files = [path / name for name in names]
+    return Fetched(files, digest, size, False, {"path": str(path)}, tuple(names), hashes)
 
 
 def _fetch_https(

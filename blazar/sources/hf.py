@@ -1,5 +1,7 @@
 """Fetch GGUF files from a Hugging Face hub repo (`hf://owner/repo:QUANT[@rev]`), or the
-files of a transcription model or voice (`hf://owner/repo[/dir]`: `_fetch_set`).
+files of a transcription model or voice (`hf://owner/repo[/dir]`: `_fetch_set`), or of a
+safetensors chat model (`hf://owner/repo` holding no GGUF: its config, weights and
+tokenizer files only, `blazar.filesets.safetensors_files`).
 
 Called by `blazar.sources.fetch`. One `model_info(files_metadata=True)` call
 lists the repo at the revision (its commit sha, every file's size and LFS
@@ -41,7 +43,7 @@ from huggingface_hub.errors import (
 from huggingface_hub.hf_api import RepoSibling
 
 from blazar.errors import VerificationFailed
-from blazar.filesets import set_digest
+from blazar.filesets import is_safetensors_model, safetensors_files, set_digest
 from blazar.hashing import sha256_file
 from blazar.sources.base import (
     SHARD,
@@ -169,6 +171,15 @@ def fetch_hf(
     siblings = {s.rfilename: s for s in info.siblings or []}
     if source.directory is not None or kind != "chat":
         return _fetch_set(source, info, siblings, downloads, progress, endpoint, token)
+    names = list(siblings)
+    plain = source.quant is None and source.filename is None
+    if (
+        plain
+        and not any(n.lower().endswith(".gguf") for n in names)
+        and is_safetensors_model(names)
+    ):  # a safetensors model (a mistralrs lane serves it): the files a server reads
+        model = {n: siblings[n] for n in safetensors_files(names)}
+        return _fetch_set(source, info, model, downloads, progress, endpoint, token)
     chosen = select_files(source, list(siblings))
     first = siblings[chosen[0]]
     if sha256 and first.lfs is not None and first.lfs.sha256 != sha256.lower():

@@ -21,6 +21,7 @@ from typing import Any
 from huggingface_hub import HfApi, get_session, hf_hub_url, hf_raise_for_status
 from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]  # public API
 
+from blazar.filesets import is_safetensors_model
 from blazar.gguf_info import GGUFFacts, HeaderIncomplete, inspect_prefix
 from blazar.sources.base import SHARD, FetchError, quant_of
 from blazar.sources.hf import TIMEOUT, _hub, hub_endpoint, hub_token
@@ -55,6 +56,9 @@ class HubRepo:
     downloads: int | None = None
     likes: int | None = None
     tags: tuple[str, ...] = field(default=())
+    # A safetensors model (config.json, weights, tokenizer.json): its weights' bytes, or None
+    # when the repo holds none (a mistralrs lane serves one; llama.cpp needs a GGUF).
+    safetensors: int | None = None
 
 
 def group_quants(sizes: Mapping[str, int | None]) -> list[Quant]:
@@ -104,6 +108,11 @@ def repo_quants(repo: str, env: Mapping[str, str], revision: str | None = None) 
         endpoint,
     )
     sizes = {s.rfilename: s.size for s in info.siblings or []}
+    weights = None
+    if is_safetensors_model(sizes):
+        weights = sum(
+            v or 0 for k, v in sizes.items() if "/" not in k and k.endswith(".safetensors")
+        )
     return HubRepo(
         info.id or repo,
         info.sha or revision or "main",
@@ -111,6 +120,7 @@ def repo_quants(repo: str, env: Mapping[str, str], revision: str | None = None) 
         downloads=info.downloads,
         likes=info.likes,
         tags=tuple(info.tags or ()),
+        safetensors=weights,
     )
 
 

@@ -38,6 +38,7 @@ from blazar.protocols import ProtocolError
 from blazar.serve.state import session_files
 from blazar.serve.state.session_files import Tokens
 from blazar.serve.supervisor.child_http import ChildConnections, UpstreamError
+from blazar.serve.supervisor.dialects import OPENAI, sessions_refusal
 from blazar.serve.supervisor.instance import Instance, InstanceId, State, instance_id
 from blazar.serve.supervisor.runtime import ModelRuntime
 from blazar.serve.supervisor.scheduler import Lease, Pool
@@ -51,6 +52,8 @@ logger = logging.getLogger("blazar.serve")
 def incompatibility(record: SessionRecord, runtime: ModelRuntime) -> str | None:
     """Why `record` cannot be restored into `runtime`'s instances (None when it can)."""
     name = record.name
+    if runtime.dialect == OPENAI:  # a mistralrs lane: no slots at all
+        return sessions_refusal(runtime.name)
     if record.model != runtime.name:
         return (
             f"session '{name}' was saved from model '{record.model}', not '{runtime.name}': "
@@ -131,6 +134,8 @@ class Sessions:
         runtime = pool.runtime
         if (problem := session_files.check_name(name)) is not None:
             raise ProtocolError(400, problem)
+        if runtime.dialect == OPENAI:
+            raise ProtocolError(400, sessions_refusal(runtime.name))
         if not 0 <= replica < len(pool.members):
             raise ProtocolError(400, f"model '{runtime.name}' has no replica {replica}")
         instance = pool.members[replica].instance

@@ -28,6 +28,8 @@ from blazar.engines.lanes import observe as observe_lanes
 from blazar.engines.records import EngineRecord, EngineStore
 from blazar.errors import BlazarError
 from blazar.protocols.capabilities import TemplateCapabilities, template_capabilities
+from blazar.serve.supervisor import dialects
+from blazar.serve.supervisor.dialects import OPENAI
 from blazar.store import LoraRecord, ModelRecord, Store
 from reconcilers.desired import routing_of
 from reconcilers.ports import OfferView
@@ -84,6 +86,7 @@ class ModelRuntime:
     engine_lane: str = ""  # the lane serving it: llamacpp, or a fork's id
     refusal: str | None = None  # no engine supports it: what its requests are told (400)
     kind: str = "chat"  # chat | transcription (a whisper lane) | speech (a piper lane)
+    dialect: str = dialects.LLAMACPP  # openai: the engine speaks OpenAI's API only (mistralrs)
 
     @property
     def instances(self) -> int:
@@ -133,6 +136,8 @@ class ModelRuntime:
     def args(self) -> tuple[str, ...]:
         """llama-server flags for an instance (the supervisor adds --host/--port); a speech
         lane's launcher flags for a transcription or speech model."""
+        if self.dialect == dialects.OPENAI:  # the mistralrs launcher's own flags
+            return dialects.mistralrs_args(self, default_threads())
         if self.kind != "chat":
             own = "--threads" in self.extra_args
             count = () if own else ("--threads", str(default_threads()))
@@ -236,10 +241,21 @@ def build_runtimes(
             lane = routing.pins.get(name) or routing.defaults.get(name) or ""
             runtimes[name] = audio_runtime(record, spec, serving, engines, lane)
             continue
+        pin = routing.pins.get(name)
+        lane = pin or routing.defaults.get(name, manifest.engine_routing.chat_kind)
+        if lane == dialects.MISTRALRS or record.is_set:  # a lane that speaks only OpenAI's API
+            engine = engines.active(lane) if lane == dialects.MISTRALRS else None
+            embeds = bool(spec and spec.embeddings)
+            refusal = dialects.refusal(name, lane, engine is not None, embeds)
+            runtime = _runtime(name, record.path, record.facts, spec, serving, engine, [],
+                               model_template(manifest, key, record.facts), refusal)  # fmt: skip
+            runtimes[name] = replace(runtime, slots=1, embeddings=False, pooling=None,
+                                     sha256=record.sha256, preflight=False, dialect=OPENAI,
+                                     singleflight=serving.singleflight)  # fmt: skip
+            continue
         decided = route(
-            name, record.architecture, lanes, offers, pin=routing.pins.get(name),
-            default=routing.defaults.get(name, "llamacpp"), mode=routing.mode,
-        )  # fmt: skip
+            name, record.architecture, lanes, offers, pin=pin, default=lane, mode=routing.mode
+        )
         engine = engines.get(decided.lane, decided.tag) if decided.lane and decided.tag else None
         if engine is None and decided.refusal is None:
             continue  # nothing to run it with yet: `blazar engine update` or apply

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from blazar.errors import InvalidInput
+from blazar.serve.supervisor.dialects import OPENAI, adapters_refusal
 from blazar.serve.supervisor.instance import Instance, InstanceSpec, State
 from blazar.serve.supervisor.runtime import ModelRuntime, resolve
 from specs.names import AdapterChoice
@@ -294,6 +296,8 @@ class Scheduler:
                     retry_after=1,
                 ) from None
             raise model_not_found(requested, self.runtimes) from None
+        if asked.adapters and runtime.dialect == OPENAI:  # a mistralrs lane: none per request
+            raise InvalidInput(adapters_refusal(runtime.name))
         for choice in asked.adapters or ():
             if runtime.adapter_index(choice.name) is None:
                 known = ", ".join(runtime.variants) or "none: `blazar lora add` declares one"

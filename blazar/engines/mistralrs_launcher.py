@@ -1,0 +1,477 @@
+"""Serve mistral.rs over OpenAI's HTTP API: the launcher of Blazar's mistralrs lane.
+
+Blazar copies this file into each mistralrs engine (`blazar.engines.audio`) and its
+supervisor runs it with that engine's Python, as it runs llama-server:
+
+    python mistralrs_launcher.py --model PATH --host 127.0.0.1 --port 0 [--alias NAME]
+        [--ctx-size N] [--parallel N] [--threads N] [--threads-batch N]
+        [--chat-template JINJA]
+    python mistralrs_launcher.py --version
+
+PATH is a GGUF file or a directory holding a safetensors model (config.json,
+*.safetensors, tokenizer.json). The model is loaded first (the package's `Runner`,
+offline: `HF_HUB_OFFLINE=1`, no token); then the server listens and prints
+`listening on http://HOST:PORT`, so `/health` answers 200 only once it can work.
+
+    GET  /health                {"status": "ok"}
+    GET  /v1/models             the model, under its alias
+    POST /v1/chat/completions   OpenAI's chat completions, streamed (SSE) or not
+    POST /v1/completions        OpenAI's legacy completions; a streamed one arrives in
+                                one chunk (the package streams chat only)
+
+Answers carry OpenAI's `usage` and, as llama-server's do, `timings` (prompt_n,
+prompt_per_second, predicted_n, predicted_per_second) from mistral.rs's own
+figures; Blazar's bench and update gate read them. It speaks no other API: ollama's
+and Anthropic's are translated by the gateway. What it cannot honour is a 400 in
+OpenAI's shape that names the reason (`REFUSED`), never a silent difference: LoRA
+adapters per request (Blazar's adapters are llama.cpp GGUF files), KV sessions and
+slots, llama.cpp's GBNF grammars (a JSON schema through `response_format` works),
+tools, logprobs, a seed per request. One request runs at a time: the package's
+`Runner` refuses concurrent calls ("Already borrowed"), so the others wait here.
+A client that closes a stream stops its generation. SIGTERM ends the process.
+
+It runs under the engine's Python, not Blazar's: standard library and mistralrs only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+PATHS = "POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health"
+# Fields llama-server takes that mistral.rs cannot honour, and why: a 400 names the reason.
+REFUSED = {
+    "lora": "LoRA adapters per request are not applied by mistral.rs lanes (Blazar's "
+    "adapters are llama.cpp GGUF adapters): serve `model+adapter` from a llamacpp lane",
+    "id_slot": "KV sessions and slots are llama-server's (`/slots`); a mistral.rs lane keeps "
+    "none: serve the model from a llamacpp lane to save and restore sessions",
+    "grammar": "GBNF grammars are llama.cpp's; mistral.rs does not take them: send "
+    "response_format {type: json_schema} instead, or serve the model from a llamacpp lane",
+    "json_schema": "llama.cpp's json_schema field is not taken by mistral.rs: send "
+    "response_format {type: json_schema, json_schema: {schema: ...}} instead",
+    "tools": "tools are not translated for mistral.rs lanes: serve the model from a "
+    "llamacpp lane to call tools",
+    "functions": "functions are not translated for mistral.rs lanes: serve the model from "
+    "a llamacpp lane to call tools",
+    "logprobs": "logprobs are not returned by mistral.rs lanes: send the request without "
+    "them, or serve the model from a llamacpp lane",
+    "top_logprobs": "logprobs are not returned by mistral.rs lanes: send the request "
+    "without them, or serve the model from a llamacpp lane",
+    "n_probs": "token probabilities are not returned by mistral.rs lanes",
+    "seed": "mistral.rs takes a seed per engine, not per request: send the request without "
+    "one, or serve the model from a llamacpp lane",
+    "mirostat": "mirostat sampling is llama.cpp's; mistral.rs does not have it",
+    "typical_p": "typical sampling is llama.cpp's; mistral.rs does not have it",
+    "tfs_z": "tail-free sampling is llama.cpp's; mistral.rs does not have it",
+    "repeat_last_n": "mistral.rs applies its repetition penalty to the whole context; it "
+    "takes no repeat_last_n",
+    "images": "this lane serves text only",
+}
+# Values that ask for nothing, so the field may be sent.
+NEUTRAL: dict[str, Any] = {"logprobs": (False, None), "seed": (None,), "mirostat": (0, None),
+                           "typical_p": (1, 1.0, None), "tfs_z": (1, 1.0, None), "tools": ([],),
+                           "functions": ([],), "top_logprobs": (None, 0)}  # fmt: skip
+SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+            "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+            "repeat_penalty": "repetition_penalty",
+            "repetition_penalty": "repetition_penalty"}  # fmt: skip
+LIMITS = ("max_completion_tokens", "max_tokens", "n_predict")
+
+
+def not_served(path: str) -> str:
+    return f"{path} is not served: this engine speaks OpenAI's API only ({PATHS})"
+
+
+class BadRequest(Exception):
+    """The client's mistake or something this lane cannot do: a 400 with this message."""
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="mistralrs_launcher.py", description=__doc__)
+    parser.add_argument("--version", action="store_true", help="print versions and exit")
+    parser.add_argument("--model", help="a GGUF file, or a safetensors model directory")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--alias", default=None, help="the model's name in answers")
+    parser.add_argument("--ctx-size", type=int, default=0, help="tokens in all (0: the model's)")
+    parser.add_argument("--parallel", type=int, default=1, help="sequences per engine")
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads (0: all cores)")
+    parser.add_argument("--threads-batch", type=int, default=0, help="accepted; as --threads")
+    parser.add_argument("--chat-template", default=None, help="Jinja text of a chat template")
+    args = parser.parse_args(argv)
+    if not args.version and not args.model:
+        parser.error("--model is required")
+    return args
+
+
+def versions() -> str:
+    from importlib.metadata import version
+
+    return f"mistralrs {version('mistralrs')}"
+
+
+def _text(content: Any, where: str) -> str:
+    """A message's content as text: a string, or a list of text parts."""
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""
+    if isinstance(content, list):
+        out = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") not in ("text", "input_text"):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise BadRequest(f"{where}: a {kind!r} part: {REFUSED['images']}")
+            out.append(str(part.get("text", "")))
+        return "".join(out)
+    raise BadRequest(f"{where} must be a string or a list of text parts")
+
+
+def refuse_unsupported(body: dict[str, Any]) -> None:
+    """A 400 for the first field this lane cannot honour (`REFUSED`)."""
+    for name, why in REFUSED.items():
+        if name in body and body[name] not in NEUTRAL.get(name, ()):
+            if name == "tools" and body.get("tool_choice") == "none":
+                continue
+            raise BadRequest(f"'{name}' is not supported here: {why}")
+
+
+def common(body: dict[str, Any]) -> dict[str, Any]:
+    """The request keywords both endpoints share: limits, sampling, stop, n, format."""
+    refuse_unsupported(body)
+    out: dict[str, Any] = {}
+    for name in LIMITS:
+        if body.get(name) is not None:
+            if not isinstance(body[name], int) or isinstance(body[name], bool):
+                raise BadRequest(f"'{name}' must be an integer")
+            out["max_tokens"] = body[name] if body[name] >= 0 else None
+            break
+    for name, keyword in SAMPLING.items():
+        value = body.get(name)
+        if value is not None:
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                raise BadRequest(f"'{name}' must be a number")
+            out[keyword] = value
+    stop = body.get("stop")
+    if stop is not None:
+        stops = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+            raise BadRequest("'stop' must be a string or a list of strings")
+        out["stop_seqs"] = stops or None
+    n = body.get("n")
+    if n is not None:
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 16:
+            raise BadRequest("'n' must be an integer from 1 to 16")
+        out["n_choices"] = n
+    if isinstance(body.get("logit_bias"), dict) and body["logit_bias"]:
+        try:
+            out["logit_bias"] = {int(k): float(v) for k, v in body["logit_bias"].items()}
+        except (TypeError, ValueError):
+            raise BadRequest("'logit_bias' maps token ids to numbers") from None
+    if body.get("ignore_eos") is True:
+        out["ignore_eos"] = True
+    fmt = body.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("type") not in (None, "text"):
+        if fmt.get("type") == "json_object":
+            schema: Any = {"type": "object"}
+        elif fmt.get("type") == "json_schema" and isinstance(fmt.get("json_schema"), dict):
+            schema = fmt["json_schema"].get("schema", {})
+        else:
+            raise BadRequest("response_format must be text, json_object or json_schema")
+        out["grammar"], out["grammar_type"] = json.dumps(schema), "json_schema"
+    return out
+
+
+def chat_request(body: dict[str, Any], model: str) -> tuple[Any, bool, bool]:
+    """(the package's ChatCompletionRequest, stream?, usage in the stream?)."""
+    import mistralrs  # type: ignore[import-untyped, import-not-found, unused-ignore]
+
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty list")
+    turns = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise BadRequest(f"messages[{i}] must be an object with a role")
+        role = message["role"]
+        if role == "tool" or message.get("tool_calls"):
+            raise BadRequest(f"messages[{i}]: {REFUSED['tools']}")
+        role = "system" if role == "developer" else role
+        turns.append({"role": role, "content": _text(message.get("content"), f"messages[{i}]")})
+    stream = body.get("stream") is True
+    options = body.get("stream_options")
+    usage = stream and isinstance(options, dict) and options.get("include_usage") is True
+    kwargs = common(body)
+    return (
+        mistralrs.ChatCompletionRequest(messages=turns, model=model, stream=stream, **kwargs),
+        stream,
+        usage,
+    )
+
+
+def completion_request(body: dict[str, Any], model: str) -> Any:
+    import mistralrs  # type: ignore[import-untyped, import-not-found, unused-ignore]
+
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise BadRequest("'prompt' must be a string (one prompt per request on this lane)")
+    kwargs = common(body)
+    if body.get("echo") is True:
+        kwargs["echo_prompt"] = True
+    if isinstance(body.get("suffix"), str):
+        kwargs["suffix"] = body["suffix"]
+    if isinstance(body.get("best_of"), int) and not isinstance(body["best_of"], bool):
+        kwargs["best_of"] = body["best_of"]
+    return mistralrs.CompletionRequest(prompt=prompt, model=model, **kwargs)
+
+
+def usage_json(usage: Any) -> dict[str, int]:
+    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+            "total_tokens": usage.total_tokens}  # fmt: skip
+
+
+def timings_json(usage: Any, wall: float) -> dict[str, float]:
+    """llama-server's `timings`, from mistral.rs's figures. It reports times in whole
+    milliseconds, so a request shorter than that reads 0 tokens/s: then the figure is
+    the request's wall-clock time (`wall` seconds, prompt included), a lower bound."""
+    prompt_s, predicted_s = usage.total_prompt_time_sec, usage.total_completion_time_sec
+    decode = float(usage.avg_compl_tok_per_sec)
+    if decode <= 0 and usage.completion_tokens and wall > 0:
+        decode, predicted_s = usage.completion_tokens / wall, wall
+    return {
+        "prompt_n": usage.prompt_tokens,
+        "prompt_ms": round(prompt_s * 1000, 3),
+        "prompt_per_second": float(usage.avg_prompt_tok_per_sec),
+        "predicted_n": usage.completion_tokens,
+        "predicted_ms": round(predicted_s * 1000, 3),
+        "predicted_per_second": decode,
+    }
+
+
+def finish(reason: Any) -> str | None:
+    if reason is None:
+        return None
+    text = str(reason)
+    return "stop" if text in ("eos", "stop", "canceled") else text
+
+
+class Engine:
+    """The loaded model, one request at a time."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        import mistralrs  # type: ignore[import-untyped, import-not-found, unused-ignore]
+
+        path = Path(args.model)
+        if path.is_dir():
+            which = mistralrs.Which.Plain(model_id=str(path))
+        elif path.is_file():
+            which = mistralrs.Which.GGUF(
+                quantized_model_id=str(path.parent), quantized_filename=path.name
+            )
+        else:
+            raise FileNotFoundError(f"no such model: {path}")
+        options: dict[str, Any] = {"max_seqs": max(1, args.parallel), "token_source": "none"}
+        if args.chat_template:
+            template = tempfile.NamedTemporaryFile(  # noqa: SIM115 - kept while it runs
+                "w", suffix=".jinja", prefix="mistralrs-template-", delete=False
+            )
+            template.write(args.chat_template)
+            template.close()
+            options["jinja_explicit"] = template.name
+        self.runner = mistralrs.Runner(which=which, **options)
+        self.model = args.alias or path.name
+        self.lock = threading.Lock()
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    engine: Engine
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # one line per request would flood the log; errors are printed below
+
+    def _json(self, status: int, payload: Any) -> None:
+        body = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _error(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
+        self._json(status, {"error": {"message": message, "type": kind, "code": None}})
+
+    def do_GET(self) -> None:
+        path = urlsplit(self.path).path
+        if path == "/health":
+            self._json(200, {"status": "ok"})
+        elif path == "/v1/models":
+            model = {"id": self.engine.model, "object": "model", "created": int(time.time()),
+                     "owned_by": "mistralrs"}  # fmt: skip
+            self._json(200, {"object": "list", "data": [model]})
+        else:
+            self._error(404, not_served(path))
+
+    def do_POST(self) -> None:
+        path = urlsplit(self.path).path
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        if path not in ("/v1/chat/completions", "/v1/completions"):
+            self._error(404, not_served(path))
+            return
+        try:
+            body = json.loads(raw or b"{}")
+            if not isinstance(body, dict):
+                raise BadRequest("the body must be a JSON object")
+            stream, usage = body.get("stream") is True, False
+            if path == "/v1/chat/completions":
+                request, stream, usage = chat_request(body, self.engine.model)
+            else:
+                request = completion_request(body, self.engine.model)
+        except BadRequest as exc:
+            self._error(400, str(exc))
+            return
+        except ValueError as exc:  # not JSON, or a value the package's request refused
+            self._error(400, f"the request is malformed: {exc}")
+            return
+        with self.engine.lock:
+            try:
+                if path == "/v1/chat/completions":
+                    self._chat(request, stream, usage)
+                else:
+                    self._completion(request, stream)
+            except (BrokenPipeError, ConnectionResetError):
+                self.close_connection = True  # the client went away: stop here
+            except ValueError as exc:  # mistral.rs's word for a request it cannot run
+                self._error(400, str(exc))
+            except Exception as exc:
+                print(f"mistralrs_launcher: {path} failed: {exc!r}", file=sys.stderr, flush=True)
+                self._error(500, f"mistral.rs failed: {exc}", "server_error")
+
+    def _chat(self, request: Any, stream: bool, usage: bool) -> None:
+        engine, began = self.engine, time.monotonic()
+        if not stream:
+            done = engine.runner.send_chat_completion_request(request)
+            self._json(200, {
+                "id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion",
+                "created": int(time.time()), "model": engine.model,
+                "choices": [{"index": c.index, "finish_reason": finish(c.finish_reason),
+                             "message": {"role": "assistant", "content": c.message.content}}
+                            for c in done.choices],
+                "usage": usage_json(done.usage),
+                "timings": timings_json(done.usage, time.monotonic() - began),
+            })  # fmt: skip
+            return
+        chunks = engine.runner.send_chat_completion_request(request)
+        ident, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+        self._start_stream()
+        first, last_usage = True, None
+
+        def event(choices: list[dict[str, Any]], **extra: Any) -> None:
+            self._send(
+                {"id": ident, "object": "chat.completion.chunk", "created": created,
+                 "model": engine.model, "choices": choices, **extra}
+            )  # fmt: skip
+
+        try:
+            for chunk in chunks:
+                if first:
+                    event([{"index": 0, "delta": {"role": "assistant", "content": ""},
+                            "finish_reason": None}])  # fmt: skip
+                    first = False
+                event([{"index": c.index, "delta": {"content": c.delta.content or ""},
+                        "finish_reason": finish(c.finish_reason)}
+                       for c in chunk.choices])  # fmt: skip
+                if chunk.usage is not None:
+                    last_usage = chunk.usage
+            if last_usage is not None:
+                extra: dict[str, Any] = {
+                    "timings": timings_json(last_usage, time.monotonic() - began)
+                }
+                if usage:
+                    extra["usage"] = usage_json(last_usage)
+                event([], **extra)
+            self._end_stream()
+        finally:
+            with contextlib.suppress(Exception):
+                del chunks  # dropping the stream stops the generation
+
+    def _completion(self, request: Any, stream: bool) -> None:
+        engine, began = self.engine, time.monotonic()
+        done = engine.runner.send_completion_request(request)
+        timings = timings_json(done.usage, time.monotonic() - began)
+        ident, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+        choices = [{"index": c.index, "text": c.text, "logprobs": None,
+                    "finish_reason": finish(c.finish_reason)} for c in done.choices]  # fmt: skip
+        answer = {"id": ident, "object": "text_completion", "created": created,
+                  "model": engine.model, "choices": choices}  # fmt: skip
+        if not stream:
+            self._json(200, {**answer, "usage": usage_json(done.usage), "timings": timings})
+            return
+        self._start_stream()
+        self._send({**answer, "timings": timings})
+        self._end_stream()
+
+    def _start_stream(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+    def _send(self, payload: dict[str, Any]) -> None:
+        self._chunk(b"data: " + json.dumps(payload).encode() + b"\n\n")
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def _end_stream(self) -> None:
+        self._chunk(b"data: [DONE]\n\n")
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    os.environ["HF_HUB_OFFLINE"] = "1"  # the model is on disk; the hub is never asked
+    if args.threads > 0:  # read by the engine's thread pool when it starts
+        os.environ["RAYON_NUM_THREADS"] = str(args.threads)
+    if args.version:
+        print(versions())
+        return 0
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    started = time.monotonic()
+    try:
+        engine = Engine(args)
+    except Exception as exc:
+        print(f"mistralrs_launcher: cannot load {args.model}: {exc}", file=sys.stderr)
+        return 1
+    Handler.engine = engine
+    server = ThreadingHTTPServer((args.host, args.port), Handler)
+    server.daemon_threads = True
+    host, port = args.host, server.server_address[1]
+    took = time.monotonic() - started
+    print(f"{versions()}: {args.model} loaded in {took:.2f} s", flush=True)
+    print(f"mistralrs_launcher: listening on http://{host}:{port}", flush=True)
+    with contextlib.suppress(KeyboardInterrupt):
+        server.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
