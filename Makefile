@@ -31,8 +31,10 @@ WHEEL_CACHE := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/blazar-tests/wheels
 # from the same cache (--no-index), so each is downloaded with them: about 200 MB in all
 # (CTranslate2, ONNX Runtime, PyAV, numpy, ...). faster-whisper 1.2.0 is the version whose
 # launcher does not start (it imports requests without declaring it): the update test's
-# refused candidate.
-AUDIO_ENGINES := faster_whisper:1.2.1 faster_whisper:1.2.0 piper_tts:1.8.0 piper_tts:1.7.0
+# refused candidate. mistralrs (tests/test_mistralrs*.py) is one 26 MB wheel with no
+# dependencies, installed the same way.
+AUDIO_ENGINES := faster_whisper:1.2.1 faster_whisper:1.2.0 piper_tts:1.8.0 piper_tts:1.7.0 \
+	mistralrs:0.9.5
 
 engine-wheels: $(VENV)/.installed-test
 	@for v in $(TEST_ENGINE_VERSIONS); do \

@@ -91,19 +91,16 @@ def test_a_model_of_a_listed_architecture_is_refused_then_routed_to_the_ik_lane(
         for arch in ("openpangu", "llama"):
             gguf = write_tiny_model(models / f"{arch}.gguf", architecture=arch)
             registry.import_file(gguf, parse_name(arch))
-        engines = EngineStore(store)
-        main_engine = Engines(store, paths).install("wheel", MAINSTREAM)
-        engines.activate(main_engine.kind, main_engine.tag, "first install")
-        lanes = LaneStore(store)
-        lanes.record_support("llamacpp", main_engine.tag, "openpangu", False, "probe")
+        engines, lanes = EngineStore(store), LaneStore(store)
         offer = load_catalog(None, paths.cache).get("ik")
         tag = offer.tag("cpu")
-        built = paths.engines / "ik" / tag
-        (built / "bin").mkdir(parents=True)
-        engines.add(
-            InstalledEngine("ik", tag, "fork", COMMIT, built, [str(built / "bin" / "llama-server")])
-        )
-        engines.activate("ik", tag, "first install")
+        for lane, engine_tag, method in (("llamacpp", "b11549-cpu", "wheel"), ("ik", tag, "fork")):
+            built = paths.engines / lane / engine_tag
+            (built / "bin").mkdir(parents=True)
+            server = [str(built / "bin" / "llama-server")]
+            engines.add(InstalledEngine(lane, engine_tag, method, COMMIT, built, server))
+            engines.activate(lane, engine_tag, "first install")
+        lanes.record_support("llamacpp", "b11549-cpu", "openpangu", False, "probe")
         lanes.put(
             LaneRecord("ik", "llamacpp", FORK, offer=offer.to_json(),
                        architectures=offer.architectures)
