@@ -114,13 +114,15 @@ def test_served_gguf_and_safetensors_models_and_the_refusals(
 ) -> None:  # fmt: skip
     gguf = write_tiny_model(tmp_path / "tiny.gguf")
     later = write_tiny_model(tmp_path / "later.gguf", seed=1)
+    nova = write_tiny_model(tmp_path / "nova.gguf", architecture="nova")  # mistral.rs has none
     paths.manifest.parent.mkdir(parents=True, exist_ok=True)
     paths.manifest.write_text(
         f'[engines.mistralrs]\nkind = "mistralrs"\nversion = "{VERSION}"\n\n'
         f'[models.tiny]\nsource = "{gguf.as_uri()}"\nengine = "mistralrs"\n\n'
         f'[models.st]\nsource = "hf://{REPO}"\nengine = "mistralrs"\n\n'
         f'[models.stray]\nsource = "hf://{REPO}"\n\n'  # no engine: llama.cpp's, GGUF only
-        f'[models.later]\nsource = "{later.as_uri()}"\n'
+        f'[models.later]\nsource = "{later.as_uri()}"\n\n'
+        f'[models.nova]\nsource = "{nova.as_uri()}"\nengine = "mistralrs"\n'
     )
     with FakeHub() as hub:
         hub.add_repo(REPO, {**tiny_safetensors_files(), "README.md": b"# tiny\n"})
@@ -169,13 +171,14 @@ def test_served_gguf_and_safetensors_models_and_the_refusals(
             ("tiny", {"seed": 3}, "a seed per engine, not per request"),
             ("tiny", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
             ("stray", {}, "serve with a mistralrs lane: `blazar engine install --kind mistralrs`"),
+            ("nova", {}, "'nova', which the mistralrs lane does not load (its load probe"),
         ]:  # fmt: skip
             with pytest.raises(openai.BadRequestError) as caught:
                 chat(client, model, **extra)
             assert reason in caught.value.message, caught.value.message
         r = blazar("session", "save", "tiny", "s1", "--url", served.url, ok=False)
         assert r.exit_code == 1 and "keeps no KV slots" in r.output
-        assert "stray" not in {r["model"] for r in served.ps()}  # refused before any spawn
+        assert not {"stray", "nova"} & {r["model"] for r in served.ps()}  # refused, not spawned
 
         # `engine use --kind mistralrs`: chat models that name no engine move to mistral.rs.
         with pytest.raises(openai.NotFoundError):  # no llama.cpp engine is installed

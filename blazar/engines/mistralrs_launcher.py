@@ -1,42 +1,33 @@
 """Serve mistral.rs over OpenAI's HTTP API: the launcher of Blazar's mistralrs lane.
 
-Blazar copies this file into each mistralrs engine (`blazar.engines.audio`) and its
+Blazar copies this file into each mistralrs engine (`blazar.engines.audio`); its
 supervisor runs it with that engine's Python, as it runs llama-server:
 
-    python mistralrs_launcher.py --model PATH --host 127.0.0.1 --port 0 [--alias NAME]
-        [--ctx-size N] [--parallel N] [--threads N] [--threads-batch N]
-        [--chat-template JINJA]
+    python mistralrs_launcher.py --model PATH --host H --port 0 [--alias NAME]
+        [--ctx-size N] [--parallel N] [--threads N] [--chat-template JINJA]
     python mistralrs_launcher.py --version
 
-PATH is a GGUF file or a directory holding a safetensors model (config.json,
-*.safetensors, tokenizer.json). The model is loaded first (the package's `Runner`,
-offline: `HF_HUB_OFFLINE=1`, no token); then the server listens and prints
-`listening on http://HOST:PORT`, so `/health` answers 200 only once it can work.
-
-    GET  /health                {"status": "ok"}
-    GET  /v1/models             the model, under its alias
-    POST /v1/chat/completions   OpenAI's chat completions, streamed (SSE) or not
-    POST /v1/completions        OpenAI's legacy completions; a streamed one arrives in
-                                one chunk (the package streams chat only)
-
-Answers carry OpenAI's `usage` and, as llama-server's do, `timings` (prompt_n,
-prompt_per_second, predicted_n, predicted_per_second) from mistral.rs's own
-figures; Blazar's bench and update gate read them. It speaks no other API: ollama's
-and Anthropic's are translated by the gateway. What it cannot honour is a 400 in
-OpenAI's shape that names the reason (`REFUSED`), never a silent difference: LoRA
-adapters per request (Blazar's adapters are llama.cpp GGUF files), KV sessions and
-slots, llama.cpp's GBNF grammars (a JSON schema through `response_format` works),
-tools, logprobs, a seed per request. One request runs at a time: the package's
-`Runner` refuses concurrent calls ("Already borrowed"), so the others wait here.
-A client that closes a stream stops its generation. SIGTERM ends the process.
-
-It runs under the engine's Python, not Blazar's: standard library and mistralrs only.
+PATH is a GGUF file or a safetensors model directory (config.json, *.safetensors,
+tokenizer.json). The model is loaded first (the package's `Runner`, offline), then
+the server listens and prints `listening on http://HOST:PORT`: `/health` answers
+only once it can work. It serves GET /health, GET /v1/models, POST
+/v1/chat/completions (streamed or not) and POST /v1/completions (a streamed one
+arrives in one chunk: the package streams chat only), and no other API: the gateway
+translates ollama's and Anthropic's. Answers carry `usage` and, as llama-server's
+do, `timings` from mistral.rs's own figures (Blazar's bench and gate read them).
+What mistral.rs cannot honour is a 400 in OpenAI's shape naming the reason
+(`REFUSED`): LoRA adapters per request, KV sessions, GBNF grammars (a JSON schema in
+`response_format` works), tools, logprobs, a seed per request. The context is the
+model's own (--ctx-size is taken for llama-server's flag vocabulary). One request
+runs at a time: the Runner refuses concurrent calls ("Already borrowed"), so the
+others wait here. SIGTERM ends it. Standard library and mistralrs only.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -52,41 +43,37 @@ from urllib.parse import urlsplit
 
 PATHS = "POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health"
 # Fields llama-server takes that mistral.rs cannot honour, and why: a 400 names the reason.
+_ELSEWHERE = ", or serve the model from a llamacpp lane"
+_NOT_HERE = "{} are not {} by mistral.rs lanes: send the request without them" + _ELSEWHERE
 REFUSED = {
     "lora": "LoRA adapters per request are not applied by mistral.rs lanes (Blazar's "
     "adapters are llama.cpp GGUF adapters): serve `model+adapter` from a llamacpp lane",
     "id_slot": "KV sessions and slots are llama-server's (`/slots`); a mistral.rs lane keeps "
     "none: serve the model from a llamacpp lane to save and restore sessions",
     "grammar": "GBNF grammars are llama.cpp's; mistral.rs does not take them: send "
-    "response_format {type: json_schema} instead, or serve the model from a llamacpp lane",
+    "response_format {type: json_schema} instead" + _ELSEWHERE,
     "json_schema": "llama.cpp's json_schema field is not taken by mistral.rs: send "
     "response_format {type: json_schema, json_schema: {schema: ...}} instead",
-    "tools": "tools are not translated for mistral.rs lanes: serve the model from a "
-    "llamacpp lane to call tools",
-    "functions": "functions are not translated for mistral.rs lanes: serve the model from "
-    "a llamacpp lane to call tools",
-    "logprobs": "logprobs are not returned by mistral.rs lanes: send the request without "
-    "them, or serve the model from a llamacpp lane",
-    "top_logprobs": "logprobs are not returned by mistral.rs lanes: send the request "
-    "without them, or serve the model from a llamacpp lane",
-    "n_probs": "token probabilities are not returned by mistral.rs lanes",
+    "tools": _NOT_HERE.format("tools", "translated"),
+    "functions": _NOT_HERE.format("functions", "translated"),
+    "logprobs": _NOT_HERE.format("logprobs", "returned"),
+    "top_logprobs": _NOT_HERE.format("logprobs", "returned"),
+    "n_probs": _NOT_HERE.format("token probabilities", "returned"),
     "seed": "mistral.rs takes a seed per engine, not per request: send the request without "
-    "one, or serve the model from a llamacpp lane",
+    "one" + _ELSEWHERE,
     "mirostat": "mirostat sampling is llama.cpp's; mistral.rs does not have it",
     "typical_p": "typical sampling is llama.cpp's; mistral.rs does not have it",
     "tfs_z": "tail-free sampling is llama.cpp's; mistral.rs does not have it",
-    "repeat_last_n": "mistral.rs applies its repetition penalty to the whole context; it "
-    "takes no repeat_last_n",
+    "repeat_last_n": "mistral.rs applies its repetition penalty to the whole context",
     "images": "this lane serves text only",
 }
 # Values that ask for nothing, so the field may be sent.
 NEUTRAL: dict[str, Any] = {"logprobs": (False, None), "seed": (None,), "mirostat": (0, None),
                            "typical_p": (1, 1.0, None), "tfs_z": (1, 1.0, None), "tools": ([],),
                            "functions": ([],), "top_logprobs": (None, 0)}  # fmt: skip
-SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
-            "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
-            "repeat_penalty": "repetition_penalty",
-            "repetition_penalty": "repetition_penalty"}  # fmt: skip
+SAMPLING = {**{k: k for k in ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
+                              "frequency_penalty", "repetition_penalty")},
+            "repeat_penalty": "repetition_penalty"}  # fmt: skip
 LIMITS = ("max_completion_tokens", "max_tokens", "n_predict")
 
 
@@ -124,10 +111,8 @@ def versions() -> str:
 
 def _text(content: Any, where: str) -> str:
     """A message's content as text: a string, or a list of text parts."""
-    if isinstance(content, str):
-        return content
-    if content is None:
-        return ""
+    if content is None or isinstance(content, str):
+        return content or ""
     if isinstance(content, list):
         out = []
         for part in content:
@@ -164,14 +149,12 @@ def common(body: dict[str, Any]) -> dict[str, Any]:
             if not isinstance(value, int | float) or isinstance(value, bool):
                 raise BadRequest(f"'{name}' must be a number")
             out[keyword] = value
-    stop = body.get("stop")
-    if stop is not None:
+    if (stop := body.get("stop")) is not None:
         stops = [stop] if isinstance(stop, str) else stop
         if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
             raise BadRequest("'stop' must be a string or a list of strings")
         out["stop_seqs"] = stops or None
-    n = body.get("n")
-    if n is not None:
+    if (n := body.get("n")) is not None:
         if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 16:
             raise BadRequest("'n' must be an integer from 1 to 16")
         out["n_choices"] = n
@@ -210,15 +193,12 @@ def chat_request(body: dict[str, Any], model: str) -> tuple[Any, bool, bool]:
             raise BadRequest(f"messages[{i}]: {REFUSED['tools']}")
         role = "system" if role == "developer" else role
         turns.append({"role": role, "content": _text(message.get("content"), f"messages[{i}]")})
-    stream = body.get("stream") is True
-    options = body.get("stream_options")
+    stream, options = body.get("stream") is True, body.get("stream_options")
     usage = stream and isinstance(options, dict) and options.get("include_usage") is True
-    kwargs = common(body)
-    return (
-        mistralrs.ChatCompletionRequest(messages=turns, model=model, stream=stream, **kwargs),
-        stream,
-        usage,
+    asked = mistralrs.ChatCompletionRequest(
+        messages=turns, model=model, stream=stream, **common(body)
     )
+    return asked, stream, usage
 
 
 def completion_request(body: dict[str, Any], model: str) -> Any:
@@ -240,8 +220,7 @@ def completion_request(body: dict[str, Any], model: str) -> Any:
 
 
 def usage_json(usage: Any) -> dict[str, int]:
-    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
-            "total_tokens": usage.total_tokens}  # fmt: skip
+    return {k: getattr(usage, k) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
 
 
 def timings_json(usage: Any, wall: float) -> dict[str, float]:
@@ -263,10 +242,7 @@ def timings_json(usage: Any, wall: float) -> dict[str, float]:
 
 
 def finish(reason: Any) -> str | None:
-    if reason is None:
-        return None
-    text = str(reason)
-    return "stop" if text in ("eos", "stop", "canceled") else text
+    return None if reason is None else "stop" if reason in ("eos", "canceled") else str(reason)
 
 
 class Engine:
@@ -285,13 +261,13 @@ class Engine:
         else:
             raise FileNotFoundError(f"no such model: {path}")
         options: dict[str, Any] = {"max_seqs": max(1, args.parallel), "token_source": "none"}
+        self.template: Path | None = None  # the declared template, as the package reads it
         if args.chat_template:
-            template = tempfile.NamedTemporaryFile(  # noqa: SIM115 - kept while it runs
-                "w", suffix=".jinja", prefix="mistralrs-template-", delete=False
-            )
-            template.write(args.chat_template)
-            template.close()
-            options["jinja_explicit"] = template.name
+            handle, name = tempfile.mkstemp(suffix=".jinja", prefix="mistralrs-template-")
+            os.close(handle)
+            self.template = Path(name)
+            self.template.write_text(args.chat_template, "utf-8")
+            options["jinja_explicit"] = name
         self.runner = mistralrs.Runner(which=which, **options)
         self.model = args.alias or path.name
         self.lock = threading.Lock()
@@ -316,13 +292,12 @@ class Handler(BaseHTTPRequestHandler):
         self._json(status, {"error": {"message": message, "type": kind, "code": None}})
 
     def do_GET(self) -> None:
-        path = urlsplit(self.path).path
+        path, model = urlsplit(self.path).path, self.engine.model
         if path == "/health":
             self._json(200, {"status": "ok"})
         elif path == "/v1/models":
-            model = {"id": self.engine.model, "object": "model", "created": int(time.time()),
-                     "owned_by": "mistralrs"}  # fmt: skip
-            self._json(200, {"object": "list", "data": [model]})
+            listed = {"id": model, "object": "model", "created": 0, "owned_by": "mistralrs"}
+            self._json(200, {"object": "list", "data": [listed]})
         else:
             self._error(404, not_served(path))
 
@@ -376,10 +351,10 @@ class Handler(BaseHTTPRequestHandler):
                 "timings": timings_json(done.usage, time.monotonic() - began),
             })  # fmt: skip
             return
-        chunks = engine.runner.send_chat_completion_request(request)
-        ident, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+        chunks = iter(engine.runner.send_chat_completion_request(request))
+        head = next(chunks, None)  # the engine's refusal comes here, before the headers go
+        ident, created, last_usage = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time()), None
         self._start_stream()
-        first, last_usage = True, None
 
         def event(choices: list[dict[str, Any]], **extra: Any) -> None:
             self._send(
@@ -387,24 +362,17 @@ class Handler(BaseHTTPRequestHandler):
                  "model": engine.model, "choices": choices, **extra}
             )  # fmt: skip
 
+        event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
         try:
-            for chunk in chunks:
-                if first:
-                    event([{"index": 0, "delta": {"role": "assistant", "content": ""},
-                            "finish_reason": None}])  # fmt: skip
-                    first = False
+            for chunk in itertools.chain([head] if head is not None else [], chunks):
                 event([{"index": c.index, "delta": {"content": c.delta.content or ""},
                         "finish_reason": finish(c.finish_reason)}
                        for c in chunk.choices])  # fmt: skip
                 if chunk.usage is not None:
                     last_usage = chunk.usage
-            if last_usage is not None:
-                extra: dict[str, Any] = {
-                    "timings": timings_json(last_usage, time.monotonic() - began)
-                }
-                if usage:
-                    extra["usage"] = usage_json(last_usage)
-                event([], **extra)
+            if last_usage is not None:  # timings (and usage, when asked) in a last chunk
+                extra = {"usage": usage_json(last_usage)} if usage else {}
+                event([], timings=timings_json(last_usage, time.monotonic() - began), **extra)
             self._end_stream()
         finally:
             with contextlib.suppress(Exception):
@@ -428,20 +396,19 @@ class Handler(BaseHTTPRequestHandler):
 
     def _start_stream(self) -> None:
         self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Transfer-Encoding", "chunked")
+        for name, value in (("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache"),
+                            ("Transfer-Encoding", "chunked")):  # fmt: skip
+            self.send_header(name, value)
         self.end_headers()
 
-    def _send(self, payload: dict[str, Any]) -> None:
-        self._chunk(b"data: " + json.dumps(payload).encode() + b"\n\n")
-
-    def _chunk(self, data: bytes) -> None:
+    def _send(self, payload: dict[str, Any] | str) -> None:
+        text = payload if isinstance(payload, str) else json.dumps(payload)
+        data = f"data: {text}\n\n".encode()
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.wfile.flush()
 
     def _end_stream(self) -> None:
-        self._chunk(b"data: [DONE]\n\n")
+        self._send("[DONE]")
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
 
@@ -454,8 +421,14 @@ def main(argv: list[str]) -> int:
     if args.version:
         print(versions())
         return 0
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-    started = time.monotonic()
+    started, engine = time.monotonic(), None
+
+    def stop(*_: object) -> None:
+        if engine is not None and engine.template is not None:
+            engine.template.unlink(missing_ok=True)
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
     try:
         engine = Engine(args)
     except Exception as exc:

@@ -8,8 +8,10 @@ comes up, or one that fails for any other reason (a missing tensor: the tiny
 llama weights do not fit architecture X, which llama.cpp therefore knows),
 means supported. The answer is recorded in the store's `engine_support`, so
 each engine is probed once per architecture; a fork's support comes from the
-catalog instead. The engines port (`blazar.wiring`) and the gateway's passes
-(`blazar.serve.daemon`) call `ensure_probed` before they route models.
+catalog instead. A mistralrs lane is probed the same way (mistral.rs's word is
+"Unknown normal-model GGUF architecture"). The engines port (`blazar.wiring`) and
+the gateway's passes (`blazar.serve.daemon`) call `ensure_probed` before they route
+models.
 """
 
 from __future__ import annotations
@@ -27,7 +29,12 @@ from blazar.errors import BlazarError
 from blazar.paths import Paths
 from blazar.store import Store
 
-UNKNOWN = re.compile(r"unknown model architecture: '([^']*)'")
+# llama.cpp's words for an architecture it does not know, and mistral.rs's (the mistralrs
+# lane's launcher says what the package raised).
+UNKNOWN = re.compile(
+    r"unknown model architecture: '([^']*)'|Unknown normal-model GGUF architecture `([^`]*)`"
+)
+PROBED_KINDS = ("llamacpp", "mistralrs")  # the kinds that load GGUF architectures
 PROBE_ARGS = ("--ctx-size", "256", "--parallel", "1", "--threads", "1", "--threads-batch", "1")
 
 
@@ -74,7 +81,7 @@ def ensure_probed(store: Store, paths: Paths, architectures: Iterable[str]) -> l
     lanes = LaneStore(store)
     done = []
     for lane in lanes.all():
-        if lane.origin != MAINSTREAM or lane.kind != "llamacpp":  # GGUF architectures only
+        if lane.origin != MAINSTREAM or lane.kind not in PROBED_KINDS:  # GGUF architectures
             continue
         engine = lanes.engines.active(lane.lane)
         if engine is None or not Path(engine.path).is_dir():

@@ -14,6 +14,7 @@ the scheduler and the sessions call these; pure.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
 LLAMACPP, OPENAI = "llamacpp", "openai"
@@ -49,13 +50,27 @@ def mistralrs_args(runtime: Launched, threads: int) -> tuple[str, ...]:
     return (*out, *runtime.extra_args)
 
 
-def refusal(name: str, lane: str, installed: bool, embeddings: bool) -> str | None:
+def refusal(
+    name: str,
+    lane: str,
+    installed: bool,
+    embeddings: bool,
+    loads: Mapping[str, bool] | None = None,
+    architecture: str | None = None,
+) -> str | None:
     """Why a model on the mistralrs lane (or a safetensors model on `lane`) cannot be
-    served, before any spawn; None when it can."""
+    served, before any spawn; None when it can. `loads`: what the lane's load probe found
+    it loads, by GGUF architecture; `architecture`: the model's."""
     if lane != MISTRALRS:
         return safetensors_refusal(name, lane)
     if not installed:
         return no_engine_refusal(name)
+    if architecture is not None and (loads or {}).get(architecture) is False:
+        return (
+            f"model '{name}' has architecture '{architecture}', which the mistralrs lane does "
+            f"not load (its load probe said so): remove models.{name}.engine to serve it from "
+            "a llamacpp lane"
+        )
     return embeddings_refusal(name) if embeddings else None
 
 

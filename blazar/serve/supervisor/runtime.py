@@ -245,13 +245,13 @@ def build_runtimes(
         lane = pin or routing.defaults.get(name, manifest.engine_routing.chat_kind)
         if lane == dialects.MISTRALRS or record.is_set:  # a lane that speaks only OpenAI's API
             engine = engines.active(lane) if lane == dialects.MISTRALRS else None
-            embeds = bool(spec and spec.embeddings)
-            refusal = dialects.refusal(name, lane, engine is not None, embeds)
+            loads = next((o.support for o in lanes if o.lane == lane and o.active), {})
+            refusal = dialects.refusal(name, lane, bool(engine), bool(spec and spec.embeddings),
+                                       loads, record.architecture)  # fmt: skip
             runtime = _runtime(name, record.path, record.facts, spec, serving, engine, [],
                                model_template(manifest, key, record.facts), refusal)  # fmt: skip
-            runtimes[name] = replace(runtime, slots=1, embeddings=False, pooling=None,
-                                     sha256=record.sha256, preflight=False, dialect=OPENAI,
-                                     singleflight=serving.singleflight)  # fmt: skip
+            runtimes[name] = replace(runtime, slots=1, sha256=record.sha256, preflight=False,
+                                     dialect=OPENAI, singleflight=serving.singleflight)  # fmt: skip
             continue
         decided = route(
             name, record.architecture, lanes, offers, pin=pin, default=lane, mode=routing.mode
