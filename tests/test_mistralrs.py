@@ -140,6 +140,7 @@ def test_served_gguf_and_safetensors_models_and_the_refusals(
     assert {"tiny", "st", "stray", "later"} <= set(listed)
     engine = json.loads(blazar("engine", "list", "--json").output)
     assert (engine["kind"], engine["tag"], engine["active"]) == ("mistralrs", TAG, True)
+    assert engine["details"]["dialect"] == "openai"  # it speaks OpenAI's API only
     assert (Path(engine["path"]) / "venv" / "bin" / "python").exists()  # its own venv
 
     with Served(paths.manifest, blazar_home) as served:

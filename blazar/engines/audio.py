@@ -28,6 +28,7 @@ from pathlib import Path
 
 from blazar.engines import wheel
 from blazar.engines.base import InstalledEngine, publish, staging
+from blazar.engines.kinds import OPENAI_ONLY
 from blazar.engines.wheel import WheelInstallError, _pip, _tail, place_launcher
 from blazar.errors import InvalidInput
 from reconcilers.engines import audio_tag
@@ -127,5 +128,10 @@ def install_audio(
         version=version,
         path=final,
         command=[str(final / "venv" / "bin" / "python"), str(final / spec.launcher)],
-        details={"package": spec.package, "launcher_version": launcher_version},
+        details={
+            "package": spec.package,
+            "launcher_version": launcher_version,
+            # What its server speaks (the request pipeline translates for an OpenAI-only one).
+            "dialect": "openai" if kind in OPENAI_ONLY else kind,
+        },
     )
