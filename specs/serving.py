@@ -3,6 +3,8 @@ the manifest (`specs.manifest.Manifest`)."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from specs.durations import Duration
@@ -79,11 +81,13 @@ class Serving(Table):
         ge=1,
         description="Most MiB of banked sessions kept on disk; the least recently used go first.",
     )
-    prompt_preflight: bool = Field(
+    prompt_preflight: bool | Literal["strict"] = Field(
         default=True,
         description="Count a request's prompt tokens with the model's tokenizer before it "
-        "reaches the engine and refuse (400) one whose prompt and requested output cannot "
-        "fit the slot's context.",
+        "reaches the engine: a prompt that cannot fit the slot's context is refused (400); "
+        "one that fits but whose requested output does not is served with the output "
+        "capped to what fits (the response header x-blazar-max-tokens-capped names the "
+        'cap). "strict" refuses that one too; false turns the preflight off.',
     )
     singleflight: bool = Field(
         default=False,

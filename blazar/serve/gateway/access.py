@@ -45,8 +45,8 @@ from aiohttp.web_urldispatcher import AbstractRoute
 
 from blazar.serve.gateway import policy
 from blazar.serve.gateway.audit import AuditLog
-from blazar.serve.http import KEY_NAME
-from blazar.serve.request import pipeline
+from blazar.serve.http import KEY_NAME, Handler
+from blazar.serve.request import steps
 from blazar.serve.request.envelopes import for_path
 from blazar.serve.request.grants import ADMIN, GRANT, INFERENCE, Grant
 from specs.keys import Key
@@ -258,9 +258,7 @@ class Access:
         return for_path(request.path).response(request, status, message, code, retry_after)
 
     @web.middleware
-    async def middleware(
-        self, request: web.Request, handler: pipeline.Handler
-    ) -> web.StreamResponse:
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         host = request.headers.get("Host")
         allowed = self._hosts.get(host) if host is not None else True
         if allowed is None:
@@ -367,7 +365,7 @@ class Access:
                 )  # fmt: skip
         return None
 
-    async def _audited(self, request: web.Request, handler: pipeline.Handler) -> web.StreamResponse:
+    async def _audited(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         status = 500
         try:
             response = await handler(request)
@@ -377,7 +375,7 @@ class Access:
             status = exc.status
             raise
         except Exception as exc:
-            known = pipeline.failure(exc)
+            known = steps.failure(exc)
             status = known.status if known is not None else 500
             raise
         finally:

@@ -77,7 +77,8 @@ class ModelRuntime:
     settings_problem: str | None = None  # why `cache` cannot serve this GGUF: never spawned
     slot_dir: str | None = None  # --slot-save-path: where sessions are saved and restored
     session_bank: bool = False
-    preflight: bool = True
+    preflight: str = "on"  # on | strict | off (serving.prompt_preflight)
+    dialect: str = "llama-server"  # what its engine's HTTP API speaks: llama-server | openai
     singleflight: bool = False
     facts: dict[str, object] = field(default_factory=dict, compare=False, hash=False)
     # -- engine routing (fork lanes) --
@@ -291,7 +292,7 @@ def audio_runtime(
         )
         + (tuple(model.args) if model else ()),
         sha256=record.sha256,
-        preflight=False,
+        preflight="off",
         facts={**record.facts, "size": record.size},
         engine_lane=lane if engine else "",
         refusal=refusal,
@@ -399,10 +400,17 @@ def _with_sessions(
         settings_problem="; ".join(found) or None,
         slot_dir=str(slot_dir) if slot_dir is not None else None,
         session_bank=bank,
-        preflight=serving.prompt_preflight,
+        preflight=preflight_mode(serving.prompt_preflight),
         singleflight=serving.singleflight,
         facts=facts,
     )
+
+
+def preflight_mode(setting: bool | str) -> str:
+    """serving.prompt_preflight as the runtime keeps it: on, strict or off."""
+    if setting == "strict":
+        return "strict"
+    return "on" if setting else "off"
 
 
 def _rope_facts(path: str) -> dict[str, Any]:
