@@ -96,6 +96,8 @@ def test_errors_are_typed_and_carry_the_body_and_the_trace_id(
     assert error.trace_id and error.trace_id in str(error)
     assert client.explain(error.trace_id)["status"] == 404  # the refusal has its trace
 
+    with pytest.raises(NotFoundError):  # a stream's refusal raises from chat itself
+        client.chat("nope", "hi", stream=True)
     with pytest.raises(NotFoundError) as no_trace:  # ollama's envelope on /api/*
         client.explain("nope")
     assert no_trace.value.message.startswith("no trace 'nope'")

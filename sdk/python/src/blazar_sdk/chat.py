@@ -215,7 +215,8 @@ def delta(chunk: Mapping[str, Any], round_: int) -> Delta | None:
 
 class ChatStream:
     """Deltas as the model makes them, across the rounds of a tool loop; a context
-    manager (leaving it closes the connection, which stops the generation).
+    manager (leaving it closes the connection, which stops the generation). The first
+    request is sent when the stream is made, so a refusal raises from `chat` itself.
 
     After the stream ends: `messages` is the whole conversation, `text` the final
     answer, `usage` the last round's, `trace_ids` every round's `x-request-id`.
@@ -241,7 +242,7 @@ class ChatStream:
         self._handlers, self._rounds, self._mcp, self._options = (
             handlers, max_tool_rounds, mcp, options,
         )  # fmt: skip
-        self._response: Any = None
+        self._response: Any = self._open()  # sent now: a refusal raises here, not later
         self._deltas = self._run()
 
     @property
@@ -261,13 +262,18 @@ class ChatStream:
     def __next__(self) -> Delta:
         return next(self._deltas)
 
+    def _open(self) -> Any:
+        body = chat_body(
+            self._model, self.messages, self._tools, self._options, stream=True, mcp=self._mcp
+        )
+        response = self._transport.open("POST", PATH, body)
+        self.trace_ids.append(response.headers.get("x-request-id"))
+        return response
+
     def _run(self) -> Generator[Delta, None, None]:
         for round_ in range(self._rounds + 1):
-            body = chat_body(
-                self._model, self.messages, self._tools, self._options, stream=True, mcp=self._mcp
-            )
-            self._response = self._transport.open("POST", PATH, body)
-            self.trace_ids.append(self._response.headers.get("x-request-id"))
+            if round_:
+                self._response = self._open()
             message: JSON = {"role": "assistant", "content": None}
             self.messages.append(message)
             calls, content = _Calls(), []
