@@ -190,7 +190,11 @@ class Client:
             k: v for k, v in (("voice", voice), ("instructions", instructions)) if v is not None
         }
         if settings:
-            session.update_session(**settings)
+            try:
+                session.update_session(**settings)
+            except BaseException:
+                session.close()
+                raise
         return session
 
     # -- operations (admin scope once keys are declared) ---------------------------------
