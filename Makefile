@@ -57,9 +57,11 @@ lint: $(VENV)/.installed-test
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-## test: set up the test environment and run lint, types, layering and the whole suite.
+## test: set up the test environment and run lint, types, layering and the whole suite,
+## then blazar-sdk's own (sdk/python/Makefile: its tests start serve from this .venv).
 test: lint engine-wheels
 	$(BIN)/python -m pytest
+	$(MAKE) -C sdk/python test PYTHON=$(abspath $(BIN)/python)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

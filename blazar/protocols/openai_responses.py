@@ -34,7 +34,7 @@ from typing import Any
 
 from blazar.protocols import EngineRequest, ProtocolError
 
-__all__ = ["ResponsesRequest", "input_items", "obj", "responses_request"]
+__all__ = ["ResponsesRequest", "check_metadata", "input_items", "obj", "responses_request"]
 
 ACCEPTED = frozenset(
     {
@@ -272,9 +272,28 @@ def _check(body: Mapping[str, Any]) -> None:
         raise _bad("top_logprobs: not supported on /v1/responses; use /v1/chat/completions")
     if body.get("max_tool_calls") is not None:
         raise _bad("max_tool_calls: not supported (no hosted tools run here)")
-    metadata = body.get("metadata")
-    if metadata is not None and not isinstance(metadata, Mapping):
+    if body.get("metadata") is not None:
+        check_metadata(body["metadata"])
+
+
+METADATA_KEYS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512
+
+
+def check_metadata(metadata: Any) -> dict[str, str]:
+    """A response's `metadata` as OpenAI bounds it: at most 16 keys of at most 64
+    characters, each value a string of at most 512; a 400 naming what is wrong."""
+    if not isinstance(metadata, Mapping):
         raise _bad("metadata: expected an object of strings")
+    if len(metadata) > METADATA_KEYS:
+        raise _bad(f"metadata: at most {METADATA_KEYS} keys, got {len(metadata)}")
+    for key, value in metadata.items():
+        if len(key) > METADATA_KEY_CHARS:
+            raise _bad(f"metadata: key {key[:20]!r}... is longer than {METADATA_KEY_CHARS} chars")
+        if not isinstance(value, str):
+            raise _bad(f"metadata.{key}: expected a string, got {type(value).__name__}")
+        if len(value) > METADATA_VALUE_CHARS:
+            raise _bad(f"metadata.{key}: longer than {METADATA_VALUE_CHARS} characters")
+    return dict(metadata)
 
 
 def responses_request(body: Mapping[str, Any]) -> ResponsesRequest:

@@ -68,6 +68,7 @@ SCOPES: dict[tuple[str, str], str] = {
     ("POST", "/v1/embeddings"): INFERENCE,
     ("POST", "/v1/responses"): INFERENCE,
     ("GET", "/v1/responses/{id}"): INFERENCE,  # not stored: a 404 in OpenAI's shape
+    ("POST", "/v1/responses/{id}"): INFERENCE,  # metadata only
     ("DELETE", "/v1/responses/{id}"): INFERENCE,
     ("GET", "/v1/responses/{id}/input_items"): INFERENCE,
     ("POST", "/v1/responses/{id}/cancel"): INFERENCE,

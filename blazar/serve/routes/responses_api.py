@@ -12,8 +12,9 @@ The gateway keeps the newest responses in memory (`Recent`: at most
 RECENT_COUNT of them and RECENT_BYTES in all, until serve restarts), unless a
 request says `store: false`: `GET`/`DELETE /v1/responses/{id}` and its
 `input_items` read them, and `previous_response_id` continues one (its whole
-conversation is put before the new `input`). Each is readable only with the key
-that made it. `cancel` is for background responses, which Blazar refuses to
+conversation is put before the new `input`), and `POST /v1/responses/{id}`
+replaces its `metadata` (`blazar_sdk`'s `metadata_update`). Each is readable only
+with the key that made it. `cancel` is for background responses, which Blazar refuses to
 make. Failures are raised and answered in
 OpenAI's envelope by the gateway's error middleware; a child that fails
 mid-stream gets an `error` event.
@@ -35,7 +36,7 @@ from blazar.protocols import LoadOnly, ProtocolError, openai_responses
 from blazar.protocols.openai_responses import ResponsesRequest, responses_request
 from blazar.protocols.openai_responses_stream import ResponseStream, response_object
 from blazar.protocols.sse import encode
-from blazar.serve.http import KEY_NAME, parse_json_object
+from blazar.serve.http import KEY_NAME, parse_json_object, read_json
 from blazar.serve.request.asks import Answer, Ask, Done, Plan
 from blazar.serve.request.envelopes import OPENAI
 from blazar.serve.routes.services import Services
@@ -99,6 +100,17 @@ class Recent:
         kept = self._kept.get(response_id)
         return kept if kept is not None and kept.owner == owner else None
 
+    def set_metadata(self, kept: Kept, metadata: dict[str, str]) -> None:
+        """Replace a kept response's metadata; it counts as the newest, at its new size."""
+        kept.response["metadata"] = metadata
+        size = len(orjson.dumps([kept.response, kept.history], default=str))
+        self._bytes += size - kept.size
+        kept.size = size
+        self._kept.move_to_end(kept.response["id"])
+        while self._bytes > self.size and len(self._kept) > 1:
+            _, gone = self._kept.popitem(last=False)
+            self._bytes -= gone.size
+
     def drop(self, response_id: str, owner: str | None) -> bool:
         if self.find(response_id, owner) is None:
             return False
@@ -111,6 +123,7 @@ def register(app: web.Application, services: Services) -> None:
     api = ResponsesAPI(services)
     app.router.add_post("/v1/responses", services.route(api.asker()))
     app.router.add_get("/v1/responses/{id}", api.retrieve)
+    app.router.add_post("/v1/responses/{id}", api.update)
     app.router.add_delete("/v1/responses/{id}", api.delete)
     app.router.add_get("/v1/responses/{id}/input_items", api.input_items)
     app.router.add_post("/v1/responses/{id}/cancel", api.cancel)
@@ -154,6 +167,18 @@ class ResponsesAPI:
         self.recent.drop(rid, request.get(KEY_NAME))
         body = {"id": rid, "object": "response", "deleted": True}
         return web.json_response(body, headers=OPENAI.headers(request))
+
+    async def update(self, request: web.Request) -> web.StreamResponse:
+        """`{"metadata": {...}}` replaces a stored response's metadata (OpenAI's bounds)."""
+        kept = self._kept(request, "update")
+        body = await read_json(request)
+        if set(body) != {"metadata"}:
+            raise ProtocolError(
+                400, 'send {"metadata": {KEY: VALUE, ...}}: only metadata can be updated',
+                "invalid_request_error",
+            )  # fmt: skip
+        self.recent.set_metadata(kept, openai_responses.check_metadata(body["metadata"]))
+        return web.json_response(kept.response, headers=OPENAI.headers(request))
 
     async def input_items(self, request: web.Request) -> web.StreamResponse:
         kept = self._kept(request, "list the input items of")
