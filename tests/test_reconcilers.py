@@ -8,7 +8,14 @@ from typing import Any
 import pytest
 
 from reconcilers.apply import execute, make_plan
-from reconcilers.desired import Desired, DesiredEngine, DesiredKey, DesiredLora, DesiredModel
+from reconcilers.desired import (
+    Desired,
+    DesiredEngine,
+    DesiredKey,
+    DesiredLora,
+    DesiredModel,
+    DesiredProjector,
+)
 from reconcilers.engines import PlanError, plan_engines
 from reconcilers.errors import PermanentError, TemporaryError
 from reconcilers.keys import plan_keys
@@ -21,10 +28,12 @@ from reconcilers.ports import (
     ObservedLane,
     ObservedLora,
     ObservedModel,
+    ObservedProjector,
     OfferView,
     Ports,
     Progress,
 )
+from reconcilers.projectors import plan_projectors
 
 SHA_A, SHA_B = "a" * 64, "b" * 64
 
@@ -205,6 +214,7 @@ class FakeWorld:
     models: dict[str, ObservedModel] = field(default_factory=dict)
     loras: dict[str, ObservedLora] = field(default_factory=dict)
     keys: dict[str, ObservedKey] = field(default_factory=dict)
+    projectors: dict[str, ObservedProjector] = field(default_factory=dict)
     conditions: dict[tuple[str, str], tuple[bool, str]] = field(default_factory=dict)
     failures: dict[str, list[Exception]] = field(default_factory=dict)  # name -> errors to raise
     calls: list[str] = field(default_factory=list)
@@ -330,6 +340,33 @@ class Keys:
         del self.w.keys[name]
 
 
+class Projectors:
+    def __init__(self, w: FakeWorld) -> None:
+        self.w = w
+
+    def observe(self) -> list[ObservedProjector]:
+        return list(self.w.projectors.values())
+
+    def fetch(
+        self,
+        model: str,
+        source: str,
+        sha256: str | None,
+        settings: dict[str, Any],
+        progress: Progress | None,
+    ) -> None:
+        self.w.calls.append(f"fetch projector {model}")
+        self.w._maybe_fail(f"projector {model}")
+        self.w.projectors[model] = ObservedProjector(model, sha256 or SHA_B, source, True, settings)
+
+    def record(self, model: str, source: str, settings: dict[str, Any]) -> None:
+        p = self.w.projectors[model]
+        self.w.projectors[model] = ObservedProjector(model, p.sha256, source, True, settings)
+
+    def remove(self, model: str) -> None:
+        del self.w.projectors[model]
+
+
 class Status:
     def __init__(self, w: FakeWorld) -> None:
         self.w = w
@@ -339,7 +376,7 @@ class Status:
 
 
 def ports(w: FakeWorld) -> Ports:
-    return Ports(Engines(w), Models(w), Loras(w), Keys(w), Status(w))
+    return Ports(Engines(w), Models(w), Loras(w), Keys(w), Status(w), Projectors(w))
 
 
 DESIRED = Desired(
@@ -387,3 +424,48 @@ def test_a_permanent_failure_skips_dependents_and_completes_the_rest() -> None:
     assert world.conditions[("model", "a")] == (False, "ApplyFailed")
     assert world.conditions[("lora", "fox")] == (False, "DependencyFailed")
     assert world.conditions[("model", "b")] == (True, "Applied")
+
+
+AUTO = DesiredProjector("v", "auto", None, {"model_source": "hf://o/r:Q4_K_M"})
+HELD_AUTO = ObservedProjector("v", SHA_B, "auto", True, {"model_source": "hf://o/r:Q4_K_M"})
+
+
+@pytest.mark.parametrize(
+    ("desired", "observed", "prune", "expected"),
+    [
+        ([AUTO], [], False, [("v", Change.CREATE)]),
+        ([AUTO], [HELD_AUTO], False, []),
+        ([replace(AUTO, settings={"model_source": "hf://o/r:Q8_0"})], [HELD_AUTO], False,
+         [("v", Change.REPLACE)]),  # auto follows its model's repo
+        ([DesiredProjector("v", "file:///p.gguf", None)], [HELD_AUTO], False,
+         [("v", Change.REPLACE)]),
+        ([replace(AUTO, sha256=SHA_A)], [HELD_AUTO], False, [("v", Change.REPLACE)]),
+        ([AUTO], [replace(HELD_AUTO, managed=False)], False, [("v", Change.UPDATE)]),
+        ([], [HELD_AUTO], False, []),  # kept without --prune
+        ([], [HELD_AUTO], True, [("v", Change.DELETE)]),
+    ],
+)  # fmt: skip
+def test_plan_projectors(
+    desired: list[DesiredProjector],
+    observed: list[ObservedProjector],
+    prune: bool,
+    expected: list[tuple[str, Change]],
+) -> None:
+    actions, kept = plan_projectors(desired, observed, prune=prune)
+    assert [(a.name, a.change) for a in actions] == expected
+    assert kept == (["projectors.v"] if observed and not desired and not prune else [])
+
+
+def test_a_projector_follows_its_model_and_is_skipped_when_the_model_fails() -> None:
+    desired = replace(DESIRED, projectors=(DesiredProjector("a", "file:///p.gguf", None),))
+    world = FakeWorld()
+    report = execute(make_plan(desired, ports(world)), desired, ports(world), sleep=lambda s: None)
+    assert report.ok
+    assert world.calls.index("fetch a") < world.calls.index("fetch projector a")
+    assert make_plan(desired, ports(world)).empty
+    world = FakeWorld(failures={"a": [PermanentError("sha256 mismatch")]})
+    report = execute(make_plan(desired, ports(world)), desired, ports(world), sleep=lambda s: None)
+    failed = sorted((o.action.kind, o.action.name, o.skipped) for o in report.failed)
+    assert failed == [("lora", "fox", True), ("model", "a", False), ("projector", "a", True)]
+    assert world.conditions[("projector", "a")] == (False, "DependencyFailed")
+    assert "fetch projector a" not in world.calls

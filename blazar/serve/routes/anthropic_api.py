@@ -32,7 +32,7 @@ from aiohttp import web
 from blazar.observe.trace import current
 from blazar.protocols import EngineRequest, anthropic, anthropic_chat
 from blazar.serve.http import read_json
-from blazar.serve.request import child_calls, pipeline
+from blazar.serve.request import child_calls, images, pipeline
 from blazar.serve.request.envelopes import ANTHROPIC
 from blazar.serve.request.pipeline import Timed
 from blazar.serve.routes.services import Services
@@ -69,10 +69,12 @@ class AnthropicAPI:
         scheduler = self.services.scheduler
         body = await read_json(request)
         translate = anthropic.count_tokens_request if count else anthropic.messages_request
-        req = translate(body)
+        req = translate(body, has_vision=True)  # images are checked against the model below
         model = str(body["model"])
         target = pipeline.resolve(scheduler, model, request)
         pipeline.require(target.runtime, pipeline.CHAT)
+        vision = target.runtime.has_vision
+        req = await images.anthropic_request(self.services.serving, vision, req)
         for need in anthropic.needs(body):
             pipeline.require(target.runtime, need, requested=model)
         seconds = pipeline.keep_alive(request, body)

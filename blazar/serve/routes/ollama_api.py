@@ -34,7 +34,7 @@ from aiohttp import web
 from blazar.observe.trace import current
 from blazar.protocols import EngineRequest, LoadOnly, ProtocolError, ollama
 from blazar.serve.http import TRACE, name_in, now_rfc3339, read_json, trace_id
-from blazar.serve.request import child_calls, pipeline
+from blazar.serve.request import child_calls, images, pipeline
 from blazar.serve.request.envelopes import OLLAMA
 from blazar.serve.request.pipeline import Timed
 from blazar.serve.routes.services import Services
@@ -136,6 +136,9 @@ class OllamaAPI:
         req = build(body, target.runtime)
         if isinstance(req, LoadOnly):
             return await self._load_only(request, req, target, model, seconds, started)
+        req = await images.ollama_request(
+            self.services.serving, target.runtime.has_vision, body, req
+        )
         templated = "messages" in req.hints or req.path == "/v1/chat/completions"
         if need == pipeline.CHAT and templated:
             pipeline.require(target.runtime, need, alternative=hint)  # raw and infill need none
@@ -157,7 +160,7 @@ class OllamaAPI:
     async def _generate(self, request: web.Request, endpoint: str) -> web.StreamResponse:
         def build(body: dict[str, Any], runtime: ModelRuntime) -> EngineRequest | LoadOnly:
             translate = ollama.chat_request if endpoint == "chat" else ollama.generate_request
-            return translate(body, model_ctx=runtime.ctx)
+            return translate(body, model_ctx=runtime.ctx, has_vision=runtime.has_vision)
 
         async def answer(
             request: web.Request, timed: Timed, req: EngineRequest, model: str

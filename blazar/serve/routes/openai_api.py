@@ -51,7 +51,7 @@ from blazar.protocols import ProtocolError, model_lists
 from blazar.protocols.openai_completions import IdRenamer, ReplyStream, reshape_body
 from blazar.protocols.openai_requests import Reply, Shaping, engine_refusal, shape_request
 from blazar.serve.http import TRACE, parse_json_object, trace_id
-from blazar.serve.request import pipeline
+from blazar.serve.request import images, pipeline
 from blazar.serve.request.child_calls import child_failed, gate
 from blazar.serve.request.envelopes import ANTHROPIC, OPENAI, wants_anthropic
 from blazar.serve.request.grants import sees
@@ -152,7 +152,9 @@ class OpenAIAPI:
         scheduler = self.services.scheduler
         target = pipeline.resolve(scheduler, data.get("model"), request)
         pipeline.require(target.runtime, need, alternative=NO_TEMPLATE_HINT)
-        shaping = shape_request(path, data)
+        vision = target.runtime.has_vision
+        body, data = await images.openai_body(self.services.serving, vision, body, data)
+        shaping = shape_request(path, data, has_vision=vision)
         for extra in shaping.needs:
             pipeline.require(target.runtime, extra, requested=data["model"])
         seconds = pipeline.keep_alive(request, data)
