@@ -185,10 +185,10 @@ def address_refusal(address: str, networks: Sequence[Any] = ()) -> str | None:
         return address_refusal(str(inner), networks)
     for what, test in (
         ("loopback", ip.is_loopback),
-        ("link-local", ip.is_link_local),
-        ("private", ip.is_private),
-        ("multicast", ip.is_multicast),
         ("unspecified", ip.is_unspecified),
+        ("link-local", ip.is_link_local),
+        ("multicast", ip.is_multicast),
+        ("private", ip.is_private),
         ("reserved", ip.is_reserved),
     ):
         if test:
