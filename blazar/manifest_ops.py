@@ -5,12 +5,13 @@ CLI (`blazar pull`, `blazar rm` in `blazar.cli.imperative`, `blazar lora` in
 `blazar.cli.lora`, `blazar mmproj` in `blazar.cli.vision`) and by the gateway's
 management routes (`/api/pull`, `/api/create`, `/api/delete`, `/api/copy` in
 `blazar.serve.routes.ollama_admin` and `ollama_pull`). Edits go through
-`ManifestFile` (comments and order kept, validated whole before writing); only the model (or the adapter, with its
-model) named is reconciled; when that fails the manifest is put back, so
-nothing is half-applied. `x` and `x:latest` are one model, and an alias names
-its model. The functions block (downloads, hashing, the apply lock): the
-gateway runs them in a worker thread, each with its own store connection, then
-asks the daemon for a pass so the scheduler serves the result.
+`ManifestFile` (comments and order kept, validated whole before writing); only
+the model (or the adapter or projector, with its model) named is reconciled;
+when that fails the manifest is put back, so nothing is half-applied. `x` and
+`x:latest` are one model, and an alias names its model. The functions block
+(downloads, hashing, the apply lock): the gateway runs them in a worker thread,
+each with its own store connection, then asks the daemon for a pass so the
+scheduler serves the result.
 """
 
 from __future__ import annotations
