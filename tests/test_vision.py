@@ -10,12 +10,14 @@ served by a loopback server the manifest allows (`serving.image_fetch_networks`)
 fetch guard's refusals (a private or loopback address, directly or by redirect, an
 image over `serving.image_max_size`, a page that is not an image, a format the engine
 cannot decode) are 400s in each protocol's own shape, and a model without a projector
-still refuses images.
+still refuses images. The projector is declared while serve runs, as `blazar mmproj`
+does: the control loop fetches it and the model's instance restarts with `--mmproj`.
 """
 
 from __future__ import annotations
 
 import base64
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -219,13 +221,23 @@ def test_images_reach_the_engine_on_all_three_protocols(
     vision_files: tuple[Path, Path],
 ) -> None:
     model, projector = vision_files
-    text = (
-        f'[serving]\nimage_max_size = "{CAP}"\nimage_fetch_networks = ["127.0.0.1/32"]\n\n'
-        + ENGINE
-        + model_block("eye", model, mmproj=projector.as_uri())
-        + model_block("tiny", model)
-    )
-    with Served(write_manifest(tmp_path, text), blazar_home) as served:
+    serving = f'[serving]\nimage_max_size = "{CAP}"\nimage_fetch_networks = ["127.0.0.1/32"]\n\n'
+    text = serving + ENGINE + model_block("eye", model) + model_block("tiny", model)
+    manifest = write_manifest(tmp_path, text)
+    with Served(manifest, blazar_home) as served:
+        client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_retries=0)
+        image = {"type": "image_url", "image_url": {"url": data_url(SMALL)}}
+        with pytest.raises(openai.BadRequestError, match="no vision or audio projector"):
+            client.chat.completions.create(
+                model="eye", messages=[{"role": "user", "content": [image]}], max_tokens=2
+            )
+        # Declared while serve runs: the control loop fetches it, the model restarts with it.
+        text = serving + ENGINE + model_block("eye", model, mmproj=projector.as_uri())
+        manifest.write_text(text + model_block("tiny", model))
+        deadline = time.monotonic() + 60
+        while "vision" not in (served.post("/api/show", {"model": "eye"}).get("capabilities")):
+            assert time.monotonic() < deadline, served.log
+            time.sleep(0.2)
         small = check_openai(served, images.url)
         check_ollama(served, small)
         check_anthropic(served, images.url, small)

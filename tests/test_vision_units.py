@@ -392,6 +392,8 @@ def test_mmproj_command_declares_fetches_and_removes(
     shown = json.loads(blazar("mmproj", "tiny", "--json").output)
     assert shown["declared"] == projector.as_uri() and shown["projector_type"] == "lfm2"
     assert "No changes." in blazar("diff").output
+    fit = json.loads(blazar("fit", "tiny", "--json").output)
+    assert fit["projector"] == projector.stat().st_size  # loaded beside the model
 
     failed = blazar("mmproj", "tiny", str(wrong), ok=False)
     assert failed.exit_code == 1 and "projects images to 32 dimensions" in failed.output
