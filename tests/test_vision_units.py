@@ -227,6 +227,9 @@ def test_inline_images_are_passed_unchanged_and_urls_become_data(host: LoopbackH
         images.resolve_refs([ImageRef("a", inline), ImageRef("b", f"{host.url}/b.png")], guard)
     )
     assert got == [inline, inline]
+    mixed = [ImageRef("b", f"{host.url}/b.png"), ImageRef("c", "http://10.9.9.9/c.png")]
+    with pytest.raises(ProtocolError, match=r"^c: .*private address 10\.9\.9\.9"):
+        asyncio.run(images.resolve_refs(mixed, guard))  # one refusal answers for the request
     too_many = [ImageRef(str(i), inline) for i in range(images.MAX_IMAGES + 1)]
     with pytest.raises(ProtocolError, match="at most 32 images"):
         asyncio.run(images.resolve_refs(too_many, guard))

@@ -311,22 +311,26 @@ async def resolve_refs(refs: Sequence[ImageRef], limits: Limits) -> list[str] | 
     `data:` URL already (the body then travels as it came)."""
     if len(refs) > MAX_IMAGES:
         raise _bad(f"a request may carry at most {MAX_IMAGES} images; it has {len(refs)}")
-    changed = False
     out: list[str | None] = []
-    fetches = {}
-    for index, ref in enumerate(refs):
+    for ref in refs:  # every image checked before anything is fetched
         if ref.url.startswith("data:"):
             check_image(decode_data_url(ref.url, ref.where, limits)[1], ref.where, limits)
             out.append(ref.url)
         else:
             check_url(ref.url, ref.where)
-            fetches[index] = fetch_image(ref.url, ref.where, limits)
             out.append(None)
-            changed = True
-    if fetches:
-        for index, fetched in zip(fetches, await asyncio.gather(*fetches.values()), strict=True):
-            out[index] = fetched
-    return [u for u in out if u is not None] if changed else None
+    if all(url is not None for url in out):
+        return None
+    try:
+        async with asyncio.TaskGroup() as group:  # the first refusal cancels the others
+            tasks = {
+                i: group.create_task(fetch_image(ref.url, ref.where, limits))
+                for i, ref in enumerate(refs)
+                if out[i] is None
+            }
+    except* ProtocolError as failed:
+        raise failed.exceptions[0] from None
+    return [url if url is not None else tasks[i].result() for i, url in enumerate(out)]
 
 
 # -- one call per route ---------------------------------------------------------------------
