@@ -18,7 +18,8 @@ endpoint says why a generation ended (`finish_reason`), constrains output with
   conversation before `input`, `input_items` lists what a response was asked).
   What Blazar cannot do is refused with the reason: server-side conversations
   (`conversation`), `background`, hosted tools,
-  forcing a tool call, images and files (no projector), `top_logprobs`.
+  forcing a tool call, images and files (not carried here; images go to the chat
+  endpoint), `top_logprobs`.
 - `openai_responses_stream` builds the Response object from the engine's answer,
   whole or as the Responses event sequence.
 
@@ -82,8 +83,9 @@ def _text(content: Any, where: str) -> str:
         kind = part.get("type") if isinstance(part, Mapping) else None
         if kind in MEDIA_PARTS:
             raise _bad(
-                f"{where}[{j}]: {kind} is not supported: this model has no vision or audio "
-                "projector. Send text only."
+                f"{where}[{j}]: {kind} is not supported on /v1/responses: send text only, or "
+                "send images to /v1/chat/completions (image_url parts) for a model with a "
+                "vision projector"
             )
         if kind not in TEXT_PARTS or not isinstance(part.get(_key(kind)), str):
             raise _bad(f"{where}[{j}]: expected an input_text part with a string `text`")

@@ -30,6 +30,7 @@ from blazar.serve.request.steps import CHAT
 if TYPE_CHECKING:
     from blazar.serve.supervisor.runtime import ModelRuntime
     from blazar.serve.supervisor.scheduler import Target
+    from specs.serving import Serving
 
 NATIVE, OPENAI_DIALECT = "llama-server", "openai"  # what an engine's HTTP API speaks
 
@@ -129,11 +130,17 @@ class Ask:
     hint: str = ""  # the route's way out for a model without a chat template
     shareable: bool = False  # identical concurrent requests may share one call
     deferred: bool = False  # work queued for later (an async job): checked, not leased
+    images: bool = False  # it may carry images: `resolved` fetches and checks them
     started: int = field(default_factory=time.perf_counter_ns)
 
     @property
     def size(self) -> int:
         return len(self.raw) if self.raw is not None else 0
+
+    async def resolved(self, runtime: ModelRuntime, serving: Serving) -> None:
+        """Once the model is known, before its plan, for an Ask with `images`: fetch and
+        check them (`blazar.serve.request.images`), or refuse them for a model without a
+        projector. Only for this host's models: a remote checks what it gets."""
 
     def native(self, runtime: ModelRuntime, target: Target) -> Plan | LoadOnly:
         """The plan for a llama-server child serving `runtime`."""

@@ -191,6 +191,8 @@ class Pipeline:
         if isinstance(where, Forward):
             return await self.forward(request, ask, where)
         target, runtime = where, where.runtime
+        if ask.images:
+            await ask.resolved(runtime, self.serving)
         plan = self.plan(ask, target)
         seconds = steps.keep_alive(request.headers, ask.body)
         if isinstance(plan, LoadOnly):
@@ -225,6 +227,8 @@ class Pipeline:
         target = self.where(None, ask.model)
         if isinstance(target, Forward):  # never: where() forwards only for a client
             raise ProtocolError(404, f"model '{ask.model}' is not served here")
+        if ask.images:
+            await ask.resolved(target.runtime, self.serving)
         plan = self.plan(ask, target)
         if isinstance(plan, LoadOnly):
             raise ProtocolError(400, "nothing to generate", "invalid_request_error")

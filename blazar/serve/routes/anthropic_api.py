@@ -26,12 +26,13 @@ from aiohttp import web
 
 from blazar.protocols import EngineRequest, LoadOnly, ProtocolError, anthropic, anthropic_chat
 from blazar.serve.http import parse_json_object
-from blazar.serve.request import steps
+from blazar.serve.request import images, steps
 from blazar.serve.request.asks import Answer, Ask, Done, Plan
 from blazar.serve.request.envelopes import ANTHROPIC
 from blazar.serve.routes.services import Services
 from blazar.serve.supervisor.runtime import ModelRuntime
 from blazar.serve.supervisor.scheduler import Target
+from specs.serving import Serving
 
 
 def register(app: web.Application, services: Services) -> None:
@@ -44,10 +45,15 @@ def _asker(*, count: bool) -> Any:
     path = "/v1/messages/count_tokens" if count else "/v1/messages"
 
     async def ask(request: web.Request) -> Ask:
-        body = parse_json_object(await request.read())
+        raw = await request.read()
+        body = parse_json_object(raw)
         translate = anthropic.count_tokens_request if count else anthropic.messages_request
-        req = translate(body)  # valid as Anthropic's API says, or a 400 before all
-        return MessagesAsk(str(body["model"]), path, body, envelope=ANTHROPIC, req=req)
+        # Valid as Anthropic's API says, or a 400 before all; images are checked against
+        # the model once it is known (`resolved`).
+        req = translate(body, has_vision=True)
+        return MessagesAsk(
+            str(body["model"]), path, body, envelope=ANTHROPIC, req=req, images=b"image" in raw
+        )
 
     return ask
 
@@ -103,6 +109,10 @@ class MessagesAsk(Ask):
             lambda done: MessagesAnswer(done, count=count, bridged=bridged),
             anthropic.needs(self.body),
         )
+
+    async def resolved(self, runtime: ModelRuntime, serving: Serving) -> None:
+        assert self.req is not None
+        self.req = await images.anthropic_request(serving, runtime.has_vision, self.req)
 
     def native(self, runtime: ModelRuntime, target: Target) -> Plan | LoadOnly:
         assert self.req is not None

@@ -135,7 +135,12 @@ class OllamaAdmin:
         if runtime.chat_template is not None or runtime.template_problem is not None:
             # The manifest's template is the one applied (none, when it cannot be read).
             info = replace(info, chat_template=runtime.chat_template)
-        body = ollama.show(info, context_length=runtime.ctx, embedding=runtime.embeddings)
+        body = ollama.show(
+            info,
+            context_length=runtime.ctx,
+            embedding=runtime.embeddings,
+            has_vision=runtime.has_vision,
+        )
         return web.json_response(body)
 
     async def version(self, request: web.Request) -> web.StreamResponse:

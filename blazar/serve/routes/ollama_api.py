@@ -33,12 +33,13 @@ from aiohttp import web
 
 from blazar.protocols import EngineRequest, LoadOnly, ProtocolError, ollama
 from blazar.serve.http import name_in, now_rfc3339, parse_json_object
-from blazar.serve.request import steps
+from blazar.serve.request import images, steps
 from blazar.serve.request.asks import Answer, Ask, Done, Helpers, Plan
 from blazar.serve.request.envelopes import OLLAMA
 from blazar.serve.routes.services import Services
 from blazar.serve.supervisor.runtime import ModelRuntime
 from blazar.serve.supervisor.scheduler import Target
+from specs.serving import Serving
 
 NDJSON = "application/x-ndjson"
 RAW_HINT = "send raw: true with a fully formatted prompt, or "
@@ -59,8 +60,10 @@ def register(app: web.Application, services: Services) -> None:
 
 def _asker(path: str, make: Callable[[str, dict[str, Any]], Ask]) -> Any:
     async def ask(request: web.Request) -> Ask:
-        body = parse_json_object(await request.read())
-        return make(path, body)
+        raw = await request.read()
+        made = make(path, parse_json_object(raw))
+        made.images = b"image" in raw
+        return made
 
     return ask
 
@@ -187,16 +190,17 @@ class GenerateAsk(Ask):
 
     endpoint: str = "chat"
 
-    def _translate(self, model_ctx: int, *, has_vision: bool = False) -> EngineRequest | LoadOnly:
+    def _translate(self, model_ctx: int, *, has_vision: bool) -> EngineRequest | LoadOnly:
         translate: Translate = (
             ollama.chat_request if self.endpoint == "chat" else ollama.generate_request
         )
-        if has_vision:
-            return translate(self.body, model_ctx=model_ctx, has_vision=True)
-        return translate(self.body, model_ctx=model_ctx)
+        return translate(self.body, model_ctx=model_ctx, has_vision=has_vision)
+
+    async def resolved(self, runtime: ModelRuntime, serving: Serving) -> None:
+        await images.ollama_images(serving, runtime.has_vision, self.body)
 
     def native(self, runtime: ModelRuntime, target: Target) -> Plan | LoadOnly:
-        req = self._translate(runtime.ctx)
+        req = self._translate(runtime.ctx, has_vision=runtime.has_vision)
         if isinstance(req, LoadOnly):
             return req
         templated = "messages" in req.hints or req.path == "/v1/chat/completions"

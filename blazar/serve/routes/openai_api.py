@@ -40,13 +40,14 @@ from blazar.protocols.openai_completions import (
 )
 from blazar.protocols.openai_requests import Reply, shape_request
 from blazar.serve.http import parse_json_object
-from blazar.serve.request import steps
+from blazar.serve.request import images, steps
 from blazar.serve.request.asks import Answer, Ask, Done, Plan
 from blazar.serve.request.envelopes import ANTHROPIC, wants_anthropic
 from blazar.serve.request.grants import sees
 from blazar.serve.routes.services import Services
 from blazar.serve.supervisor.runtime import ModelRuntime
 from blazar.serve.supervisor.scheduler import Target
+from specs.serving import Serving
 
 ROUTES = (
     ("/v1/chat/completions", steps.CHAT),
@@ -110,8 +111,12 @@ class OpenAIAnswer(Answer):
 class OpenAIAsk(Ask):
     """A pass-through request: the body is the engine's, nearly always as it came."""
 
+    async def resolved(self, runtime: ModelRuntime, serving: Serving) -> None:
+        raw = self.raw if self.raw is not None else b""
+        self.raw, self.body = await images.openai_body(serving, runtime.has_vision, raw, self.body)
+
     def native(self, runtime: ModelRuntime, target: Target) -> Plan | LoadOnly:
-        shaping = shape_request(self.path, self.body)
+        shaping = shape_request(self.path, self.body, has_vision=runtime.has_vision)
         body = shaping.body if shaping.body is not None else self.body
         engine = EngineRequest(self.path, body, body.get("stream") is True)
         reply, served = shaping.reply, runtime.name
@@ -148,7 +153,7 @@ class OpenAIAPI:
             model = body.get("model")
             return OpenAIAsk(
                 model if isinstance(model, str) else "",
-                path, body, raw, need=need, hint=hint, shareable=True,
+                path, body, raw, need=need, hint=hint, shareable=True, images=b"image" in raw,
             )  # fmt: skip
 
         return ask
