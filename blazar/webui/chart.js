@@ -40,6 +40,10 @@ export function lineChart({ title, times, lines, format = (v) => String(v), min 
       if (run.length) {
         root.append(svg("polyline", { points: run.join(" "), class: `line c${index}`, "data-series": line.label }));
       }
+      if (run.length === 1) { // a lone point between gaps: a dot, or it would not show
+        const [cx, cy] = run[0].split(",");
+        root.append(svg("circle", { cx, cy, r: 2, class: `dot c${index}` }));
+      }
       run = [];
     };
     line.values.forEach((v, i) => {
@@ -47,7 +51,7 @@ export function lineChart({ title, times, lines, format = (v) => String(v), min 
       else run.push(`${x(times[i]).toFixed(1)},${y(v).toFixed(1)}`);
     });
     flush();
-    root.append(svg("text", { x: LEFT + 8 + index * 150, y: TOP + 12, class: `legend c${index}` }, line.label));
+    root.append(svg("text", { x: LEFT + 90 + index * 160, y: H - 6, class: `legend c${index}` }, `— ${line.label}`));
   });
   if (!times.length) {
     root.append(svg("text", { x: W / 2, y: H / 2, class: "tick middle" }, "no points yet"));

@@ -135,6 +135,10 @@ function render() {
   const models = ctx.state.models;
   const running = models.filter((m) => m.instances.length).length;
   root.append(el("h2", {}, "Models ", el("small", { text: `${models.length} known, ${running} running` })));
+  if (!ctx.state.hello) {
+    root.append(el("p", { class: "idle", text: "waiting for the gateway's event stream…" }));
+    return;
+  }
   if (!models.length) {
     root.append(el("p", { class: "empty", text: "No model is declared or held yet: `blazar pull` or declare one in the manifest." }));
     return;
