@@ -23,6 +23,7 @@ from aiohttp import ClientResponse
 from aiohttp.test_utils import TestClient, TestServer
 
 from blazar import manifest_ops
+from blazar.children import LogFile
 from blazar.errors import Conflict, NotFound
 from blazar.serve.gateway.access import Access
 from blazar.serve.gateway.app import build_app
@@ -32,6 +33,7 @@ from blazar.serve.state import events, log_tail, series
 from blazar.serve.supervisor.scheduler import Scheduler
 from specs.keys import Key
 from specs.serving import Serving
+from tests import browser
 
 ADMIN_KEY, INFERENCE_KEY = "plm_ui-admin", "plm_ui-inference"
 WEBUI = ui_api.webui_dir()
@@ -383,3 +385,30 @@ def test_set_pin_edits_only_the_models_pin_and_refuses_an_undeclared_model(
     with pytest.raises(Conflict, match="served but not declared"):
         manifest_ops.set_pin(path, "held-only", True)
     assert path.read_text() == text
+
+
+def test_a_childs_log_lines_reach_the_file_within_half_a_second(tmp_path: Path) -> None:
+    """The log tail reads the file: lines the buffered writer holds back must not wait for
+    the child's next line (the last line of a request would wait for the next request)."""
+
+    async def test() -> None:
+        log = LogFile(tmp_path / "a-0.log", max_bytes=1 << 20, backups=1)
+        log.write("first")  # flushed: nothing was flushed for FLUSH_EVERY
+        log.write("second")  # held back
+        assert (tmp_path / "a-0.log").read_text() == "first\n"
+        await asyncio.sleep(LogFile.FLUSH_EVERY + 0.2)
+        assert (tmp_path / "a-0.log").read_text() == "first\nsecond\n"
+        log.close()
+
+    asyncio.run(test())
+
+
+def test_a_browser_test_without_its_browser_fails_saying_how_to_get_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("BLAZAR_CHROMIUM", "/nonexistent/chromium-headless-shell")
+    with pytest.raises(pytest.fail.Exception) as failed:
+        browser.executable()
+    message = str(failed.value)
+    assert "no headless Chromium at /nonexistent/chromium-headless-shell" in message
+    assert "make test-ui" in message and "apt-get install -y chromium-headless-shell" in message

@@ -15,14 +15,15 @@ function clock(t) {
   return new Date(t * 1000).toLocaleTimeString([], { hour12: false, hour: "2-digit", minute: "2-digit" });
 }
 
-// lines: [{label, values: [number|null], cls}], times: [seconds]; format: value -> text.
-export function lineChart({ title, times, lines, format = (v) => String(v), min = 0 }) {
+// lines: [{label, values: [number|null]}], times: [seconds]; format: value -> text; `max`:
+// the scale's top when the values stay under it (a ratio's 100%).
+export function lineChart({ title, times, lines, format = (v) => String(v), min = 0, max = null }) {
   const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, class: "chart", role: "img", "aria-label": title });
   const all = lines.flatMap((l) => l.values).filter((v) => v !== null && v !== undefined);
   let top = all.length ? Math.max(...all) : 1;
   let bottom = Math.min(min, all.length ? Math.min(...all) : 0);
   if (top === bottom) top = bottom + 1;
-  top += (top - bottom) * 0.08;
+  top = max !== null && top <= max ? max : top + (top - bottom) * 0.08;
   const t0 = times.length ? times[0] : 0;
   const t1 = times.length > 1 ? times[times.length - 1] : t0 + 1;
   const x = (t) => LEFT + ((t - t0) / (t1 - t0 || 1)) * (W - LEFT - RIGHT);

@@ -19,7 +19,7 @@ const CHARTS = [
   { title: "Decode tokens per second", lines: [["median per request", "decode_tokens_per_second"], ["generated in all", "generated_tokens_per_second"]],
     format: (v) => v.toFixed(0) },
   { title: "Prompt cache hit ratio", lines: [["cached / prompt tokens", "cache_hit_ratio"]],
-    format: (v) => `${(v * 100).toFixed(0)}%` },
+    format: (v) => `${(v * 100).toFixed(0)}%`, max: 1 },
   { title: "Queue depth and requests in flight", lines: [["queued", "queue_depth"], ["in flight", "in_flight"]],
     format: (v) => v.toFixed(0) },
   { title: "Memory (resident)", lines: [["children", "memory_bytes"], ["gateway", "gateway_memory_bytes"]],
@@ -52,7 +52,7 @@ function render() {
     const lines = chart.lines.map(([label, key]) => ({ label, values: points.map((p) => p[key]) }));
     grid.append(el("figure", { class: "card", dataset: { chart: chart.lines[0][1] } },
       el("figcaption", { text: chart.title }),
-      lineChart({ title: chart.title, times, lines, format: chart.format })));
+      lineChart({ title: chart.title, times, lines, format: chart.format, max: chart.max ?? null })));
   }
   root.append(grid);
 }

@@ -8,7 +8,12 @@ import { el, clear, badge, ms, pct, clock, table } from "./util.js";
 export const id = "requests";
 export const title = "Requests";
 
-let root, ctx, list, panel, opened = null, visible = false, dirty = false;
+let root, ctx, list, panel, opened = null, visible = false, dirty = false, pending = null;
+
+// Many requests a second re-render the table at most every 100 ms.
+function soon() {
+  if (!pending) pending = setTimeout(() => { pending = null; render(); }, 100);
+}
 
 export function mount(node, context) {
   root = node;
@@ -16,7 +21,7 @@ export function mount(node, context) {
   list = el("div", { class: "requests" });
   panel = el("div", { class: "trail card", hidden: true });
   root.append(el("h2", { text: "Requests" }), panel, list);
-  ctx.on("requests", () => { if (visible) render(); else dirty = true; });
+  ctx.on("requests", () => { if (visible) soon(); else dirty = true; });
   ctx.on("hello", render);
   render();
 }
