@@ -4,14 +4,14 @@ The one declare -> targeted reconcile -> restore-on-failure flow, used by the
 CLI (`blazar pull`, `blazar rm` in `blazar.cli.imperative`, `blazar lora` in
 `blazar.cli.lora`, `blazar mmproj` in `blazar.cli.vision`) and by the gateway's
 management routes (`/api/pull`, `/api/create`, `/api/delete`, `/api/copy` in
-`blazar.serve.routes.ollama_admin` and `ollama_pull`). Edits go through
-`ManifestFile` (comments and order kept, validated whole before writing); only
-the model (or the adapter or projector, with its model) named is reconciled;
-when that fails the manifest is put back, so nothing is half-applied. `x` and
-`x:latest` are one model, and an alias names its model. The functions block
-(downloads, hashing, the apply lock): the gateway runs them in a worker thread,
-each with its own store connection, then asks the daemon for a pass so the
-scheduler serves the result.
+`blazar.serve.routes.ollama_admin` and `ollama_pull`; `/api/blazar/pin` in
+`ui_admin`). Edits go through `ManifestFile` (comments and order kept, validated whole
+before writing); only the model (or the adapter or projector, with its model) named is
+reconciled; when that fails the manifest is put back, so nothing is half-applied. `x`
+and `x:latest` are one model, and an alias names its model. The functions block
+(downloads, hashing, the apply lock): the gateway runs them in a worker thread, each
+with its own store connection, then asks the daemon for a pass so the scheduler serves
+the result.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from blazar.errors import BlazarError, InvalidInput, NotFound
+from blazar.errors import BlazarError, Conflict, InvalidInput, NotFound
 from blazar.manifest_edit import ManifestError, ManifestFile
 from blazar.paths import Paths
 from blazar.reconcile import InvalidManifest, Pass, reconcile, supported
@@ -54,6 +54,7 @@ __all__ = [
     "open_manifest",
     "remove_lora",
     "remove_model",
+    "set_pin",
     "source_declaration",
 ]
 
@@ -378,3 +379,24 @@ def add_alias(manifest_path: Path, model: str, alias: str) -> None:
     else:
         aliases.append(short)
     _save(manifest, f"{short} not added")
+
+
+def set_pin(manifest_path: Path, model: str, pinned: bool) -> bool:
+    """Pin a declared model (never evicted, `pin = true`) or unpin it; a pass applies it in
+    place. Returns whether the manifest changed."""
+    manifest = open_manifest(manifest_path)
+    key = declared_key(manifest, model) or alias_owner(manifest, model)
+    if key is None:
+        raise Conflict(
+            f"model '{model}' is served but not declared in {manifest_path}, so it cannot be "
+            f"pinned there: declare it first (`blazar pull` names it), then pin it"
+        )
+    table = _models(manifest)[key]
+    if bool(table.get("pin", False)) == pinned:
+        return False
+    if pinned:
+        table["pin"] = True
+    else:
+        del table["pin"]
+    _save(manifest, f"model {key} not {'pinned' if pinned else 'unpinned'}")
+    return True

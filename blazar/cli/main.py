@@ -62,6 +62,7 @@ COMMANDS: dict[str, str] = {
     "status": "blazar.cli.manifest:status",
     "stop": "blazar.cli.serve:stop",
     "tts": "blazar.cli.audio:tts",
+    "ui": "blazar.cli.ui:ui",
     "watch": "blazar.cli.observe:watch",
     "whisper": "blazar.cli.audio:whisper",
     "why": "blazar.cli.observe:why",

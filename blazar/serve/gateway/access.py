@@ -105,6 +105,17 @@ SCOPES: dict[tuple[str, str], str] = {
     ("GET", "/api/blazar/stats"): ADMIN,  # `blazar watch`: the operator's live view
     ("GET", "/api/failover"): ADMIN,  # remotes' URLs and health: `blazar remotes`
     ("POST", "/api/failover"): ADMIN,  # drain or undrain a remote
+    # The dashboard (ui_api, ui_admin): its files hold no data, and must load to ask for a key
+    ("GET", "/ui"): PUBLIC,
+    ("GET", "/ui/"): PUBLIC,
+    ("GET", "/ui/{file}"): PUBLIC,
+    ("GET", "/api/ui/events"): INFERENCE,  # an inference key gets only its models' view
+    ("GET", "/api/ui/trail/{trace}"): ADMIN,
+    ("GET", "/api/ui/health"): ADMIN,
+    ("GET", "/api/ui/logs"): ADMIN,
+    ("GET", "/api/ui/logs/{name}"): ADMIN,
+    ("POST", "/api/blazar/load"): ADMIN,
+    ("POST", "/api/blazar/pin"): ADMIN,
 }
 # Route families, by path prefix, any method: for routes other modules add.
 PREFIXES: tuple[tuple[str, str], ...] = (

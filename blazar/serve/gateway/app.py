@@ -40,6 +40,8 @@ from blazar.serve.routes import (
     openai_api,
     responses_api,
     sessions_api,
+    ui_admin,
+    ui_api,
 )
 from blazar.serve.routes.services import Services
 from blazar.serve.state.remotes import FLEET
@@ -122,4 +124,6 @@ def build_app(services: Services, access: Access | None = None) -> web.Applicati
     keys_api.register(app, services)
     audio_api.register(app, services)
     fleet_api.register(app, services)
+    ui_api.register(app, services)
+    ui_admin.register(app, services)
     return app
