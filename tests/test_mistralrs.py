@@ -1,7 +1,8 @@
 """The mistralrs lane end to end: installed from the wheel cache into its own venv, its
 launcher supervised by `blazar serve`, a GGUF and a safetensors model (pulled from the
-loopback hub) answering through the gateway with the official openai client, and what
-mistral.rs cannot do refused with a 400 that names the reason.
+loopback hub) answering through the gateway with the official openai client (and the
+ollama and anthropic ones: the gateway translates for an engine that speaks only
+OpenAI's API), and what mistral.rs cannot do refused with a 400 that names the reason.
 
 The models are the tiny ones (`blazar.testing.tiny`, `blazar.testing.tiny_safetensors`):
 random weights whose output is readable word pieces (`is_tiny_text`), so an answer
@@ -15,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import anthropic
+import ollama
 import openai
 import pytest
 
@@ -164,6 +167,19 @@ def test_served_gguf_and_safetensors_models_and_the_refusals(
             model="st", prompt="the quick", max_tokens=4, stream=True
         )
         assert is_tiny_text("".join(c.choices[0].text for c in streamed).strip())
+
+        # ollama's and Anthropic's APIs, translated by the gateway for an OpenAI-only engine.
+        talk = ollama.Client(host=served.url)
+        said = talk.chat(model="st", messages=[{"role": "user", "content": "hi"}],
+                         options={"num_predict": 4})  # fmt: skip
+        assert is_tiny_text(said.message.content or "") and said.eval_count == 4
+        made = talk.generate(model="tiny", prompt="the quick", options={"num_predict": 4})
+        assert is_tiny_text(made.response.strip())
+        claude = anthropic.Anthropic(base_url=served.url, api_key="x", max_retries=0)
+        reply = claude.messages.create(
+            model="tiny", max_tokens=5, messages=[{"role": "user", "content": "hello"}]
+        )
+        assert is_tiny_text(reply.content[0].text) and reply.usage.output_tokens == 5  # type: ignore[union-attr]
 
         # What mistral.rs cannot do: a 400 naming the reason, never a silent difference.
         for model, extra, reason in [

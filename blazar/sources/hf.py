@@ -53,6 +53,7 @@ from blazar.sources.base import (
     TemporaryFetchError,
     check_gguf,
 )
+from blazar.sources.projector_files import PROJECTOR, select_projector
 from specs.sources import HFSource
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -169,10 +170,10 @@ def fetch_hf(
         endpoint,
     )
     siblings = {s.rfilename: s for s in info.siblings or []}
-    if source.directory is not None or kind != "chat":
+    if source.directory is not None or kind not in ("chat", PROJECTOR):
         return _fetch_set(source, info, siblings, downloads, progress, endpoint, token)
     names = list(siblings)
-    plain = source.quant is None and source.filename is None
+    plain = source.quant is None and source.filename is None and kind == "chat"
     if (
         plain
         and not any(n.lower().endswith(".gguf") for n in names)
@@ -180,7 +181,10 @@ def fetch_hf(
     ):  # a safetensors model (a mistralrs lane serves it): the files a server reads
         model = {n: siblings[n] for n in safetensors_files(names)}
         return _fetch_set(source, info, model, downloads, progress, endpoint, token)
-    chosen = select_files(source, list(siblings))
+    if kind == PROJECTOR:
+        chosen = select_projector(source, list(siblings))
+    else:
+        chosen = select_files(source, list(siblings))
     first = siblings[chosen[0]]
     if sha256 and first.lfs is not None and first.lfs.sha256 != sha256.lower():
         raise VerificationFailed(

@@ -14,10 +14,16 @@ the scheduler and the sessions call these; pure.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Protocol
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
-LLAMACPP, OPENAI = "llamacpp", "openai"
+if TYPE_CHECKING:
+    from blazar.engines.records import EngineRecord, EngineStore
+    from blazar.store import ModelRecord
+    from reconcilers.ports import ObservedLane
+    from specs.models import Model
+
+NATIVE, OPENAI = "llama-server", "openai"  # `ModelRuntime.dialect`, as the pipeline reads it
 MISTRALRS = "mistralrs"  # the lane (and kind) of every mistral.rs engine
 INSTALL = "blazar engine install --kind mistralrs"
 
@@ -48,6 +54,27 @@ def mistralrs_args(runtime: Launched, threads: int) -> tuple[str, ...]:
     if not any(a.split("=")[0] in ("--threads", "-t") for a in runtime.extra_args):
         out += ["--threads", str(threads)]
     return (*out, *runtime.extra_args)
+
+
+# What a runtime on an OpenAI-only engine differs in: one sequence at a time (the package's
+# Runner refuses concurrent calls), no prompt preflight (it has no /tokenize).
+OPENAI_FIELDS: dict[str, Any] = {"slots": 1, "preflight": "off", "dialect": OPENAI}
+
+
+def openai_engine(
+    record: ModelRecord,
+    spec: Model | None,
+    lane: str,
+    engines: EngineStore,
+    lanes: Sequence[ObservedLane],
+) -> tuple[EngineRecord | None, str | None]:
+    """(the engine, why it cannot serve) for a chat model on the mistralrs lane, or a
+    safetensors model routed to `lane` (another: refused)."""
+    engine = engines.active(lane) if lane == MISTRALRS else None
+    loads = next((o.support for o in lanes if o.lane == lane and o.active), {})
+    embeddings = bool(spec and spec.embeddings)
+    why = refusal(record.ref.short, lane, bool(engine), embeddings, loads, record.architecture)
+    return engine, why
 
 
 def refusal(
