@@ -11,7 +11,9 @@ the engine update gate, tests). Nothing else spawns or signals a child.
 - `read_output`: copies that output to a `ChildLog` (a rotated, buffered file
   and an in-memory tail) and reports the port of the first "listening on
   http://HOST:PORT" line: children start with `--port 0`, so no port is picked
-  in advance and none can be taken by someone else in between.
+  in advance and none can be taken by someone else in between. A server that says
+  it listens without naming the port it bound (ik_llama.cpp's `port="0"`) is
+  asked the kernel instead (`listening_socket`, Linux's /proc).
 - `watch_exit`: reports the exit once the output has been read.
 - `poll_health`: GET /health until 200, at a short fixed interval.
 - `signal_group` and `terminate`: SIGTERM to the group, a grace period, SIGKILL,
@@ -36,6 +38,9 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 LISTENING = re.compile(r"listening on http://[^:\s]+:(\d+)")
+# ik_llama.cpp's server (the catalog's `ik` fork) says `HTTP server listening ... port="N"`,
+# with N the port it was asked for: 0 under `--port 0`, which it did bind to a free port.
+LISTENING_FIELD = re.compile(r'HTTP server listening\b.*\bport="(\d+)"')
 TAIL_LINES = 50
 LOG_BYTES, LOG_BACKUPS = 5 * 2**20, 3
 OUTPUT_LIMIT = 2**20  # longest output line kept; asyncio drops longer ones
@@ -46,9 +51,30 @@ _PR_SET_PDEATHSIG = 1
 
 
 def listening_port(line: str) -> int | None:
-    """The port a "listening on http://HOST:PORT" line names, if it is one."""
-    match = LISTENING.search(line)
+    """The port a "listening on http://HOST:PORT" line names, if it is one (0: a server
+    that says it listens but names the port it was asked for, `--port 0`)."""
+    match = LISTENING.search(line) or LISTENING_FIELD.search(line)
     return int(match[1]) if match else None
+
+
+def listening_socket(pid: int) -> int | None:
+    """The TCP port process `pid` listens on, read from Linux's /proc (its sockets'
+    inodes, then the kernel's tables of listening sockets); None if it has none yet, or
+    no /proc. For a server that does not name the port it bound under `--port 0`."""
+    try:
+        inodes = {
+            os.readlink(f"/proc/{pid}/fd/{fd}")[8:-1]
+            for fd in os.listdir(f"/proc/{pid}/fd")
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:[")
+        }
+        for table in ("tcp", "tcp6"):
+            for row in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+                cols = row.split()
+                if len(cols) > 9 and cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
+                    return int(cols[1].rsplit(":", 1)[1], 16)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def health_delay(elapsed: float) -> float:
@@ -265,11 +291,22 @@ async def terminate(proc: asyncio.subprocess.Process, grace: float) -> int | Non
 # -- observing -------------------------------------------------------------------------------
 
 
+async def _bound_port(pid: int, seconds: float = 2.0) -> int | None:
+    """`listening_socket(pid)`, waiting a little for a server that logs before it listens."""
+    deadline = time.monotonic() + seconds
+    while (port := listening_socket(pid)) is None and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    return port
+
+
 async def read_output(
-    stream: asyncio.StreamReader, log: ChildLog, on_port: Callable[[int], None]
+    stream: asyncio.StreamReader,
+    log: ChildLog,
+    on_port: Callable[[int], None],
+    pid: int | None = None,
 ) -> None:
     """Copy a child's output to `log` until it closes; call `on_port` at the first
-    "listening on" line."""
+    "listening on" line (one that names port 0: the port child `pid` listens on)."""
     port_seen = False
     while True:
         try:
@@ -282,6 +319,8 @@ async def read_output(
         line = raw.decode("utf-8", "replace").rstrip()
         log.line(line)
         port = None if port_seen else listening_port(line)
+        if port == 0:  # it bound a free port and did not say which: ask the kernel
+            port = await _bound_port(pid) if pid is not None else None
         if port is not None:
             log.flush()
             port_seen = True

@@ -51,8 +51,12 @@ def script(tmp_path: Path, text: str) -> tuple[str, ...]:
         ("srv  load_model: loading model '/m/listening on.gguf'", None),
         ("listening on http://127.0.0.1:", None),
         ("", None),
+        # ik_llama.cpp's server names the port it was asked for: 0 means "ask the kernel".
+        ('INFO [ main] HTTP server listening | tid="1" n_threads_http="3" port="0" '
+         'hostname="127.0.0.1"', 0),
+        ('INFO [ main] HTTP server listening | port="8080" hostname="127.0.0.1"', 8080),
     ],
-)
+)  # fmt: skip
 def test_listening_port_reads_the_announced_port(line: str, port: int | None) -> None:
     assert listening_port(line) == port
 
@@ -258,6 +262,34 @@ def test_engine_server_that_never_turns_healthy_is_killed_at_the_deadline(
         with pytest.raises(EngineStartError, match=r"did not become healthy within 0.5 s"):
             await server.start()
         assert child_processes(str(tmp_path)) == []
+
+    run(main())
+
+
+# A server that binds a free port under `--port 0` and logs `port="0"`, as the ik fork's does.
+SILENT_PORT = """
+import http.server, time
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.send_header("Content-Length", "2"); self.end_headers()
+        self.wfile.write(b"ok")
+    def log_message(self, *a): pass
+server = http.server.HTTPServer(("127.0.0.1", 0), H)  # MARKER
+print('INFO [ main] HTTP server listening | port="0" hostname="127.0.0.1"', flush=True)
+server.serve_forever()
+"""
+
+
+def test_a_server_that_does_not_name_its_port_is_found_through_the_kernel(
+    tmp_path: Path,
+) -> None:
+    async def main() -> None:
+        server = EngineServer(script(tmp_path, SILENT_PORT), (), tmp_path / "e.log")
+        url = await server.start()
+        assert server.pid is not None and url.rsplit(":", 1)[1] != "0"
+        assert children.listening_socket(server.pid) == int(url.rsplit(":", 1)[1])
+        assert await children.probe_health("127.0.0.1", int(url.rsplit(":", 1)[1])) == 200
+        await server.stop()
 
     run(main())
 

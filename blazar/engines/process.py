@@ -73,7 +73,9 @@ class EngineServer:
         port: asyncio.Future[int] = loop.create_future()
         exited: asyncio.Future[int] = loop.create_future()
         assert proc.stdout is not None
-        reader = asyncio.create_task(children.read_output(proc.stdout, self.log, _once(port)))
+        reader = asyncio.create_task(
+            children.read_output(proc.stdout, self.log, _once(port), proc.pid)
+        )
         watcher = asyncio.create_task(children.watch_exit(proc, reader, _once(exited)))
         self._helpers = [reader, watcher]
 

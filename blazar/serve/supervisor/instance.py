@@ -352,7 +352,7 @@ class Instance:
         assert proc.stdout is not None
         gen = self._gen
         reader = self._helper(
-            children.read_output(proc.stdout, self._log, self._event("listening", gen))
+            children.read_output(proc.stdout, self._log, self._event("listening", gen), proc.pid)
         )
         self._helper(children.watch_exit(proc, reader, self._event("exited", gen)))
         self._set_timer(self.spec.health_timeout, _Child("start_timeout", gen))
