@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
 
 from blazar.serve.daemon import Daemon, ServeOptions, Unprotected, exposure
 from blazar.serve.gateway import audit
@@ -33,6 +33,7 @@ from blazar.serve.gateway.access import (
     PUBLIC,
     Access,
     declared_scope,
+    presented_key,
     scope_of,
 )
 from blazar.serve.gateway.app import build_app
@@ -94,6 +95,30 @@ def test_every_route_declares_its_scope_and_an_undeclared_one_is_admin() -> None
     assert scope_of("GET", "/api/why/{trace}") == ADMIN
     assert scope_of("DELETE", "/api/blazar/sessions/{name}") == ADMIN
     assert scope_of("GET", "/api/keysmith") == ADMIN  # undeclared, not the /api/keys family
+
+
+@pytest.mark.parametrize(
+    ("headers", "key"),
+    [
+        ({}, None),
+        ({"Authorization": "Bearer plm_a"}, "plm_a"),
+        ({"Authorization": "bearer  plm_a "}, "plm_a"),
+        ({"Authorization": "Basic plm_a"}, None),
+        ({"x-api-key": " plm_b "}, "plm_b"),
+        ({"Authorization": "Bearer plm_a", "x-api-key": "plm_b"}, "plm_a"),
+        # A browser's WebSocket cannot set headers: the key comes as a subprotocol.
+        ({"Sec-WebSocket-Protocol": "realtime, openai-insecure-api-key.plm_c"}, "plm_c"),
+        ({"Sec-WebSocket-Protocol": "openai-insecure-api-key.plm_c,openai-beta.realtime-v1"},
+         "plm_c"),
+        ({"Sec-WebSocket-Protocol": "realtime, openai-insecure-api-key."}, None),
+        ({"Sec-WebSocket-Protocol": "realtime, x-openai-insecure-api-key.plm_c"}, None),
+        ({"Sec-WebSocket-Protocol": "realtime"}, None),
+        ({"x-api-key": "plm_b", "Sec-WebSocket-Protocol": "openai-insecure-api-key.plm_c"},
+         "plm_b"),
+    ],
+)  # fmt: skip
+def test_the_key_a_request_presents(headers: dict[str, str], key: str | None) -> None:
+    assert presented_key(make_mocked_request("GET", "/v1/realtime", headers=headers)) == key
 
 
 def shape(path: str, status: int, body: Any) -> str:

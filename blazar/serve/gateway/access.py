@@ -10,7 +10,8 @@ changes apply without a restart. For each request, in this order:
    route; a CORS preflight (`OPTIONS` with an Origin) is answered here, without
    a key, and allowed origins get `Access-Control-Allow-Origin` on responses.
 3. With keys declared, every route not `PUBLIC` needs `Authorization: Bearer
-   KEY` or `x-api-key: KEY`: 401 when missing or unknown, 403 when the key's
+   KEY` or `x-api-key: KEY` (a WebSocket may offer the subprotocol
+   `openai-insecure-api-key.KEY`): 401 when missing or unknown, 403 when the key's
    scope is below the route's, 429 with Retry-After past its `rpm`. The key is
    found by its sha256 (one dict lookup, confirmed with `hmac.compare_digest`);
    its `Grant` and name are stored in the request for the routes and traces.
@@ -79,6 +80,7 @@ SCOPES: dict[tuple[str, str], str] = {
     ("GET", "/v1/audio/jobs/{id}"): INFERENCE,
     ("POST", "/v1/audio/jobs/{id}/cancel"): INFERENCE,
     ("POST", "/v1/audio/jobs/{id}/retry"): INFERENCE,
+    ("GET", "/v1/realtime"): INFERENCE,  # a WebSocket: OpenAI's Realtime protocol
     # Anthropic
     ("POST", "/v1/messages"): INFERENCE,
     ("POST", "/v1/messages/count_tokens"): INFERENCE,
@@ -136,6 +138,7 @@ METHODS = "GET, HEAD, POST, DELETE, OPTIONS"
 EXPOSED = "x-request-id, request-id, retry-after"
 CORS_ORIGIN = web.RequestKey("cors_origin", str)
 NO_KEY: tuple[str, Grant | None] = ("0" * 64, None)
+KEY_SUBPROTOCOL = "openai-insecure-api-key."  # how browsers send a key on a WebSocket
 
 
 def declared_scope(method: str, pattern: str) -> str | None:
@@ -162,14 +165,22 @@ def scope_of(method: str, pattern: str | None, *, metrics_public: bool = False) 
 
 
 def presented_key(request: web.Request) -> str | None:
-    """The key a request carries: `Authorization: Bearer KEY` or `x-api-key: KEY`."""
+    """The key a request carries: `Authorization: Bearer KEY`, `x-api-key: KEY`, or (a
+    browser's WebSocket, which cannot set headers) the subprotocol
+    `openai-insecure-api-key.KEY` in `Sec-WebSocket-Protocol`."""
     auth = request.headers.get("Authorization")
     if auth is not None:
         kind, _, value = auth.strip().partition(" ")
         if kind.lower() == "bearer" and value.strip():
             return value.strip()
     key = request.headers.get("x-api-key")
-    return key.strip() if key and key.strip() else None
+    if key and key.strip():
+        return key.strip()
+    for offered in request.headers.get("Sec-WebSocket-Protocol", "").split(","):
+        name, _, value = offered.strip().partition(KEY_SUBPROTOCOL)
+        if not name and value:
+            return value
+    return None
 
 
 def _client(request: web.Request) -> str | None:

@@ -38,6 +38,7 @@ from blazar.serve.routes import (
     ollama_blobs,
     ollama_pull,
     openai_api,
+    realtime_api,
     responses_api,
     sessions_api,
 )
@@ -121,5 +122,6 @@ def build_app(services: Services, access: Access | None = None) -> web.Applicati
     sessions_api.register(app, services)
     keys_api.register(app, services)
     audio_api.register(app, services)
+    realtime_api.register(app, services)
     fleet_api.register(app, services)
     return app

@@ -24,7 +24,8 @@ pipeline then takes the same steps for all of them, in this order:
 9. release: the slot goes back with the request's keep_alive.
 
 `held` is steps 1 to 5 and 9 for the audio routes and the async jobs, whose call is
-their own; `complete` is the whole path for work no client waits on (no request).
+their own; `complete` is the whole path for work no client waits on (no request), and
+`events` the same path streamed (a realtime session's answer, event by event).
 Failures are raised as `ProtocolError`/`SchedulerError` and answered in the route's
 envelope by the gateway's middleware (`steps.failure`).
 """
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -248,6 +249,70 @@ class Pipeline:
             out = await answer.whole(payload)
             return decode(out) if isinstance(out, bytes) else out
         finally:
+            self.scheduler.release(timed.lease)
+
+    async def events(self, ask: Ask, *, priority: bool = False) -> AsyncGenerator[Any, None]:
+        """The whole path for a stream no client's HTTP request waits on (a realtime
+        session's answer): this host's model only, the engine's events decoded as they
+        arrive (JSON objects, then the text `[DONE]`), each noted on the current trace.
+        The slot goes back when the stream ends, fails, or its consumer stops: use it
+        under `contextlib.aclosing`, so that stopping early closes the engine's
+        connection (the child stops generating) and releases the slot at once. An
+        engine that answers whole yields that one answer; an error is raised."""
+        target = self.where(None, ask.model)
+        if isinstance(target, Forward):  # never: where() forwards only for a client
+            raise ProtocolError(404, f"model '{ask.model}' is not served here")
+        plan = self.plan(ask, target)
+        if isinstance(plan, LoadOnly):
+            raise ProtocolError(400, "nothing to generate", "invalid_request_error")
+        steps.require(target.runtime, plan.need or ask.need, plan.needs, requested=ask.model)
+        timed = await self.lease(None, target, started=ask.started, priority=priority)
+        assert not isinstance(timed, Forward)
+        trace = current()
+        reply: Reply | None = None
+        upstream = ChildUpstream(self.children, timed.lease.url, target.runtime.name)
+        try:
+            done = self._done(ask, timed)
+            engine = plan.engine if plan.prepare is None else await plan.prepare(done)
+            sent = await self._admitted(timed.lease, ask, engine)
+            if trace is not None:
+                trace.sending(engine.path, sent.body)
+            try:
+                reply = await upstream.post(engine.path, sent.data)
+                streamed = reply.status == 200 and reply.content_type.startswith(
+                    "text/event-stream"
+                )
+                payload = b"" if streamed else await reply.read_all()
+            except upstream.errors as exc:
+                raise upstream.failed(exc) from None
+            if not streamed:
+                if trace is not None:
+                    trace.answered(payload, reply.status)
+                if reply.status != 200:
+                    data = decode(payload)
+                    raise plan.answer(done).refusal(reply.status, data) or refused(
+                        reply.status, data
+                    )
+                yield decode(payload)
+                return
+            decoder = SSEDecoder()
+            while True:
+                try:
+                    chunk = await reply.read()
+                except upstream.errors as exc:
+                    failed = upstream.failed(exc)
+                    if trace is not None:
+                        trace.failed(failed.status, failed.message, failed.code)
+                    raise failed from None
+                for event in decoder.feed(chunk) if chunk else decoder.close():
+                    if trace is not None:
+                        trace.event(event.data)
+                    yield event.data
+                if not chunk:
+                    return
+        finally:
+            if reply is not None:  # kept if finished; else closed, and the child stops
+                upstream.release(reply)
             self.scheduler.release(timed.lease)
 
     def local(self, request: web.Request | None, ask: Ask) -> Target:

@@ -177,6 +177,11 @@ class Observer:
 
         return observe
 
+    def finished(self, trace: Trace, request: web.Request) -> None:
+        """A trace begun off the middleware is done (each response of a realtime session,
+        on the socket's upgrade `request`): finished, kept and counted as the others."""
+        self._done(trace, request)
+
     def _done(self, trace: Trace, request: web.Request) -> None:
         trace.duration_ns = time.perf_counter_ns() - trace.started
         trace.client = request.remote
