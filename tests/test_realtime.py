@@ -213,6 +213,21 @@ def test_an_idle_session_is_closed(monkeypatch: pytest.MonkeyPatch) -> None:
     asyncio.run(run())
 
 
+def test_open_sessions_are_closed_as_the_gateway_stops() -> None:
+    async def run() -> tuple[Any, float]:
+        async with client() as http:
+            ws = await http.ws_connect("/v1/realtime")
+            assert (await recv(ws))["type"] == "session.created"
+            started = time.monotonic()
+            await http.server.close()  # aiohttp would wait 60 s for an open handler
+            closing = await ws.receive(timeout=10)
+            return closing, time.monotonic() - started
+
+    closing, took = asyncio.run(run())
+    assert closing.type == aiohttp.WSMsgType.CLOSE and closing.data == 1001
+    assert took < 5
+
+
 class Streams(BaseHTTPRequestHandler):
     """A chat child that streams the word "fox" every 20 ms until its client goes away."""
 

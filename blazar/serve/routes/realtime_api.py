@@ -14,7 +14,8 @@ binary messages and text that is not JSON are `error` events), hands each event 
 the session (`blazar.serve.request.realtime`), and closes the session after
 `idle_seconds` without an event while nothing runs (an `error` event first, then
 close code 1000). Sends from the session's tasks go out as whole frames; once the
-client has gone they are dropped.
+client has gone they are dropped. As serve stops, open sessions are closed with
+1001 (`close_all`).
 """
 
 from __future__ import annotations
@@ -37,8 +38,16 @@ LIMITS = Limits()
 
 
 def register(app: web.Application, services: Services) -> None:
-    """Add `/v1/realtime` to the gateway's app."""
-    app.router.add_get(PATH, RealtimeAPI(services).handle)
+    """Add `/v1/realtime` to the gateway's app; open sessions are closed (1001) as serve
+    stops, before the scheduler stops the children (else aiohttp waits a minute for them)."""
+    api = RealtimeAPI(services)
+    app.router.add_get(PATH, api.handle)
+    services.closing.append(api.close_all)
+
+    async def shutdown(_: web.Application) -> None:
+        await api.close_all()
+
+    app.on_shutdown.append(shutdown)
 
 
 class RealtimeAPI:
@@ -47,6 +56,12 @@ class RealtimeAPI:
     def __init__(self, services: Services, limits: Limits | None = None) -> None:
         self.services = services
         self.limits = limits
+        self.open: set[web.WebSocketResponse] = set()
+
+    async def close_all(self) -> None:
+        """Close every open session: the client hears 1001 (going away)."""
+        for ws in list(self.open):
+            await ws.close(code=1001, message=b"the gateway is stopping")
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         limits = self.limits or LIMITS
@@ -71,10 +86,12 @@ class RealtimeAPI:
         session = RealtimeSession(
             pipeline, self.services.observer, request, send, model=model, limits=limits
         )
+        self.open.add(ws)
         try:
             await session.start()
             await self._serve(ws, session, limits)
         finally:
+            self.open.discard(ws)
             await session.close()
             if not ws.closed:
                 await ws.close()
