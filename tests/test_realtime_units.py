@@ -151,6 +151,10 @@ def test_items_and_the_messages_they_make() -> None:
     with pytest.raises(EventError, match="already in the conversation"):
         conversation.add(Item("d", "user"))
     assert heard.to_api()["content"] == [{"type": "input_audio", "transcript": "hello"}]
+    short = Conversation(char_limit=10)
+    for name, text in (("a", "12345"), ("b", "123456"), ("c", "x" * 30)):
+        short.add(Item(name, "user", "text", text))
+        assert [i.id for i in short.items] == {"a": ["a"], "b": ["b"], "c": ["c"]}[name]
 
 
 @pytest.mark.parametrize(

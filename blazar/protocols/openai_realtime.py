@@ -351,9 +351,11 @@ def parse_item(item: Any, new_id: Callable[[], str]) -> Item:
 
 @dataclass
 class Conversation:
-    """The session's items, oldest first, the oldest dropped past `limit`."""
+    """The session's items, oldest first, the oldest dropped past `limit` items or past
+    `char_limit` characters of text (the newest item is always kept)."""
 
     limit: int = 200
+    char_limit: int = 1 << 20
     items: list[Item] = field(default_factory=list)
 
     @property
@@ -368,6 +370,9 @@ class Conversation:
         previous = self.last_id
         self.items.append(item)
         del self.items[: -self.limit]
+        total = sum(len(i.text or "") for i in self.items)
+        while total > self.char_limit and len(self.items) > 1:
+            total -= len(self.items.pop(0).text or "")
         return previous
 
     def messages(self, instructions: str) -> list[dict[str, str]]:

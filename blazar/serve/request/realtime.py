@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 import secrets
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
@@ -64,6 +65,7 @@ from blazar.protocols.realtime_audio import (
     resample,
     wav,
 )
+from blazar.serve.http import wants_priority
 from blazar.serve.request import steps
 from blazar.serve.request.asks import Answer, Ask, Plan
 from blazar.serve.request.grants import sees
@@ -74,6 +76,7 @@ from blazar.serve.supervisor.runtime import ModelRuntime
 from blazar.serve.supervisor.scheduler import SchedulerError, Target
 
 PATH = "/v1/realtime"
+logger = logging.getLogger("blazar.serve")
 CHAT_PATH = "/v1/chat/completions"
 MIN_COMMIT_S = 0.1  # OpenAI's least: "expected at least 100ms of audio"
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -88,6 +91,7 @@ class Limits:
     max_audio_seconds: float = 120.0  # the input buffer, at the session's rate
     idle_seconds: float = 300.0  # no event and nothing running: the session is closed
     max_items: int = 200  # conversation items kept (the oldest dropped)
+    max_conversation_chars: int = 1 << 20  # their text, all told (the oldest dropped)
     audio_chunk_seconds: float = 0.5  # of PCM16 per response.audio.delta
 
 
@@ -125,6 +129,7 @@ class RealtimeSession:
     ) -> None:  # fmt: skip
         self.pipeline, self.observer, self.request = pipeline, observer, request
         self.send, self.limits = send, limits
+        self.priority = wants_priority(request)  # x-blazar-priority on the handshake
         self.id = self.new_id("sess")
         self.events = Events(self.id.removeprefix("sess_")[:12])
         voice = self._only(steps.SPEECH)
@@ -136,7 +141,7 @@ class RealtimeSession:
             modalities=("text", "audio") if voice is not None else ("text",),
         )
         self.buffer = AudioBuffer(RATE, limits.max_audio_seconds)
-        self.conversation = Conversation(limits.max_items)
+        self.conversation = Conversation(limits.max_items, limits.max_conversation_chars)
         self.pending: dict[str, asyncio.Task[None]] = {}  # transcriptions, by item id
         self.response: asyncio.Task[None] | None = None
         self.handlers: dict[str, Callable[[dict[str, Any]], Awaitable[None]]] = {
@@ -170,11 +175,15 @@ class RealtimeSession:
     async def handle(self, data: Any) -> None:
         """One client event; a bad one is answered with an `error` event."""
         event_id = data.get("event_id") if isinstance(data, dict) else None
+        said = event_id if isinstance(event_id, str) else None
         try:
             event = parse_event(data)
             await self.handlers[event["type"]](event)
         except EventError as exc:
-            await self.error(exc, event_id if isinstance(event_id, str) else None)
+            await self.error(exc, said)
+        except Exception as exc:  # a bug: the client hears of it, the log has the traceback
+            logger.exception("a realtime event failed")
+            await self.error(event_error(exc), said)
 
     async def close(self) -> None:
         """The socket is gone: stop what runs (slots go back, children stop)."""
@@ -305,7 +314,9 @@ class RealtimeSession:
                 heard = await transcribe(
                     self.pipeline.children, lease.url, lease.runtime.name, wav(pcm, RATE), asked
                 )
-        except (EventError, ProtocolError, SchedulerError) as exc:
+        except Exception as exc:
+            if steps.failure(exc) is None and not isinstance(exc, EventError):
+                logger.exception("realtime transcription failed")
             item.failed = True
             failed = event_error(exc)
             await self.send(self.event(f"{kind}.failed", item_id=item.id, content_index=0, error={
@@ -387,7 +398,9 @@ class Turn:
                 details = {"type": "incomplete", "reason": "max_output_tokens"}
         except asyncio.CancelledError:
             status, details = "cancelled", {"type": "cancelled", "reason": "client_cancelled"}
-        except (EventError, ProtocolError, SchedulerError) as exc:
+        except Exception as exc:
+            if steps.failure(exc) is None and not isinstance(exc, EventError):
+                logger.exception("realtime response %s failed", self.id)
             failed = event_error(exc)
             status = "failed"
             said = {"type": failed.kind, "code": failed.code, "message": failed.message}
@@ -436,7 +449,8 @@ class Turn:
         trace = Trace(self.id, "openai", PATH, enforce=s.observer.settings.sentinel_enforce)
         token = CURRENT.set(trace)
         try:
-            async with aclosing(s.pipeline.events(ChatAsk(settings.model, PATH, body))) as events:
+            chat = s.pipeline.events(ChatAsk(settings.model, PATH, body), priority=s.priority)
+            async with aclosing(chat) as events:
                 async for data in events:
                     text = self._read(data)
                     if not text:
