@@ -1,6 +1,8 @@
 """The audio lanes end to end: a real `blazar serve` with faster-whisper and piper-tts engines
 (installed from the wheel cache), the real offline models (faster-whisper-base from its two
-PyPI parts, the piper voice en_US-joe-medium), and the official `openai` client.
+PyPI parts, the piper voice en_US-joe-medium), and the official `openai` client; and
+`/v1/realtime` on the same serve (voice in and out through Blazar's SDK, text through
+`openai`'s realtime client), since the engines are the costly part of the setup.
 
 One serve process is shared by the module; the last test restarts it. What the user
 would notice is checked: the WAV is 22,050 Hz speech, not silence, and whisper hears the
@@ -366,7 +368,7 @@ def test_realtime_voice_in_and_voice_out(host: Host) -> None:
         assert created["voice"] == "joe"
         assert created["input_audio_transcription"]["model"] == "whisper-base"
         assert created["modalities"] == ["text", "audio"]
-        session.update_session(max_response_output_tokens=24, temperature=0)
+        session.update_session(max_response_output_tokens=36, temperature=0)
         assert session.recv()["type"] == "session.updated"
         for part in chunks(pcm, RATE, 0.25):
             session.send_audio(part)
@@ -377,23 +379,26 @@ def test_realtime_voice_in_and_voice_out(host: Host) -> None:
     assert words(heard["transcript"]) == words(QUESTION)
     assert kinds.index("input_audio_buffer.committed") < kinds.index("response.created")
     answer = "".join(e["delta"] for e in events if e["type"] == "response.audio_transcript.delta")
-    assert is_tiny_text(answer.strip(), allow=()) and len(answer.split()) == 24
+    assert is_tiny_text(answer.strip(), allow=()) and len(answer.split()) == 36
     audio_at = [i for i, kind in enumerate(kinds) if kind == "response.audio.delta"]
     assert audio_at and audio_at[-1] < kinds.index("response.done")
     done = events[-1]["response"]
     assert done["status"] == "incomplete"  # the tiny model always runs to its limit
     assert done["output"][0]["content"] == [{"type": "audio", "transcript": answer}]
-    assert done["usage"]["output_tokens"] == 24
+    assert done["usage"]["output_tokens"] == 36
     spoken = b"".join(Realtime.audio(events[i]) for i in audio_at)
-    assert seconds_of(spoken) > 4  # 24 words, not a click
+    assert seconds_of(spoken) > 6  # 36 words (two pieces to speak), not a click
     back = host.client.audio.transcriptions.create(
         model="whisper-base", file=("answer.wav", wav(spoken, RATE))
     )
-    said, got = answer.split(), set(words(back.text).split())
-    assert sum(w in got for w in said) >= 0.6 * len(said), (answer, back.text)
+    # Word salad: whisper joins some words ("snow stone" -> "Snowstone"), so each word of
+    # three letters or more is looked for in what it heard, spaces left out.
+    said, got = [w for w in answer.split() if len(w) >= 3], words(back.text).replace(" ", "")
+    found = sum(w in got for w in said)
+    assert found >= 0.75 * len(said), (found, len(said), answer, back.text)  # 29 of 33 here
     trace = host.get(f"/api/why/{done['id']}")
     assert (trace["route"], trace["model"]) == ("/v1/realtime", "tiny")
-    assert trace["generated_tokens"] == 24
+    assert trace["generated_tokens"] == 36
 
 
 def test_realtime_text_in_text_out_with_openais_client(host: Host) -> None:
