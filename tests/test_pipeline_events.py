@@ -27,7 +27,7 @@ from blazar.engines import launcher
 from blazar.observe.trace import CURRENT, Trace
 from blazar.protocols.sse import DONE
 from blazar.serve.request.pipeline import Pipeline
-from blazar.serve.request.realtime import ChatAsk
+from blazar.serve.request.realtime_turn import ChatAsk
 from blazar.serve.supervisor.child_http import ChildConnections
 from blazar.serve.supervisor.scheduler import ModelNotFound, Scheduler
 from blazar.testing.tiny import is_tiny_text, write_tiny_model

@@ -30,7 +30,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from blazar.serve.gateway.access import Access
 from blazar.serve.gateway.app import build_app
-from blazar.serve.request.realtime import Limits
+from blazar.serve.request.realtime_turn import Limits
 from blazar.serve.routes import realtime_api
 from blazar.serve.routes.services import Services
 from blazar.serve.supervisor.scheduler import Scheduler

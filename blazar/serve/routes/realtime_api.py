@@ -30,7 +30,8 @@ from blazar.protocols import ProtocolError
 from blazar.protocols.openai_realtime import EventError
 from blazar.serve.request import steps
 from blazar.serve.request.asks import Ask
-from blazar.serve.request.realtime import PATH, Limits, RealtimeSession
+from blazar.serve.request.realtime import RealtimeSession
+from blazar.serve.request.realtime_turn import PATH, Limits
 from blazar.serve.routes.services import Services
 
 SUBPROTOCOL = "realtime"
