@@ -79,6 +79,7 @@ class Trace:
         "started",
         "status",
         "stream",
+        "token",
         "wall",
     )  # fmt: skip
 
@@ -118,6 +119,7 @@ class Trace:
         self.first_ns: int | None = None  # first output, ns after `started`
         self.gaps: list[int] = []  # ns between output events of a stream
         self.duration_ns = 0
+        self.token: Any = None  # the context variable's token while it is current
 
     # -- along the request path ---------------------------------------------------------
 
