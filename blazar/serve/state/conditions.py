@@ -41,7 +41,7 @@ from blazar.store import Store
 
 if TYPE_CHECKING:
     from blazar.serve.supervisor.runtime import ModelRuntime
-    from blazar.serve.supervisor.scheduler import Scheduler
+    from blazar.serve.supervisor.scheduler import Member, Scheduler
 
 SERVING, REACHABLE, APPLIED = "Serving", "Reachable", "Applied"
 OWNED = (SERVING, REACHABLE, APPLIED)  # the condition types serve writes, and removes
@@ -178,20 +178,18 @@ def applied(
     return Status("manifest", manifest.name, APPLIED, str(ok), reason, text)
 
 
-def instance_views(pool_members: Iterable[object]) -> list[InstanceView]:
-    views = []
-    for member in pool_members:
-        inst = member.instance  # type: ignore[attr-defined]
-        views.append(
-            InstanceView(
-                inst.spec.key,
-                str(inst.state),
-                getattr(inst, "last_error", None),
-                getattr(inst, "restarts", 0),
-                str(inst.spec.log_path),
-            )
+def instance_views(members: Iterable[Member]) -> list[InstanceView]:
+    """What each of a pool's instances shows now (read, never decided on)."""
+    return [
+        InstanceView(
+            m.instance.spec.key,
+            str(m.instance.state),
+            m.instance.last_error,
+            m.instance.restarts,
+            str(m.instance.spec.log_path),
         )
-    return views
+        for m in members
+    ]
 
 
 def observe(
