@@ -347,7 +347,7 @@ def _remove_model(paths: Paths, manifest_path: Path, name: str) -> Removed:
             _save(manifest, f"not removed: {ref.short} is still referenced in the manifest")
         if held is not None:
             Registry(store, paths).remove(ref)
-            store.delete_conditions("model", ref.short)
+        store.delete_conditions("model", ref.short)  # declared and never fetched: its too
     return Removed(ref.short, declared=key is not None, held=held.held if held else None)
 
 
@@ -374,7 +374,7 @@ def remove_lora(
                 _save(manifest, f"adapter {name} not removed")
             if held is not None:
                 Registry(store, paths).remove_lora(name)
-                store.delete_conditions("lora", name)
+            store.delete_conditions("lora", name)
     return Removed(name, declared=declared, held="adapter" if held else None)
 
 

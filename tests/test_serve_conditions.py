@@ -297,7 +297,18 @@ def test_runtime_failures_are_conditions_status_and_doctor_show(
             "an invalid manifest",
             served,
         )
-        paths.manifest.write_text(text)
+        # a manifest whose apply fails in part: a model whose file is not there
+        paths.manifest.write_text(text + model_block("missing", tmp_path / "nowhere.gguf"))
+        rows = wait_for(
+            lambda: shown({"manifests.blazar.toml Applied": ("False", "ActionsFailed")}),
+            "an apply that fails",
+            served,
+        )
+        assert "models.missing failed" in rows["manifests.blazar.toml Applied"]["message"]
+        assert rows["models.missing Ready"]["status"] == "False"  # apply's, with the error
+        assert [f for f in doctor(blazar) if "'missing' is not ready" in f["what"]]
+        blazar("rm", "missing")
+        assert "models.missing Ready" not in status(blazar)  # its failure went with it
         blazar(
             "config", "set", "models.broken.args", "[]", "models.squeezed.cache_type", "f16",
             "remotes.gone.url", served.url,
