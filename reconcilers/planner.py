@@ -1,13 +1,13 @@
-"""The plan skeleton the resource reconcilers share (models, LoRA adapters, keys).
+"""The plan skeleton the resource reconcilers share (models, projectors, adapters, keys).
 
-Each of `reconcilers.models`, `reconcilers.loras` and `reconcilers.keys` plans the
-same way: the resources it observed, keyed by name, are compared with the declared
-ones; a declared resource not held is created; one held is compared by the
-reconciler's own rule (`compare`), which says what to change and why, or nothing; a
-resource the manifest managed and no longer declares is deleted with --prune and
-otherwise kept and listed. Only `compare` and the details each action carries differ
-between kinds; `bytes_change` is the rule models and adapters share for the file
-behind them. Everything here is pure (no I/O, no clock), called by the planners.
+Each of `reconcilers.models`, `reconcilers.projectors`, `reconcilers.loras` and
+`reconcilers.keys` plans the same way: the resources it observed, keyed by name, are
+compared with the declared ones; a declared resource not held is created; one held is
+compared by the reconciler's own rule (`compare`), which says what to change and why,
+or nothing; a resource the manifest managed and no longer declares is deleted with
+--prune and otherwise kept and listed. Only `compare` and the details each action
+carries differ between kinds; `bytes_change` is the rule models and adapters share for
+the file behind them. Everything here is pure (no I/O, no clock), called by the planners.
 """
 
 from __future__ import annotations
@@ -22,18 +22,17 @@ NOT_HELD = "not in the store"
 GONE = "no longer in the manifest"
 
 
-class Named(Protocol):
+class Held(Protocol):
     @property
-    def name(self) -> str: ...
+    def managed(self) -> bool: ...  # a manifest made it (apply), not `blazar import`
 
 
-class Held(Named, Protocol):
-    @property
-    def managed(self) -> bool: ...
-
-
-Declared = TypeVar("Declared", bound=Named)
+Declared = TypeVar("Declared")
 Observed = TypeVar("Observed", bound=Held)
+
+
+def _name(resource: Any) -> str:
+    return str(resource.name)
 
 
 @dataclass(frozen=True)
@@ -54,31 +53,34 @@ def plan_kind(
     created: Callable[[Declared], dict[str, Any]],
     compare: Callable[[Declared, Observed], Verdict | None],
     deleted: Callable[[Observed], dict[str, Any]] = lambda have: {},
+    key: Callable[[Any], str] = _name,
+    missing: str = NOT_HELD,
 ) -> tuple[list[Action], list[str]]:
     """Pure: the actions that take `observed` to `desired` for one kind, in the order the
     declarations come, then the deletions; and the managed resources kept because
-    --prune was not given (as addresses). `created` gives a create's details, `deleted`
-    a delete's, and `compare` the change (or None) for a declared resource that is held."""
-    held = {o.name: o for o in observed}
-    wanted = {d.name for d in desired}
+    --prune was not given (as addresses). `created` gives a create's details (its reason
+    is `missing`), `deleted` a delete's, and `compare` the change (or None) for a declared
+    resource that is held; `key` is a resource's name (default: its `name`)."""
+    held = {key(o): o for o in observed}
+    wanted = {key(d) for d in desired}
     actions = []
     for resource in desired:
-        have = held.get(resource.name)
+        name = key(resource)
+        have = held.get(name)
         if have is None:
-            actions.append(Action(kind, resource.name, Change.CREATE, NOT_HELD, created(resource)))
+            actions.append(Action(kind, name, Change.CREATE, missing, created(resource)))
             continue
         verdict = compare(resource, have)
         if verdict is not None:
-            actions.append(
-                Action(kind, resource.name, verdict.change, verdict.reason, verdict.details)
-            )
+            actions.append(Action(kind, name, verdict.change, verdict.reason, verdict.details))
     kept = []
     for have in observed:
-        if have.managed and have.name not in wanted:
+        name = key(have)
+        if have.managed and name not in wanted:
             if prune:
-                actions.append(Action(kind, have.name, Change.DELETE, GONE, deleted(have)))
+                actions.append(Action(kind, name, Change.DELETE, GONE, deleted(have)))
             else:
-                kept.append(f"{kind}s.{have.name}")
+                kept.append(f"{kind}s.{name}")
     return actions, kept
 
 

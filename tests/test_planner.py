@@ -124,3 +124,18 @@ def test_settings_change() -> None:
         "pin": {"from": True, "to": None},
         "source": {"from": "s", "to": "t"},
     }
+
+
+def test_plan_kind_names_resources_by_key() -> None:
+    """Projectors are named after their model: `key` picks the name, `missing` the reason."""
+
+    @dataclass(frozen=True)
+    class Projector:
+        model: str
+        managed: bool = True
+
+    got, kept = plan_kind(
+        "projector", [Projector("v")], [Projector("u")], prune=False, created=lambda p: {},
+        compare=lambda want, have: None, key=lambda p: p.model, missing="not held",
+    )  # fmt: skip
+    assert [(a.name, a.reason) for a in got] == [("v", "not held")] and kept == ["projectors.u"]
