@@ -213,32 +213,6 @@ def open_database(conn: sqlite3.Connection) -> sqlite_utils.Database:
     return sqlite_utils.Database(conn, execute_plugins=False)
 
 
-def read_models(path: Path) -> list[ModelRecord] | None:
-    """Every model record of the store at `path`, read with the standard library alone
-    (`blazar list`: sqlite-utils costs about 40 ms to import); None when there is no
-    store there yet or a migration is pending, and then the caller opens a `Store`,
-    which migrates it. Sorted as `Store.list_models` sorts them."""
-    from blazar.migrations import MIGRATIONS
-
-    if not path.is_file():
-        return None
-    try:
-        conn = sqlite3.connect(f"{path.as_uri()}?mode=rw", uri=True, timeout=30)
-    except sqlite3.Error:
-        return None
-    try:
-        conn.row_factory = sqlite3.Row
-        done = {row[0] for row in conn.execute("SELECT name FROM _migrations")}
-        if any(fn.__name__ not in done for fn in MIGRATIONS):
-            return None
-        rows = conn.execute("SELECT * FROM models ORDER BY name, tag").fetchall()
-    except sqlite3.Error:  # no _migrations table yet: a store being made
-        return None
-    finally:
-        conn.close()
-    return [ModelRecord.from_row(dict(row)) for row in rows]
-
-
 class Store:
     """The SQLite store. One instance per process; cheap to open."""
 

@@ -23,7 +23,8 @@ from blazar import gguf_info, hashing, registry
 from blazar.cli.main import COMMANDS, cli, load_command
 from blazar.cli.models import model_json
 from blazar.paths import Paths
-from blazar.store import Store, read_models
+from blazar.store import Store
+from blazar.store_reads import read_models
 from specs.names import parse_name
 from tests.conftest import Blazar
 

@@ -14,7 +14,8 @@ from blazar.cli.format import echo_json, human_bytes, human_count, table
 from blazar.errors import NotFound
 from blazar.fit import CACHE_TYPES, estimate
 from blazar.hardware import memory_devices
-from blazar.store import ModelRecord, read_models
+from blazar.store import ModelRecord
+from blazar.store_reads import read_models
 from specs.names import InvalidName, parse_name
 
 if TYPE_CHECKING:  # kept out of `blazar list`'s start: it loads the manifest models
