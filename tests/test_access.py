@@ -13,6 +13,7 @@ import asyncio
 import gc
 import hashlib
 import json
+import logging
 import os
 import threading
 import time
@@ -364,8 +365,9 @@ def test_bodies_held_at_once_are_capped_and_the_next_waits_then_gets_a_503() -> 
 
 
 def test_beyond_loopback_a_key_or_consent_is_needed(
-    paths: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    paths: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="blazar.serve")  # serve's log (`blazar.serve.logs`)
     keyed = Manifest(keys={"ops": Key(sha256="a" * 64, scope="admin")})
     consenting = Manifest(serving=Serving(allow_unauthenticated=True))
     assert exposure("127.0.0.1", Manifest()) is None and exposure("::1", Manifest()) is None
@@ -380,14 +382,14 @@ def test_beyond_loopback_a_key_or_consent_is_needed(
         assert daemon.access.keyed
         daemon._guard(Manifest())  # a reload that drops every key, while exposed
         assert daemon.access.keyed
-        assert "keys not changed: the manifest declares none" in capsys.readouterr().err
+        assert "keys not changed: the manifest declares none" in caplog.text
     finally:
         daemon.store.close()
     path.write_text("[serving]\nallow_unauthenticated = true\n")
     daemon = Daemon(paths, ServeOptions(path, host="0.0.0.0"))
     try:
         daemon._start_checks()  # the user means it: serve starts, and says so loudly
-        assert "WARNING: serving on 0.0.0.0 with NO API KEY" in capsys.readouterr().err
+        assert "WARNING: serving on 0.0.0.0 with NO API KEY" in caplog.text
     finally:
         daemon.store.close()
     path.write_text("")
