@@ -152,7 +152,8 @@ def _remaining(value: float | None) -> str:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per instance.")
 @pass_context
 def ps(ctx: Context, url: str | None, as_json: bool) -> None:
-    """The running instances: model, replica, engine lane and tag, pid, port, slots, load;
+    """The running instances: model, replica, engine lane and tag, pid, port, slots, load,
+    speculative decoding mode and the fields the model's profile set (`blazar tune`);
     and the models served from remotes (lane `remote NAME`, state its health)."""
     rows = call(daemon_url(ctx.paths, url), "/api/blazar/ps")["instances"]
     if as_json:
@@ -163,7 +164,7 @@ def ps(ctx: Context, url: str | None, as_json: bool) -> None:
         click.echo("No model is loaded.")
         return
     headers = ["MODEL", "REPLICA", "LANE", "ENGINE", "PID", "PORT", "SLOTS", "CTX", "IN FLIGHT",
-               "KEEP ALIVE", "STATE"]  # fmt: skip
+               "KEEP ALIVE", "STATE", "SPEC", "PROFILE"]  # fmt: skip
     click.echo(
         table(
             headers,
@@ -180,6 +181,8 @@ def ps(ctx: Context, url: str | None, as_json: bool) -> None:
                     r["in_flight"],
                     "-" if r.get("remote") else _remaining(r["keep_alive_remaining"]),
                     r["state"],
+                    r.get("spec"),
+                    ",".join(r.get("profile") or []) or None,  # fields `blazar tune` set
                 ]
                 for r in rows
             ],

@@ -26,9 +26,11 @@ from blazar.cache_settings import CacheSettings
 from blazar.chat_templates import AppliedTemplate, model_template
 from blazar.engines.lanes import observe as observe_lanes
 from blazar.engines.records import EngineRecord, EngineStore
-from blazar.errors import BlazarError
+from blazar.gguf_info import rope_facts
+from blazar.profiles import ProfileStore
 from blazar.protocols.capabilities import TemplateCapabilities, template_capabilities
 from blazar.store import LoraRecord, ModelRecord, Store
+from blazar.tuning import Tuning, tuned
 from reconcilers.desired import routing_of
 from reconcilers.ports import OfferView
 from reconcilers.routing import route
@@ -84,6 +86,7 @@ class ModelRuntime:
     engine_lane: str = ""  # the lane serving it: llamacpp, or a fork's id
     refusal: str | None = None  # no engine supports it: what its requests are told (400)
     kind: str = "chat"  # chat | transcription (a whisper lane) | speech (a piper lane)
+    tuning: Tuning = field(default_factory=Tuning)  # speculative decoding, profile (tune.md)
 
     @property
     def instances(self) -> int:
@@ -161,8 +164,9 @@ class ModelRuntime:
         )
         if self.slot_dir is not None:
             out += ["--slot-save-path", self.slot_dir]
+        out += self.tuning.flags()
         if not any(a.split("=")[0] in ("--threads", "-t") for a in self.extra_args):
-            threads = str(default_threads())
+            threads = str(self.tuning.threads or default_threads())
             out += ["--threads", threads, "--threads-batch", threads]
         out += self.extra_args
         return tuple(out)
@@ -228,7 +232,9 @@ def build_runtimes(
     loras = store.list_loras()
     lanes, routing = observe_lanes(store), routing_of(manifest)
     runtimes: dict[str, ModelRuntime] = {}
-    for record in store.list_models():
+    held = {r.ref.short: r for r in store.list_models()}
+    profiles = ProfileStore(store).all_current()
+    for record in held.values():
         name = record.ref.short
         key = declared.get(name)
         spec = manifest.models[key] if key is not None else None
@@ -248,7 +254,16 @@ def build_runtimes(
             name, record.path, record.facts, spec, serving, engine, loras, template,
             decided.refusal,
         )  # fmt: skip
-        runtimes[name] = _with_sessions(runtime, record.sha256, spec, serving, slot_dir)
+        runtime = _with_sessions(runtime, record.sha256, spec, serving, slot_dir)
+        tuning, problem = tuned(runtime, spec, profiles.get(name), manifest, held, store)
+        runtimes[name] = replace(
+            runtime,
+            tuning=tuning,
+            slots=tuning.slots if tuning.slots and "slots" in tuning.from_profile
+            and not runtime.cache.deterministic else runtime.slots,
+            cache=replace(runtime.cache, **dict(tuning.cache)),
+            settings_problem="; ".join(p for p in (runtime.settings_problem, problem) if p) or None,
+        )  # fmt: skip
     return runtimes
 
 
@@ -387,7 +402,7 @@ def _with_sessions(
     limit = cache_settings.ctx_limit(cache, train_ctx if isinstance(train_ctx, int) else None)
     ctx = min(ctx, limit) if limit else ctx
     if cache.ctx_extend is not None and "rope_freq_base" not in facts:
-        facts = {**facts, **_rope_facts(runtime.path)}  # imported before Blazar read RoPE keys
+        facts = {**facts, **rope_facts(Path(runtime.path))}  # imported before Blazar read them
     found = cache_settings.problems(cache, facts, name=runtime.name, ctx=ctx)
     bank = model.session_bank if model and model.session_bank is not None else serving.session_bank
     return replace(
@@ -403,18 +418,6 @@ def _with_sessions(
         singleflight=serving.singleflight,
         facts=facts,
     )
-
-
-def _rope_facts(path: str) -> dict[str, Any]:
-    """The RoPE keys of a GGUF, read from its header (a record imported before they were
-    recorded lacks them); {} when the file cannot be read: the engine decides then."""
-    from blazar.gguf_info import inspect_gguf
-
-    try:
-        facts = inspect_gguf(Path(path)).to_dict()
-    except (OSError, ValueError, BlazarError):
-        return {}
-    return {k: v for k, v in facts.items() if k.startswith("rope_")}
 
 
 def resolve(runtimes: dict[str, ModelRuntime], requested: str) -> tuple[ModelRuntime, Requested]:

@@ -579,6 +579,7 @@ class Scheduler:
                         "state": str(inst.state),
                         "retired": pool.retired,
                         "size": pool.runtime.facts.get("size"),
+                        **pool.runtime.tuning.view(),  # spec mode, profile fields (tune.md)
                     }
                 )
         return rows
