@@ -246,6 +246,11 @@ def _completion_piece(chunk: dict[str, Any]) -> str | None:
 @click.option("--temperature", type=float, default=None)
 @click.option("--system", default=None, help="A system message (chat models).")
 @click.option("--raw", is_flag=True, help="A plain completion of PROMPT, no chat template.")
+@click.option(
+    "--no-draft",
+    is_flag=True,
+    help="Answer on a dense child of its own (speculative decoding off), not the daemon's.",
+)
 @pass_context
 def run_(
     ctx: Context,
@@ -256,12 +261,41 @@ def run_(
     temperature: float | None,
     system: str | None,
     raw: bool,
+    no_draft: bool,
 ) -> None:
     """Chat with MODEL interactively, or answer PROMPT once.
 
     Flags go before PROMPT; `--` ends them (`blazar run m -- --not-a-flag`).
+    Example: blazar run gemma3-270m --no-draft "Why is the sea salty?"
     """
-    base = daemon_url(ctx.paths, url)
+    if no_draft:
+        from blazar.reconcile import load_or_empty
+        from blazar.tune.local import run_dense
+
+        manifest = load_or_empty(ctx.paths.manifest)
+
+        def answer(child: str, runtime: Any) -> None:
+            refusal = None if raw else runtime.chat_refusal("use --raw, or ")
+            if refusal is not None:
+                raise BlazarError(refusal)
+            told = system or runtime.system  # the gateway's default, applied here
+            _converse(child, runtime.name, prompt, max_tokens, temperature, told, raw)
+
+        run_dense(ctx.store, ctx.paths, manifest, model, answer)
+        return
+    _converse(daemon_url(ctx.paths, url), model, prompt, max_tokens, temperature, system, raw)
+
+
+def _converse(
+    base: str,
+    model: str,
+    prompt: str | None,
+    max_tokens: int,
+    temperature: float | None,
+    system: str | None,
+    raw: bool,
+) -> None:
+    """PROMPT answered once, or a chat on the terminal, through the server at `base`."""
     params: dict[str, Any] = {"model": model, "max_tokens": max_tokens}
     if temperature is not None:
         params["temperature"] = temperature

@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from blazar.cli.context import Context, pass_context
-from blazar.cli.format import echo_json, table
+from blazar.cli.format import echo_json, human_count, table
 
 MANIFEST = click.option(
     "--manifest", "manifest_path", type=click.Path(path_type=Path), default=None,
@@ -237,8 +237,8 @@ def drafts(ctx: Context, model: str, manifest_path: Path | None, as_json: bool) 
     rows = [
         [o.name, "yes" if o.declared else "", "yes" if o.held else "",
          {True: "matches", False: "differs", None: "-"}[o.fits], o.reason,
-         f"{o.parameters / 1e6:,.0f}M" if o.parameters else None,
-         f"{o.ratio:.2f}x" if o.ratio is not None else None]
+         human_count(o.parameters) if o.parameters else None,
+         f"{o.ratio:.3g}x" if o.ratio is not None else None]
         for o in options
     ]  # fmt: skip
     click.echo(f"Drafts for {target} (set models.{target}.draft to one that matches):")

@@ -45,14 +45,18 @@ def dense_runtime(store: Store, manifest: Manifest, name: str) -> ModelRuntime:
 
 
 def run_dense(
-    store: Store, paths: Paths, manifest: Manifest, name: str, use: Callable[[str, str], T]
+    store: Store,
+    paths: Paths,
+    manifest: Manifest,
+    name: str,
+    use: Callable[[str, ModelRuntime], T],
 ) -> T:
-    """Start the model's dense child, call `use(url, model name)`, stop the child."""
+    """Start the model's dense child, call `use(its url, the runtime)`, stop the child."""
     runtime = dense_runtime(store, manifest, name)
 
     async def run() -> T:
         log = paths.logs / f"run-{runtime.name.replace(':', '-')}.log"
         async with EngineServer(runtime.command, runtime.args(), log) as server:
-            return await asyncio.to_thread(use, server.url, runtime.name)
+            return await asyncio.to_thread(use, server.url, runtime)
 
     return asyncio.run(run())
