@@ -106,6 +106,7 @@ def load_or_empty(path: Path, host: str | None = None) -> Manifest:
 class Pass:
     plan: Plan
     report: ApplyReport | None
+    notes: tuple[Note, ...] = ()  # found once the apply held what the plan had not (drafts)
 
 
 def plan_for(
@@ -199,7 +200,11 @@ def reconcile(
             on_event=on_event,
             progress_for=progress_for,
         )
-        return Pass(plan, report)
+        late = tuple(n for n in draft_notes(store, desired) if n not in plan.notes)
+        for note in late:  # both models are held only now: their Ready condition says why
+            name = note.address.partition(".")[2]
+            store.set_condition("model", name, "Ready", "False", note.reason, note.message)
+        return Pass(plan, report, late)
 
 
 class LockMismatch(InvalidInput):
