@@ -261,3 +261,25 @@ def test_traces_read_the_mode_and_the_acceptance_rate() -> None:
     )
     dense = trail.render({**record, "spec": "off", "draft_tokens": None})
     assert any("decoding: dense" in line for line in dense)
+
+
+def test_a_candidate_whose_child_does_not_start_is_reported_not_fatal(tmp_path: Path) -> None:
+    import asyncio
+    import sys
+
+    from blazar.tune.measure import Job, measure
+
+    broken = Job("broken", (sys.executable, "-c", "import sys; sys.exit(3)"), (), {})
+    [found] = asyncio.run(
+        measure(
+            [broken],
+            ["p"],
+            timed_send(FakeClock(), {}),
+            runs=1,
+            replicas=1,
+            load=1,
+            log_dir=tmp_path,
+        )
+    )
+    assert found.runs == () and "exited with code 3" in (found.error or "")
+    assert decide([Figures("dense", (10.0,)), found], "dense", 0.05).winner == "dense"

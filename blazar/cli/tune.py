@@ -192,8 +192,8 @@ def _echo_stage(result: Any, options: Any, dry_run: bool) -> None:
         f = found.get(c.label)
         if c.skip is not None:
             rows.append([c.label, f"skipped: {c.skip}"] + [None] * 6)
-        elif f is None:
-            rows.append([c.label, extra] + [None] * 6)
+        elif f is None or f.error is not None:
+            rows.append([c.label, f"failed: {f.error}" if f and f.error else extra] + [None] * 6)
         else:
             rows.append([
                 c.label, extra, f"{f.median:.1f}", _num(f.decode_tps), _num(f.prompt_tps),

@@ -26,10 +26,10 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from blazar.engines.process import EngineServer
+from blazar.engines.process import EngineServer, EngineStartError
 from blazar.errors import BlazarError
 from blazar.tune.race import Figures
 
@@ -194,14 +194,19 @@ async def measure(
         group = jobs[at : at + AT_ONCE]
         async with AsyncExitStack() as stack:
             servers: dict[str, list[EngineServer]] = {}
+            failed: dict[str, str] = {}
             for index, job in enumerate(group, start=at):
                 servers[job.label] = []
                 for n in range(replicas):
                     child = EngineServer(job.command, job.args, log_dir / f"tune-{index}-{n}.log")
-                    servers[job.label].append(await stack.enter_async_context(child))
+                    try:
+                        servers[job.label].append(await stack.enter_async_context(child))
+                    except EngineStartError as exc:  # the others are still measured
+                        failed[job.label] = str(exc).splitlines()[0]
+                        break
             done: dict[str, list[Run]] = {job.label: [] for job in group}
             for round_ in range(runs + 1):  # the first is a warm-up, not counted
-                for job in group:
+                for job in (j for j in group if j.label not in failed):
                     urls = [s.url for s in servers[job.label]]
                     batch = prompts[:1] if round_ == 0 else prompts
                     run = await asyncio.to_thread(run_once, urls, batch, load, send, clock)
@@ -211,7 +216,7 @@ async def measure(
             for job in group:
                 rss = [resident_mb(s.pid) for s in servers[job.label]]
                 memory = sum(r for r in rss if r is not None) if any(rss) else None
-                found.append(
-                    figures(job.label, done[job.label], job.args, memory, job.settings, figure)
-                )
+                measured = figures(job.label, done[job.label], job.args, memory, job.settings,
+                                   figure)  # fmt: skip
+                found.append(replace(measured, error=failed.get(job.label)))
     return found

@@ -31,6 +31,7 @@ class Figures:
     argv: tuple[str, ...] = ()
     settings: dict[str, object] = field(default_factory=dict)
     figure: str = "e2e"  # e2e: tokens over the run's time; stream: over the streaming time
+    error: str | None = None  # why its child did not start (it has no runs then)
 
     @property
     def median(self) -> float:

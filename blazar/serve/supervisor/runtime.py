@@ -6,7 +6,10 @@ architecture (`reconcilers.routing`): a model no installed engine supports is
 still listed, with the teaching `refusal` its requests get (a 400) before any
 spawn. The rest: the manifest's declarations (ctx, slots, replicas, pins,
 keep_alive, templates). A model the store holds but the manifest does not
-declare is served with the defaults of `[serving]`. The effective arguments
+declare is served with the defaults of `[serving]`. Each model's profile (what
+`blazar tune` measured best: `blazar.tuning`) fills what the manifest leaves unset,
+speculative decoding included; a draft of another vocabulary, or a flag the engine does
+not take, refuses the model as a bad cache setting does. The effective arguments
 of an instance are a pure function of its runtime, so hot reload restarts
 exactly the instances whose arguments changed. A declared chat template is
 read here (`blazar.chat_templates`) and passed to the engine as Jinja text, so
