@@ -283,3 +283,20 @@ def test_a_candidate_whose_child_does_not_start_is_reported_not_fatal(tmp_path: 
     )
     assert found.runs == () and "exited with code 3" in (found.error or "")
     assert decide([Figures("dense", (10.0,)), found], "dense", 0.05).winner == "dense"
+
+
+def test_the_progress_bar_shows_runs_done_the_candidate_and_the_time(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from blazar.cli.tune import _Bar
+
+    bar = _Bar(4, enabled=True)
+    bar.step("spec-race", "ngram")
+    bar.step("spec-race", "draft:small")
+    bar.close()
+    drawn = capsys.readouterr().err
+    assert "\r[#####...............] 1/4 runs  spec-race: ngram  0:00" in drawn
+    assert "\r[##########..........] 2/4 runs  spec-race: draft:small  0:00" in drawn
+    quiet = _Bar(4, enabled=False)  # not a terminal: nothing drawn
+    quiet.step("search", "slots=2")
+    assert capsys.readouterr().err == ""
