@@ -16,9 +16,9 @@ ps` shows them); `Tuning.flags` gives the child's flags. The modes:
 
 `tuning_for` is pure; `tuned` adds what needs the host: the draft's file and its
 vocabulary (`blazar.vocab`), and whether the engine takes the flags
-(`blazar.engines.probe`). `blazar.serve.supervisor.runtime` calls `tuned` for every
-model it builds; a problem refuses the model before any spawn, as a cache setting the
-GGUF cannot take does.
+(`blazar.engines.probe`). `blazar.serve.supervisor.runtime` calls `with_tuning` for every
+model it builds; a problem (a draft of another vocabulary, a flag the engine does not
+take) refuses the model before any spawn, as a cache setting the GGUF cannot take does.
 """
 
 from __future__ import annotations
@@ -187,3 +187,24 @@ def tuned(
             f"models.{target.name}.spec = 'off'"
         )
     return tuning, "; ".join(problems) or None
+
+
+def with_tuning(
+    runtime: Any,
+    model: Model | None,
+    profile: Profile | None,
+    manifest: Manifest,
+    held: Mapping[str, ModelRecord],
+    store: Store,
+) -> Any:
+    """A `ModelRuntime` with its tuning (`tuned`): the profile's slots where the manifest
+    sets none (one slot stays one when deterministic), its cache fields, and its problem
+    added to the runtime's (a problem refuses the model before any spawn)."""
+    tuning, problem = tuned(runtime, model, profile, manifest, held, store)
+    from_profile = tuning.slots and "slots" in tuning.from_profile
+    slots = tuning.slots if from_profile and not runtime.cache.deterministic else runtime.slots
+    problems = [p for p in (runtime.settings_problem, problem) if p]
+    return replace(
+        runtime, tuning=tuning, slots=slots, cache=replace(runtime.cache, **dict(tuning.cache)),
+        settings_problem="; ".join(problems) or None,
+    )  # fmt: skip

@@ -6,14 +6,11 @@ architecture (`reconcilers.routing`): a model no installed engine supports is
 still listed, with the teaching `refusal` its requests get (a 400) before any
 spawn. The rest: the manifest's declarations (ctx, slots, replicas, pins,
 keep_alive, templates). A model the store holds but the manifest does not
-declare is served with the defaults of `[serving]`. Each model's profile (what
-`blazar tune` measured best: `blazar.tuning`) fills what the manifest leaves unset,
-speculative decoding included; a draft of another vocabulary, or a flag the engine does
-not take, refuses the model as a bad cache setting does. The effective arguments
-of an instance are a pure function of its runtime, so hot reload restarts
-exactly the instances whose arguments changed. A declared chat template is
-read here (`blazar.chat_templates`) and passed to the engine as Jinja text, so
-an edited template file changes the arguments too.
+declare is served with the defaults of `[serving]`; a profile (`blazar tune`) fills what
+the manifest leaves unset (`blazar.tuning`). The effective arguments of an instance are
+a pure function of its runtime, so hot reload restarts exactly the instances whose
+arguments changed. A declared chat template is read here (`blazar.chat_templates`) and
+passed to the engine as Jinja text, so an edited template file changes them too.
 """
 
 from __future__ import annotations
@@ -33,7 +30,7 @@ from blazar.gguf_info import rope_facts
 from blazar.profiles import ProfileStore
 from blazar.protocols.capabilities import TemplateCapabilities, template_capabilities
 from blazar.store import LoraRecord, ModelRecord, Store
-from blazar.tuning import Tuning, tuned
+from blazar.tuning import Tuning, with_tuning
 from reconcilers.desired import routing_of
 from reconcilers.ports import OfferView
 from reconcilers.routing import route
@@ -82,7 +79,8 @@ class ModelRuntime:
     settings_problem: str | None = None  # why `cache` cannot serve this GGUF: never spawned
     slot_dir: str | None = None  # --slot-save-path: where sessions are saved and restored
     session_bank: bool = False
-    preflight: bool = True
+    preflight: str = "on"  # on | strict | off (serving.prompt_preflight)
+    dialect: str = "llama-server"  # what its engine's HTTP API speaks: llama-server | openai
     singleflight: bool = False
     facts: dict[str, object] = field(default_factory=dict, compare=False, hash=False)
     # -- engine routing (fork lanes) --
@@ -90,6 +88,12 @@ class ModelRuntime:
     refusal: str | None = None  # no engine supports it: what its requests are told (400)
     kind: str = "chat"  # chat | transcription (a whisper lane) | speech (a piper lane)
     tuning: Tuning = field(default_factory=Tuning)  # speculative decoding, profile (tune.md)
+    projector: str | None = None  # the vision projector's path (--mmproj): it reads images
+
+    @property
+    def has_vision(self) -> bool:
+        """Images reach it (a projector is loaded); without one they are refused (400)."""
+        return self.projector is not None
 
     @property
     def instances(self) -> int:
@@ -145,6 +149,7 @@ class ModelRuntime:
             return ("--model", self.path, "--parallel", str(self.slots), *count, *self.extra_args)
         out = [
             "--model", self.path,
+            *(("--mmproj", self.projector) if self.projector is not None else ()),
             "--ctx-size", str(self.ctx * self.slots),  # llama-server divides it among slots
             "--parallel", str(self.slots),
             "--alias", self.name,
@@ -233,11 +238,12 @@ def build_runtimes(
     engines = EngineStore(store)
     declared = {parse_name(k).short: k for k in manifest.models}
     loras = store.list_loras()
+    projectors = {p.model: p for p in store.list_projectors() if p.vision}
     lanes, routing = observe_lanes(store), routing_of(manifest)
     runtimes: dict[str, ModelRuntime] = {}
-    held = {r.ref.short: r for r in store.list_models()}
+    by_name = {r.ref.short: r for r in store.list_models()}
     profiles = ProfileStore(store).all_current()
-    for record in held.values():
+    for record in by_name.values():
         name = record.ref.short
         key = declared.get(name)
         spec = manifest.models[key] if key is not None else None
@@ -257,16 +263,13 @@ def build_runtimes(
             name, record.path, record.facts, spec, serving, engine, loras, template,
             decided.refusal,
         )  # fmt: skip
+        held = projectors.get(name)
+        if held is not None and (spec is None or spec.mmproj is not None):
+            # With its projector while the manifest declares one (or does not declare the
+            # model at all): a projector left from an earlier mmproj is not loaded.
+            runtime = replace(runtime, projector=held.path)
         runtime = _with_sessions(runtime, record.sha256, spec, serving, slot_dir)
-        tuning, problem = tuned(runtime, spec, profiles.get(name), manifest, held, store)
-        runtimes[name] = replace(
-            runtime,
-            tuning=tuning,
-            slots=tuning.slots if tuning.slots and "slots" in tuning.from_profile
-            and not runtime.cache.deterministic else runtime.slots,
-            cache=replace(runtime.cache, **dict(tuning.cache)),
-            settings_problem="; ".join(p for p in (runtime.settings_problem, problem) if p) or None,
-        )  # fmt: skip
+        runtimes[name] = with_tuning(runtime, spec, profiles.get(name), manifest, by_name, store)
     return runtimes
 
 
@@ -309,7 +312,7 @@ def audio_runtime(
         )
         + (tuple(model.args) if model else ()),
         sha256=record.sha256,
-        preflight=False,
+        preflight="off",
         facts={**record.facts, "size": record.size},
         engine_lane=lane if engine else "",
         refusal=refusal,
@@ -417,10 +420,17 @@ def _with_sessions(
         settings_problem="; ".join(found) or None,
         slot_dir=str(slot_dir) if slot_dir is not None else None,
         session_bank=bank,
-        preflight=serving.prompt_preflight,
+        preflight=preflight_mode(serving.prompt_preflight),
         singleflight=serving.singleflight,
         facts=facts,
     )
+
+
+def preflight_mode(setting: bool | str) -> str:
+    """serving.prompt_preflight as the runtime keeps it: on, strict or off."""
+    if setting == "strict":
+        return "strict"
+    return "on" if setting else "off"
 
 
 def resolve(runtimes: dict[str, ModelRuntime], requested: str) -> tuple[ModelRuntime, Requested]:
