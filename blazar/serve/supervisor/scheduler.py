@@ -587,6 +587,7 @@ class Scheduler:
                         "state": str(inst.state),
                         "retired": pool.retired,
                         "size": pool.runtime.facts.get("size"),
+                        **pool.runtime.tuning.view(),  # spec mode, profile fields (tune.md)
                     }
                 )
         return rows
