@@ -6,14 +6,25 @@ The live behaviour is in test_serve.py; here the timing is under the test's cont
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from blazar.serve.supervisor.runtime import ModelRuntime
-from blazar.serve.supervisor.scheduler import Busy, NoCapacity, Pool, Scheduler, choose_eviction
+from blazar.serve.supervisor.scheduler import (
+    Busy,
+    NoCapacity,
+    Pool,
+    Reloading,
+    Room,
+    Scheduler,
+    choose_eviction,
+    plan_room,
+)
 from tests.gateway_harness import StandIn, runtime
+from tests.waiting import until
 
 
 class Clock:
@@ -168,5 +179,95 @@ def test_model_hash_n_addresses_one_replica_and_blocks_no_one_else() -> None:
         assert second.member is pool.members[1]
         s.release(second)
         assert pool.in_flight == 0 and not pool.waiters
+
+    asyncio.run(scenario())
+
+
+# -- the queue: hand-off, cancellation, reloads -----------------------------------------------
+
+
+def test_a_waiter_cancelled_after_it_was_handed_a_slot_gives_it_back() -> None:
+    """Regression: Python 3.11's wait_for returned the slot handed over as its task was
+    cancelled, and the request went on without its client. The hand-off and the cancel
+    happen in one turn of the loop, so the waiter is resumed only with the cancellation."""
+
+    async def scenario() -> None:
+        s = make(runtime("m"))
+        pool = s.pools["m"]
+        held = await s.acquire(s.resolve("m"))
+        first = asyncio.create_task(s.acquire(s.resolve("m")))
+        second = asyncio.create_task(s.acquire(s.resolve("m")))
+        await until(lambda: len(pool.waiters) == 2, "two requests queued")
+        s.release(held)  # the slot goes to `first`, still counted ...
+        first.cancel()  # ... whose client leaves before it runs again
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        lease = await asyncio.wait_for(second, 1)  # the slot passed on to the next
+        assert pool.in_flight == 1 and not pool.waiters
+        s.release(lease)
+        assert pool.in_flight == 0
+
+    asyncio.run(scenario())
+
+
+def test_queued_requests_of_a_replaced_model_are_told_to_retry() -> None:
+    async def scenario() -> None:
+        s = make(runtime("m"))
+        held = await s.acquire(s.resolve("m"))
+        waiting = asyncio.create_task(s.acquire(s.resolve("m")))
+        await until(lambda: s.pools["m"].waiters, "a request queued")
+        old = s.pools["m"]
+        assert await s.update({"m": runtime("m", ctx=1024)}) == {"m": "restarted"}
+        with pytest.raises(Reloading, match="was reloaded") as told:
+            await waiting
+        assert told.value.status == 503 and told.value.retry_after == 1
+        assert old in s.retired  # draining: the request in flight goes on
+        s.release(held)
+        await until(lambda: not s.retired, "the old instance to stop")
+        again = await s.acquire(s.resolve("m"))  # the retry reaches the new instance
+        assert again.pool is s.pools["m"] and again.runtime.ctx == 1024
+        s.release(again)
+
+    asyncio.run(scenario())
+
+
+# -- room: the pure decision --------------------------------------------------------------------
+
+
+def pool(name: str, used: float = 0, **state: Any) -> Pool:
+    fields = {k: state.pop(k) for k in ("pin", "replicas") if k in state}
+    each = Pool(runtime(name, **fields), [], loaded=state.pop("loaded", True), last_used=used)
+    for key, value in state.items():
+        setattr(each, key, value)
+    return each
+
+
+def test_plan_room_counts_models_and_evicts_the_least_recently_used_idle_ones() -> None:
+    async def scenario() -> None:
+        stopping: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        new = pool("new", loaded=False)
+        a, b, pinned = pool("a", 1), pool("b", 2), pool("p", 0, pin=True)
+        assert plan_room([a, b], new, 3) == Room()
+        assert plan_room([a, b], new, 2) == Room(evict=(a,))
+        assert plan_room([a, b, pinned], new, 2) == Room(evict=(a, b))  # lowered max: two
+        assert plan_room([pinned], new, 1) is None  # a pin never goes
+        busy = pool("a", 1, waiters=deque([object()]))
+        assert plan_room([busy, b], new, 2) == Room(evict=(b,))
+        # a model with an elder goes whole, or not at all
+        elder, current = pool("a", 5), pool("a", 1)
+        assert plan_room([elder, current, b], new, 2) == Room(evict=(b,))
+        assert plan_room([elder, current], new, 1) == Room(evict=(elder, current))
+        # a model being stopped counts until it has stopped; a load needing its room
+        # claims it (and waits) rather than evicting another; one claimed is not counted
+        going = pool("g", 0, loaded=False, stopping=stopping)
+        assert plan_room([going, b], new, 3) == Room()
+        assert plan_room([going, b], new, 2) == Room(claim=(going,))
+        going.claimed = True
+        assert plan_room([going, b], new, 2) == Room()
+        # nothing else picks a load in progress (reserved, waiting for its room)
+        loading = pool("l", 0, loading=stopping)
+        assert plan_room([loading], new, 1) is None
+        # the elder of the model being loaded is the same model: no room needed
+        assert plan_room([pool("new", 1)], new, 1) == Room()
 
     asyncio.run(scenario())
