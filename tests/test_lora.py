@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from blazar.testing.tiny import is_tiny_text, write_tiny_lora, write_tiny_model
 from tests.conftest import Blazar
 from tests.serving import Served
 from tests.test_serve import ENGINE, model_block
+from tests.waiting import wait_until
 
 HI = [{"role": "user", "content": "hello there"}]
 
@@ -55,6 +57,7 @@ def files(tmp_path: Path) -> dict[str, Path]:
         "fox": write_tiny_lora(src / "fox.gguf", tiny, word="fox"),
         "owl": write_tiny_lora(src / "owl.gguf", tiny, word="owl"),
         "yak": write_tiny_lora(src / "yak.gguf", other, word="yak"),
+        "bark": write_tiny_lora(src / "bark.gguf", tiny, word="yak"),  # added while serving
     }
 
 
@@ -242,7 +245,7 @@ async def interleaved(url: str) -> list[tuple[str, str]]:
 
 
 def test_adapters_per_request_on_every_protocol(
-    paths: Paths, blazar_home: Path, files: dict[str, Path]
+    blazar: Blazar, paths: Paths, blazar_home: Path, files: dict[str, Path]
 ) -> None:
     with Served(serve_manifest(paths, files), blazar_home) as served:
         wait_for(lambda: "tiny+fox" in json.dumps(served.get("/v1/models")), "the adapters")
@@ -257,7 +260,58 @@ def test_adapters_per_request_on_every_protocol(
         # adapters cost no extra instance and no restart: the same one child throughout
         rows = [row for row in served.ps() if row["model"] == "tiny"]
         assert len(rows) == 1 and {rows[0]["pid"]} == pids
+        check_lora_add_keeps_the_child(served, blazar, paths, files["bark"])
         assert "restarted" not in served.log
+
+
+def check_lora_add_keeps_the_child(
+    served: Served, blazar: Blazar, paths: Paths, adapter: Path
+) -> None:
+    """Regression: `blazar lora add` restarted the model's child ("tiny: restarted"): its
+    arguments name every adapter, and llama-server cannot load one into a running child.
+    Now the child keeps serving (same pid, its cache kept), a request for the new adapter
+    starts a child with every adapter, and after `blazar stop` the model comes back as
+    that one child. Base requests run throughout and none may fail."""
+    client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="-", max_retries=0)
+    [before] = [r for r in served.ps() if r["model"] == "tiny"]
+    answers: list[str] = []
+    failures: list[str] = []
+    stop = threading.Event()
+
+    def base_traffic() -> None:
+        own = openai.OpenAI(base_url=f"{served.url}/v1", api_key="-", max_retries=0)
+        while not stop.is_set():
+            try:
+                answers.append(openai_text(own, "tiny", n=4))
+            except openai.APIError as exc:
+                failures.append(repr(exc))
+
+    traffic = threading.Thread(target=base_traffic)
+    traffic.start()
+    try:
+        blazar("lora", "add", "tiny", str(adapter), "--name", "bark")
+        # The CLI's own apply held the lock during serve's watcher pass: touching the
+        # manifest asks for a pass now rather than at the next timer.
+        paths.manifest.write_text(paths.manifest.read_text())
+        wait_until(lambda: "tiny: adapters added (bark)" in served.log, "the adapter served")
+        assert only("yak", openai_text(client, "tiny+bark"))
+        assert only("fox", openai_text(client, "tiny+fox"))  # on the child that had it
+        seen = len(answers)
+        wait_until(lambda: len(answers) > seen + 2, "base requests after the add")
+    finally:
+        stop.set()
+        traffic.join(timeout=60)
+    assert failures == [] and answers and all(plain(a) for a in answers), failures
+    rows = {tuple(r["adapters"]): r for r in served.ps() if r["model"] == "tiny"}
+    assert rows.keys() == {("fox", "owl"), ("bark", "fox", "owl")}, rows
+    assert rows[("fox", "owl")]["pid"] == before["pid"]
+    # converged: once stopped, the model comes back as one child with every adapter
+    assert served.post("/api/blazar/stop", {"model": "tiny"})["stopped"] is True
+    assert plain(openai_text(client, "tiny"))
+    assert only("yak", openai_text(client, "tiny+bark"))
+    assert only("owl", openai_text(client, "tiny+owl"))
+    [after] = [r for r in served.ps() if r["model"] == "tiny"]
+    assert after["adapters"] == ["bark", "fox", "owl"] and after["pid"] != before["pid"]
 
 
 def test_lora_rm_while_a_request_uses_it_lets_it_finish(

@@ -110,20 +110,22 @@ class Scheduler:
         elders = [p.elder for p in current if p.elder is not None]
         return [*current, *elders, *self.retired]
 
-    def _pool(self, runtime: ModelRuntime) -> Pool:
-        members = [Member(self._instance(runtime, i)) for i in range(runtime.instances)]
+    def _pool(self, runtime: ModelRuntime, tag: str = "") -> Pool:
+        """A pool of new instances: `model/N` (`tag` after it: `model/N+fox` for the
+        instances started beside an elder's, with logs of their own)."""
+        members = [Member(self._instance(runtime, i, tag)) for i in range(runtime.instances)]
         return Pool(runtime, members)
 
-    def _instance(self, runtime: ModelRuntime, replica: int) -> Instance:
+    def _instance(self, runtime: ModelRuntime, replica: int, tag: str) -> Instance:
         safe = runtime.name.replace(":", "_")
         spec = InstanceSpec(
-            key=f"{runtime.name}/{replica}",
+            key=f"{runtime.name}/{replica}{tag}",
             model=runtime.name,
             replica=replica,
             engine_tag=runtime.engine_tag,
             command=runtime.command,
             args=runtime.args(),
-            log_path=self.log_dir / f"{safe}-{replica}.log",
+            log_path=self.log_dir / f"{safe}-{replica}{tag}.log",
             slots=runtime.slots,
             ctx=runtime.ctx,
         )

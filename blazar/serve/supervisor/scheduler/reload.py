@@ -58,14 +58,15 @@ def reload_action(old: ModelRuntime, new: ModelRuntime | None, *, loaded: bool) 
 
 
 class Reload:
-    """Applies new runtimes to the scheduler's `pools` (by model) and `retired` list."""
+    """Applies new runtimes to the scheduler's `pools` (by model) and `retired` list;
+    `make_pool(runtime, tag)` makes a pool whose instances' names end with `tag`."""
 
     def __init__(
         self,
         pools: dict[str, Pool],
         retired: list[Pool],
         capacity: Capacity,
-        make_pool: Callable[[ModelRuntime], Pool],
+        make_pool: Callable[[ModelRuntime, str], Pool],
     ) -> None:
         self.pools, self.retired = pools, retired
         self.capacity, self.make_pool = capacity, make_pool
@@ -88,7 +89,7 @@ class Reload:
                 case "restart" if new is not None:
                     changes[name] = "restarted"
                     self.retire(pool)
-                    self.pools[name] = self.make_pool(new)
+                    self.pools[name] = self.make_pool(new, "")
                 case "update" if new is not None:
                     changes[name] = "updated"
                     pool.runtime = new
@@ -96,7 +97,7 @@ class Reload:
         for name, runtime in runtimes.items():
             if name not in self.pools:
                 changes[name] = "added"
-                self.pools[name] = self.make_pool(runtime)
+                self.pools[name] = self.make_pool(runtime, "")
         return changes
 
     def add_adapters(self, pool: Pool, new: ModelRuntime) -> str:
@@ -107,23 +108,26 @@ class Reload:
         children load every adapter (the weights are mmap'd, shared with the elder's).
         The elder is dropped the first time it unloads (keep_alive, eviction, `blazar
         stop`), so the model converges to one child per replica with every adapter."""
-        added = ", ".join(adapters_added(pool.runtime, new))
-        fresh = self.make_pool(new)
-        self.pools[new.name] = fresh
+        added = adapters_added(pool.runtime, new)
+        tag = "+" + "+".join(added)  # the new children's names: not the elder's log files
         if pool.loaded and not pool.draining:
             if pool.elder is not None:  # one elder at most: the older one drains and stops
                 self.retire(pool.elder)
                 pool.elder = None
             pool.runtime, pool.superseded = narrowed(new, adapter_names(pool.runtime)), True
+            fresh = self.make_pool(new, tag)
             fresh.elder = pool
+            self.pools[new.name] = fresh
             return (
-                f"adapters added ({added}): the running instance keeps serving; "
+                f"adapters added ({', '.join(added)}): the running instance keeps serving; "
                 "a request for them starts one with every adapter"
             )
-        self._keep_elder(fresh, pool.elder, new)
-        pool.elder = None
+        elder, pool.elder = pool.elder, None
+        fresh = self.make_pool(new, tag if elder is not None else "")
+        self._keep_elder(fresh, elder, new)
         self.retire(pool)
-        return f"adapters added ({added})"
+        self.pools[new.name] = fresh
+        return f"adapters added ({', '.join(added)})"
 
     def _keep_elder(self, pool: Pool, elder: Pool | None, new: ModelRuntime) -> None:
         """`elder` serves on under `pool` with `new`'s settings for its adapters, unless
@@ -142,7 +146,7 @@ class Reload:
         instances start and become healthy while the old ones keep serving; only then do
         requests go to the new pool and the old one drains and stops. A new instance that
         fails to start leaves the old pool serving (the next pass tries again)."""
-        fresh = self.make_pool(new)
+        fresh = self.make_pool(new, "")
         try:
             await asyncio.gather(*(m.instance.ensure_ready() for m in fresh.members))
         except Exception as exc:
