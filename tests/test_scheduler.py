@@ -58,13 +58,10 @@ def test_priority_waiters_go_first() -> None:
             order.append(tag)
             s.release(lease)
 
-        tasks = [asyncio.create_task(waiter("a", False))]
-        await asyncio.sleep(0)
-        tasks.append(asyncio.create_task(waiter("b", False)))
-        await asyncio.sleep(0)
-        tasks.append(asyncio.create_task(waiter("urgent", True)))
-        await asyncio.sleep(0)
-        assert len(s.pools["m"].waiters) == 3
+        tasks: list[asyncio.Task[None]] = []
+        for n, (tag, priority) in enumerate([("a", False), ("b", False), ("urgent", True)], 1):
+            tasks.append(asyncio.create_task(waiter(tag, priority)))
+            await until(lambda n=n: len(s.pools["m"].waiters) == n, f"{tag} queued")
         s.release(first)
         await asyncio.gather(*tasks)
         return order
@@ -77,7 +74,7 @@ def test_full_queue_and_expired_wait_are_busy() -> None:
         s = make(runtime("m"), max_queue=1, queue_timeout=0.05)
         held = await s.acquire(s.resolve("m"))
         waiting = asyncio.create_task(s.acquire(s.resolve("m")))
-        await asyncio.sleep(0)
+        await until(lambda: s.pools["m"].waiters, "a request queued")
         with pytest.raises(Busy, match="requests are queued") as full:
             await s.acquire(s.resolve("m"))
         assert full.value.retry_after == 1
@@ -136,8 +133,8 @@ def test_keep_alive_expiry_and_per_request_values() -> None:
         await s.reap()
         assert loaded(s) == ["m"]
         s.release(await s.acquire(s.resolve("m")), keep_alive=0)  # unload after the request
-        await asyncio.sleep(0.01)
-        assert loaded(s) == []
+        assert loaded(s) == []  # at once: its child stops in a task of its own
+        await until(lambda: s.pools["m"].stopping is None, "its child to stop")
 
     asyncio.run(scenario())
 
@@ -153,9 +150,9 @@ def test_hot_reload_restarts_only_changed_models() -> None:
         )
         assert changes == {"a": "restarted", "b": "updated", "c": "added"}
         assert s.pools["b"] is old_b and s.pools["b"].runtime.keep_alive == 60.0
-        await asyncio.sleep(0.01)
-        assert s.retired == []  # the old instance of a was idle: stopped at once
+        await until(lambda: not s.retired, "the old instance of a, idle, to stop at once")
         assert (await s.update({"a": runtime("a", ctx=1024)})) == {"b": "removed", "c": "removed"}
+        await s.close()
 
     asyncio.run(scenario())
 
@@ -167,13 +164,11 @@ def test_model_hash_n_addresses_one_replica_and_blocks_no_one_else() -> None:
         one = await s.acquire(s.resolve("m#1"))
         assert one.member is pool.members[1]  # replica 0 was free: #1 still means #1
         waiting = asyncio.create_task(s.acquire(s.resolve("m#1")))
-        await asyncio.sleep(0)
-        assert len(pool.waiters) == 1
+        await until(lambda: len(pool.waiters) == 1, "m#1 queued")
         other = await asyncio.wait_for(s.acquire(s.resolve("m")), 1)  # not stuck behind it
         assert other.member is pool.members[0]
         s.release(other)  # replica 0 frees up: not what the waiter asked for
-        await asyncio.sleep(0)
-        assert not waiting.done()
+        assert pool.waiters and pool.members[0].in_flight == 0  # still waiting for #1
         s.release(one)
         second = await asyncio.wait_for(waiting, 1)
         assert second.member is pool.members[1]

@@ -271,5 +271,6 @@ def test_an_adapter_added_to_a_model_not_loaded_is_just_there() -> None:
         lease = await s.acquire(s.resolve("m+fox"))
         assert lease.lora == [{"id": 0, "scale": 1.0}] and s.pools["m"].elder is None
         s.release(lease)
+        await s.close()
 
     asyncio.run(scenario())
