@@ -18,7 +18,7 @@ import pytest
 
 from blazar.serve.supervisor.instance import State
 from blazar.serve.supervisor.runtime import Adapter
-from blazar.serve.supervisor.scheduler import Lease, Pool, Scheduler
+from blazar.serve.supervisor.scheduler import Lease, Pool, Scheduler, reload_action
 from tests.gateway_harness import runtime
 from tests.test_scheduler import Clock, loaded, make
 from tests.waiting import until
@@ -274,3 +274,65 @@ def test_an_adapter_added_to_a_model_not_loaded_is_just_there() -> None:
         await s.close()
 
     asyncio.run(scenario())
+
+
+def test_a_load_that_waited_for_its_room_serves_its_request_first() -> None:
+    """Even a keep_alive 0 model, and a load whose request left while it waited
+    expires like any other model."""
+
+    async def scenario() -> None:
+        clock, hook = Clock(), Hook("a")
+        s = make(runtime("a"), runtime("now", keep_alive=0.0), runtime("b", keep_alive=10.0),
+                 max_loaded=1, clock=clock, before_stop=hook)  # fmt: skip
+        await used(s, "a", clock=clock)
+        now = asyncio.create_task(s.acquire(s.resolve("now")))  # evicts a, waits for it
+        await until(lambda: hook.calls == ["a"], "a's eviction to begin")
+        hook.gate.set()
+        lease = await asyncio.wait_for(now, 5)
+        assert loaded(s) == ["now"] and lease.member.instance.starts == 1  # type: ignore[attr-defined]
+        s.release(lease)  # keep_alive 0: unloaded after its request, not before
+        assert loaded(s) == []
+        await until(lambda: s.pools["now"].stopping is None, "now to stop")
+        s.release(await s.acquire(s.resolve("a")))
+        hook.gate, hook.calls = asyncio.Event(), []
+        gone = asyncio.create_task(s.acquire(s.resolve("b")))  # evicts a, waits ...
+        await until(lambda: hook.calls == ["a"], "a's eviction to begin")
+        gone.cancel()  # ... and its client leaves
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        hook.gate.set()
+        await until(lambda: s.pools["a"].stopping is None, "a to stop")
+        assert loaded(s) == ["b"] and s.pools["b"].expires_at == clock.now + 10.0
+        await s.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "loaded", "action"),
+    [
+        ({}, None, True, "removed"),
+        ({}, {}, True, ""),
+        ({}, {"keep_alive": 60.0}, True, "update"),
+        ({}, {"adapters": (FOX,)}, True, "adapters"),
+        ({"adapters": (OWL,)}, {"adapters": (FOX, OWL)}, False, "adapters"),
+        ({"adapters": (OWL,)}, {"adapters": (FOX,)}, True, "restart"),  # one removed
+        ({}, {"adapters": (Adapter("fox", "/a/fox.gguf", 1.0, always_on=True),)}, True, "restart"),
+        (
+            {"adapters": (FOX,)},
+            {"adapters": (Adapter("fox", "/b/fox.gguf", 1.0),)},
+            True,
+            "restart",
+        ),
+        ({}, {"adapters": (FOX,), "replicas": 2}, True, "restart"),
+        ({}, {"ctx": 1024}, True, "restart"),
+        ({}, {"command": ("other-server",)}, True, "roll"),
+        ({}, {"command": ("other-server",)}, False, "restart"),
+    ],
+)
+def test_reload_action_is_a_pure_table(
+    old: dict[str, Any], new: dict[str, Any] | None, loaded: bool, action: str
+) -> None:
+    before = runtime("m", **old)
+    after = None if new is None else runtime("m", **new)
+    assert reload_action(before, after, loaded=loaded) == action

@@ -144,11 +144,14 @@ class Capacity:
         pool.loading = done
         try:
             await asyncio.shield(asyncio.gather(*stops))
+        except asyncio.CancelledError:
+            pool.loading = None
+            if pool.idle:  # the request that asked went away: it may expire like any other
+                self.settle(pool, None)
+            raise
         finally:
             pool.loading = None
             done.set_result(None)
-            if pool.idle:  # the request that asked went away: it may expire like any other
-                self.settle(pool, None)
 
     # -- after a request ------------------------------------------------------------------
 
