@@ -1,9 +1,9 @@
-# Blazar's two entry points: `make run` and `make test`. Both create .venv when missing.
+# Blazar's entry points: `make run`, `make test` and `make test-ui`. Each creates .venv when missing.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test lint engine-wheels check-python clean
+.PHONY: run test test-ui ui-screenshots chromium lint engine-wheels check-python clean
 
 check-python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Blazar needs Python >= 3.11; set PYTHON=python3.11 (or newer)")'
@@ -58,9 +58,29 @@ lint: $(VENV)/.installed-test
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-## test: set up the test environment and run lint, types, layering and the whole suite.
+## test: set up the test environment and run lint, types, layering and the whole suite,
+## then blazar-sdk's own (sdk/python/Makefile: its tests start serve from this .venv).
 test: lint engine-wheels
 	$(BIN)/python -m pytest
+	$(MAKE) -C sdk/python test PYTHON=$(abspath $(BIN)/python)
+
+# The dashboard's browser tests (tests/test_ui_browser.py, the `ui` mark) drive Debian's
+# headless Chromium through Playwright (Playwright's own browser download is not used).
+CHROMIUM ?= /usr/bin/chromium-headless-shell
+
+chromium:
+	@command -v $(CHROMIUM) >/dev/null 2>&1 || { \
+		echo "installing chromium-headless-shell with apt-get (the browser tests need it)"; \
+		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+		$$SUDO apt-get update -q && $$SUDO apt-get install -y -q chromium-headless-shell; }
+
+## test-ui: install the headless browser when missing, then run the dashboard's browser tests.
+test-ui: chromium engine-wheels
+	BLAZAR_UI=1 BLAZAR_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -m ui
+
+## ui-screenshots: the browser tests, keeping their screenshots in docs/ui/ (docs/ui.md).
+ui-screenshots:
+	BLAZAR_UI_SHOTS=$(CURDIR)/docs/ui $(MAKE) test-ui
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

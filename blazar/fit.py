@@ -7,6 +7,7 @@ The estimate (every term is reported by `blazar fit --json`):
     kv       = kv/token x ctx
     compute  = 4 bytes x ubatch (512) x (vocab + 4 x embedding + feed_forward) + 32 MiB
     prompt cache = cache_ram_mb MiB when it is set and the budget is system RAM
+    projector = size of the vision projector (mmproj GGUF), for a model that has one
 
 `blazar fit` takes ctx (times slots), cache_type, ctx_extend and cache_ram_mb from
 the manifest when the model is declared there, as serve would start it.
@@ -59,6 +60,7 @@ class FitReport:
     context_length: int | None
     prompt_cache: int = 0
     notes: list[str] = field(default_factory=list)
+    projector: int = 0
 
 
 def estimate(
@@ -70,10 +72,12 @@ def estimate(
     cache_type: str,
     ctx_extend: float | None = None,
     cache_ram_mb: int | None = None,
+    projector: int = 0,
 ) -> FitReport:
     """Pure: the fit of one model's facts on the given devices. `ctx_extend` (YaRN) raises
     the largest context to that factor of the training context; `cache_ram_mb` is the
-    engine's host-memory prompt cache, counted when the budget is system RAM."""
+    engine's host-memory prompt cache, counted when the budget is system RAM; `projector`
+    the bytes of its vision projector (the engine loads it beside the model)."""
     per_elem = cache_bytes_per_element(cache_type)
     layers = facts.get("block_count") or 0
     heads = facts.get("head_count") or 0
@@ -105,11 +109,11 @@ def estimate(
     budget = max(devices, key=lambda d: d.free)
     on_ram = budget.kind != "gpu"
     prompt_cache = cache_ram_mb * 1024 * 1024 if on_ram and cache_ram_mb and cache_ram_mb > 0 else 0
-    needed = weights + kv + compute + prompt_cache
+    needed = weights + kv + compute + prompt_cache + projector
 
     if budget.kind == "gpu" and len(devices) > 1:
         notes.append("budget is the GPU with most free memory; a split across GPUs may hold more")
-    room = budget.free - weights - compute - prompt_cache
+    room = budget.free - weights - compute - prompt_cache - projector
     max_ctx = max(0, room // kv_per_token) if kv_per_token else (limit or 0)
     if limit:
         max_ctx = min(max_ctx, limit)
@@ -132,7 +136,7 @@ def estimate(
             "compute_fixed": COMPUTE_FIXED,
             "ctx_extend": ctx_extend,
             "cache_ram_mb": cache_ram_mb,
-            "formula": "needed = weights + kv_per_token * ctx + compute + prompt_cache",
+            "formula": "needed = weights + kv_per_token * ctx + compute + prompt_cache + projector",
         },
         weights=weights,
         kv_per_token=kv_per_token,
@@ -147,4 +151,5 @@ def estimate(
         context_length=train_ctx,
         prompt_cache=prompt_cache,
         notes=notes,
+        projector=projector,
     )

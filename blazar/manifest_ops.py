@@ -2,15 +2,16 @@
 
 The one declare -> targeted reconcile -> restore-on-failure flow, used by the
 CLI (`blazar pull`, `blazar rm` in `blazar.cli.imperative`, `blazar lora` in
-`blazar.cli.lora`) and by the gateway's management routes (`/api/pull`,
-`/api/create`, `/api/delete`, `/api/copy` in `blazar.serve.routes.ollama_admin` and
-`ollama_pull`). Edits go through `ManifestFile` (comments and order kept,
-validated whole before writing); only the model (or the adapter, with its
-model) named is reconciled; when that fails the manifest is put back, so
-nothing is half-applied. `x` and `x:latest` are one model, and an alias names
-its model. The functions block (downloads, hashing, the apply lock): the
-gateway runs them in a worker thread, each with its own store connection, then
-asks the daemon for a pass so the scheduler serves the result.
+`blazar.cli.lora`, `blazar mmproj` in `blazar.cli.vision`) and by the gateway's
+management routes (`/api/pull`, `/api/create`, `/api/delete`, `/api/copy` in
+`blazar.serve.routes.ollama_admin` and `ollama_pull`; `/api/blazar/pin` in
+`ui_admin`). Edits go through `ManifestFile` (comments and order kept, validated whole
+before writing); only the model (or the adapter or projector, with its model) named is
+reconciled; when that fails the manifest is put back, so nothing is half-applied. `x`
+and `x:latest` are one model, and an alias names its model. The functions block
+(downloads, hashing, the apply lock): the gateway runs them in a worker thread, each
+with its own store connection, then asks the daemon for a pass so the scheduler serves
+the result.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from blazar.errors import BlazarError, InvalidInput, NotFound
+from blazar.errors import BlazarError, Conflict, InvalidInput, NotFound
 from blazar.manifest_edit import ManifestError, ManifestFile
 from blazar.paths import Paths
 from blazar.reconcile import InvalidManifest, Pass, reconcile, supported
@@ -46,12 +47,14 @@ __all__ = [
     "alias_owner",
     "apply_lora",
     "apply_model",
+    "apply_projector",
     "declaration",
     "declare_and_reconcile",
     "declared_key",
     "open_manifest",
     "remove_lora",
     "remove_model",
+    "set_pin",
     "source_declaration",
 ]
 
@@ -168,6 +171,53 @@ def apply_lora(
         paths, manifest_path, declare, f"lora add {name}", True,
         progress_for=progress_for, on_event=on_event, notify=notify,
     )  # fmt: skip
+
+
+def apply_projector(
+    paths: Paths,
+    manifest_path: Path,
+    model: str,
+    mmproj: str | None,
+    sha256: str | None = None,
+    *,
+    progress_for: Callable[[Action], Progress | None] | None = None,
+    on_event: Event | None = None,
+    notify: Callable[[str], None] | None = None,
+) -> Pass:
+    """`blazar mmproj`: set (or, with None, drop) `models.MODEL.mmproj` and its sha256, then
+    reconcile the model and its projector; the manifest is restored if that fails. A
+    dropped projector's bytes go too (as `blazar lora rm` drops an adapter's)."""
+    key_of: list[str] = []
+
+    def declare(manifest: ManifestFile) -> list[str]:
+        key = declared_key(manifest, model) or alias_owner(manifest, model)
+        if key is None:
+            raise NotFound(
+                f"model '{model}' is not declared in {manifest_path}, so it cannot have a "
+                f"projector there: declare it first (`blazar pull SOURCE --name {model}`)"
+            )
+        table = _models(manifest)[key]
+        for field, value in (("mmproj", mmproj), ("mmproj_sha256", sha256)):
+            if value is None:
+                table.pop(field, None)
+            else:
+                table[field] = value
+        key_of.append(key)
+        if mmproj is None:
+            return [f"models.{key}"]
+        return [f"models.{key}", f"projectors.{parse_name(key).short}"]
+
+    result = declare_and_reconcile(
+        paths, manifest_path, declare, f"mmproj for {model}", True,
+        progress_for=progress_for, on_event=on_event, notify=notify,
+    )  # fmt: skip
+    if mmproj is None:
+        from blazar.projectors import remove_projector
+
+        with Store(paths.db) as store:
+            remove_projector(Registry(store, paths), parse_name(key_of[0]).short)
+            store.delete_conditions("projector", parse_name(key_of[0]).short)
+    return result
 
 
 def declare_and_reconcile(
@@ -329,3 +379,24 @@ def add_alias(manifest_path: Path, model: str, alias: str) -> None:
     else:
         aliases.append(short)
     _save(manifest, f"{short} not added")
+
+
+def set_pin(manifest_path: Path, model: str, pinned: bool) -> bool:
+    """Pin a declared model (never evicted, `pin = true`) or unpin it; a pass applies it in
+    place. Returns whether the manifest changed."""
+    manifest = open_manifest(manifest_path)
+    key = declared_key(manifest, model) or alias_owner(manifest, model)
+    if key is None:
+        raise Conflict(
+            f"model '{model}' is served but not declared in {manifest_path}, so it cannot be "
+            f"pinned there: declare it first (`blazar pull` names it), then pin it"
+        )
+    table = _models(manifest)[key]
+    if bool(table.get("pin", False)) == pinned:
+        return False
+    if pinned:
+        table["pin"] = True
+    else:
+        del table["pin"]
+    _save(manifest, f"model {key} not {'pinned' if pinned else 'unpinned'}")
+    return True

@@ -307,3 +307,23 @@ def m009_audio_jobs(db: sqlite_utils.Database) -> None:
         not_null={"id", "status", "model", "created_at"},
     )
     db["audio_jobs"].create_index(["status"])  # type: ignore[union-attr]
+
+
+@migration
+def m010_projectors(db: sqlite_utils.Database) -> None:
+    """Vision projectors (llama.cpp mmproj GGUFs): at most one per model, by its short name."""
+    db["projectors"].create(  # type: ignore[union-attr]
+        {
+            "model": str,  # the model's short name (name or name:tag)
+            "path": str,  # the verified blob (blobs/sha256-<hex>)
+            "size": int,
+            "sha256": str,
+            "source": str,  # as declared: a source, or "auto"
+            "facts": str,  # JSON: projector_type, projection_dim, vision, audio, resolved
+            "settings": str,  # JSON: what the declaration was resolved against
+            "managed": int,
+            "added_at": str,  # ISO 8601, UTC
+        },
+        pk="model",
+        not_null={"model", "path", "size", "sha256", "source", "added_at"},
+    )

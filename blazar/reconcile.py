@@ -244,5 +244,6 @@ def _declared(desired: Desired, target: str) -> bool:
     addresses = {f"engines.{e.name}" for e in desired.engines}
     addresses |= {f"models.{m.name}" for m in desired.models}
     addresses |= {f"loras.{lo.name}" for lo in desired.loras}
+    addresses |= {f"projectors.{p.model}" for p in desired.projectors}
     addresses |= {f"keys.{k.name}" for k in desired.keys}
     return target in names or target in addresses

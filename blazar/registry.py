@@ -312,9 +312,21 @@ class Registry:
     def remove(self, ref: ModelName) -> ModelRecord:
         """Forget a model and delete Blazar's own link or copy (never a referenced file)."""
         record = self.store.get_model(ref)
+        projector = self.store.find_projector(ref.short)
         self.store.delete_model(ref)
         self._release(record)
+        if projector is not None:  # a model's projector goes with it
+            self.store.delete_projector(ref.short)
+            self._release_path(projector.path)
         return record
+
+    def place(self, src: Path, sha256: str, size: int) -> Path:
+        """Hold a verified file's bytes in the blob store (hardlinked, else referenced)."""
+        return self._place(src, sha256, size, copy=False).path
+
+    def release(self, path: str) -> None:
+        """Delete a blob once no record points at it (a projector's, an adapter's)."""
+        self._release_path(path)
 
     def _release(self, record: ModelRecord) -> None:
         """Delete a blob Blazar owns once no record points at it."""

@@ -112,6 +112,41 @@ class LoraRecord:
 
 
 @dataclass(frozen=True)
+class ProjectorRecord:
+    """A vision projector (mmproj GGUF) Blazar holds for a model (`models.NAME.mmproj`)."""
+
+    model: str  # the model's short name
+    path: str
+    size: int
+    sha256: str
+    source: str  # as declared (a source, or "auto")
+    facts: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+    managed: bool = True
+    added_at: str = field(default_factory=utcnow)
+
+    @property
+    def vision(self) -> bool:
+        """It reads images (an audio-only projector does not)."""
+        return bool(self.facts.get("vision", True))
+
+    def to_row(self) -> dict[str, Any]:
+        row = asdict(self)
+        row["facts"] = json.dumps(self.facts, sort_keys=True)
+        row["settings"] = json.dumps(self.settings, sort_keys=True)
+        row["managed"] = int(self.managed)
+        return row
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> ProjectorRecord:
+        data = dict(row)
+        data["facts"] = json.loads(data.get("facts") or "{}")
+        data["settings"] = json.loads(data.get("settings") or "{}")
+        data["managed"] = bool(data.get("managed"))
+        return cls(**data)
+
+
+@dataclass(frozen=True)
 class KeyRecord:
     name: str
     sha256: str
@@ -231,11 +266,13 @@ class Store:
             self._event("model", ref.short, "removed", "")
 
     def paths_in_use(self, path: str) -> int:
-        """How many model or adapter records point at this file (blobs are shared)."""
+        """How many model, adapter or projector records point at this file (blobs are
+        shared)."""
         row = self.db.execute(
             "SELECT (SELECT count(*) FROM models WHERE path = ?)"
-            " + (SELECT count(*) FROM loras WHERE path = ?)",
-            [path, path],
+            " + (SELECT count(*) FROM loras WHERE path = ?)"
+            " + (SELECT count(*) FROM projectors WHERE path = ?)",
+            [path, path, path],
         ).fetchone()
         return int(row[0])
 
@@ -257,6 +294,26 @@ class Store:
         with self.db.atomic():
             self.db.execute("DELETE FROM loras WHERE name = ?", [name])
             self._event("lora", name, "removed", "")
+
+    # -- vision projectors ----------------------------------------------------
+
+    def find_projector(self, model: str) -> ProjectorRecord | None:
+        rows = list(self.db["projectors"].rows_where("model = ?", [model]))
+        return ProjectorRecord.from_row(rows[0]) if rows else None
+
+    def list_projectors(self) -> list[ProjectorRecord]:
+        rows = self.db["projectors"].rows_where(order_by="model")
+        return [ProjectorRecord.from_row(r) for r in rows]
+
+    def put_projector(self, record: ProjectorRecord) -> None:
+        with self.db.atomic():
+            self.db["projectors"].upsert(record.to_row(), pk="model")  # type: ignore[union-attr]
+            self._event("projector", record.model, "imported", f"{record.path} ({record.source})")
+
+    def delete_projector(self, model: str) -> None:
+        with self.db.atomic():
+            self.db.execute("DELETE FROM projectors WHERE model = ?", [model])
+            self._event("projector", model, "removed", "")
 
     # -- API keys -------------------------------------------------------------
 

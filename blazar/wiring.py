@@ -25,11 +25,13 @@ from reconcilers.ports import (
     ObservedLane,
     ObservedLora,
     ObservedModel,
+    ObservedProjector,
     OfferView,
     Ports,
     Progress,
 )
 from specs.engines import AUDIO_ENGINES
+from specs.models import AUTO_PROJECTOR
 from specs.names import parse_name
 from specs.sources import parse_source
 
@@ -291,6 +293,59 @@ class StoreLoras:
         self.registry.remove_lora(name)
 
 
+class StoreProjectors:
+    """Vision projectors (`models.NAME.mmproj`): fetched like a model file, checked to be a
+    projector made for the model (`blazar.projectors`)."""
+
+    def __init__(
+        self, registry: Registry, paths: Paths, pins: dict[str, str] | None = None
+    ) -> None:
+        self.registry = registry
+        self.store = registry.store
+        self.paths = paths
+        self.pins = pins or {}
+
+    def observe(self) -> list[ObservedProjector]:
+        return [
+            ObservedProjector(r.model, r.sha256, r.source, r.managed, r.settings)
+            for r in self.store.list_projectors()
+            if Path(r.path).is_file()
+        ]
+
+    def fetch(
+        self,
+        model: str,
+        source: str,
+        sha256: str | None,
+        settings: dict[str, Any],
+        progress: Progress | None,
+    ) -> None:
+        from blazar import projectors
+        from blazar.sources.projector_files import PROJECTOR
+
+        with classified():
+            fetch = source
+            if source == AUTO_PROJECTOR:
+                fetch = str(projectors.auto_source(str(settings.get("model_source", ""))))
+            fetch = self.pins.get(fetch, fetch)
+            with fetched_bytes(fetch, sha256, self.paths.downloads, progress, PROJECTOR) as got:
+                projectors.import_projector(
+                    self.registry, got.files[0], parse_name(model), source=source,
+                    settings=settings, resolved=got.detail,
+                )  # fmt: skip
+
+    def record(self, model: str, source: str, settings: dict[str, Any]) -> None:
+        from blazar import projectors
+
+        with classified():
+            projectors.adopt_projector(self.registry, model, source, settings)
+
+    def remove(self, model: str) -> None:
+        from blazar import projectors
+
+        projectors.remove_projector(self.registry, model)
+
+
 class StoreKeys:
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -322,4 +377,5 @@ def real_ports(store: Store, paths: Paths, pins: dict[str, str] | None = None) -
         loras=StoreLoras(registry, paths, pins),
         keys=StoreKeys(store),
         status=StoreStatus(store),
+        projectors=StoreProjectors(registry, paths, pins),
     )

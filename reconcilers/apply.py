@@ -1,10 +1,10 @@
 """Observe, plan and apply across all kinds, in dependency order.
 
 `make_plan` observes through the ports and plans purely; `execute` carries a
-plan out: engines, then models, then LoRA adapters, then keys. Each action's
-outcome is a value. Temporary errors (and unclassified ones) are retried with
-exponential backoff; permanent ones are not. A failed action never stops the
-independent ones; an adapter whose model failed is skipped. Every declared
+plan out: engines, then models, then vision projectors, then LoRA adapters, then
+keys. Each action's outcome is a value. Temporary errors (and unclassified ones)
+are retried with exponential backoff; permanent ones are not. A failed action never
+stops the independent ones; an adapter or projector whose model failed is skipped. Every declared
 resource's Ready condition is written through the status port.
 """
 
@@ -29,6 +29,7 @@ from reconcilers.loras import apply_lora, plan_loras
 from reconcilers.models import apply_model, plan_models
 from reconcilers.plan import Action, Note, Plan
 from reconcilers.ports import ObservedLane, ObservedModel, OfferView, Ports, Progress
+from reconcilers.projectors import apply_projector, plan_projectors
 from reconcilers.routing import route
 
 
@@ -74,9 +75,12 @@ def make_plan(
     model_actions, kept_models = plan_models(desired.models, observed_models, prune=prune)
     lora_actions, kept_loras = plan_loras(desired.loras, ports.loras.observe(), prune=prune)
     key_actions, kept_keys = plan_keys(desired.keys, ports.keys.observe(), prune=prune)
+    projector_actions, kept_projectors = plan_projectors(
+        desired.projectors, ports.projectors.observe(), prune=prune
+    )
     return Plan.of(
-        [*actions, *model_actions, *lora_actions, *key_actions],
-        [*kept_models, *kept_loras, *kept_keys],
+        [*actions, *model_actions, *projector_actions, *lora_actions, *key_actions],
+        [*kept_models, *kept_projectors, *kept_loras, *kept_keys],
         notes,
     )
 
@@ -131,17 +135,21 @@ def execute(
     models = {m.name: m for m in desired.models}
     loras = {lo.name: lo for lo in desired.loras}
     keys = {k.name: k for k in desired.keys}
+    projectors = {p.model: p for p in desired.projectors}
     failed_models: set[str] = set()
     outcomes = []
     for action in plan.actions:
+        base = None
         if action.kind == "lora" and action.name in loras:
             base = loras[action.name].model
-            if base in failed_models:
-                message = f"skipped: its model {base!r} failed in this apply"
-                outcomes.append(Outcome(action, False, 0, message, skipped=True))
-                ports.status.set_condition("lora", action.name, False, "DependencyFailed", message)
-                emit("fail", action, message)
-                continue
+        elif action.kind == "projector" and action.name in projectors:
+            base = action.name
+        if base is not None and base in failed_models:
+            message = f"skipped: its model {base!r} failed in this apply"
+            outcomes.append(Outcome(action, False, 0, message, skipped=True))
+            ports.status.set_condition(action.kind, action.name, False, "DependencyFailed", message)
+            emit("fail", action, message)
+            continue
         progress = progress_for(action) if progress_for else None
 
         def run(action: Action = action, progress: Progress | None = progress) -> None:
@@ -153,6 +161,8 @@ def execute(
                 apply_model(action, models.get(action.name), ports.models, progress)
             elif action.kind == "lora":
                 apply_lora(action, loras.get(action.name), ports.loras, progress)
+            elif action.kind == "projector":
+                apply_projector(action, projectors.get(action.name), ports.projectors, progress)
             else:
                 apply_key(action, keys.get(action.name), ports.keys)
 
@@ -166,7 +176,11 @@ def execute(
                 action.kind, action.name, outcome.ok, reason, outcome.error or action.reason
             )
     touched = {(a.kind, a.name) for a in plan.actions}
-    for kind, names in (("engine", engines), ("model", models), ("lora", loras), ("key", keys)):
+    kinds = (
+        ("engine", engines), ("model", models), ("projector", projectors), ("lora", loras),
+        ("key", keys),
+    )  # fmt: skip
+    for kind, names in kinds:
         for name in names:
             if (kind, name) not in touched:
                 ports.status.set_condition(kind, name, True, "UpToDate", "matches the manifest")

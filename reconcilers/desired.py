@@ -16,7 +16,9 @@ from specs.names import parse_name
 
 LATEST = "latest"
 FORK = "fork"  # the install method of a lane declared with `lane = "ID"`
-NOT_SETTINGS = {"source", "sha256", "failover", "enabled"}
+# mmproj is its own resource (`reconcilers.projectors`), not a setting of the model's bytes.
+NOT_SETTINGS = {"source", "sha256", "failover", "enabled", "mmproj", "mmproj_sha256"}
+AUTO_PROJECTOR = "auto"
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,16 @@ class DesiredLora:
 
 
 @dataclass(frozen=True)
+class DesiredProjector:
+    """A model's vision projector (`models.NAME.mmproj`), named after the model."""
+
+    model: str  # the model's short name
+    source: str  # as declared: a source, or "auto"
+    sha256: str | None
+    settings: dict[str, Any] = field(default_factory=dict)  # auto: the model's source
+
+
+@dataclass(frozen=True)
 class DesiredKey:
     name: str
     sha256: str
@@ -80,6 +92,7 @@ class Desired:
     loras: tuple[DesiredLora, ...] = ()
     keys: tuple[DesiredKey, ...] = ()
     routing: DesiredRouting = field(default_factory=DesiredRouting)
+    projectors: tuple[DesiredProjector, ...] = ()
 
 
 def desired_from_manifest(manifest: Manifest) -> Desired:
@@ -117,7 +130,17 @@ def desired_from_manifest(manifest: Manifest) -> Desired:
     keys = tuple(
         DesiredKey(name, key.sha256, tuple(key.models)) for name, key in manifest.keys.items()
     )
-    return Desired(engines, tuple(models), tuple(loras), keys, routing_of(manifest))
+    projectors = tuple(
+        DesiredProjector(
+            parse_name(key).short,
+            model.mmproj,
+            model.mmproj_sha256,
+            {"model_source": model.source} if model.mmproj == AUTO_PROJECTOR else {},
+        )
+        for key, model in manifest.models.items()
+        if model.mmproj is not None
+    )
+    return Desired(engines, tuple(models), tuple(loras), keys, routing_of(manifest), projectors)
 
 
 def routing_of(manifest: Manifest) -> DesiredRouting:

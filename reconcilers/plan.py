@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-KIND_ORDER = ("engine", "model", "lora", "key")
+KIND_ORDER = ("engine", "model", "projector", "lora", "key")
 
 
 class Change(StrEnum):
@@ -28,7 +28,7 @@ SYMBOLS = {Change.CREATE: "+", Change.UPDATE: "~", Change.REPLACE: "-/+", Change
 class Action:
     """One change to one resource, with the reason it is needed."""
 
-    kind: str  # engine | model | lora | key
+    kind: str  # engine | model | projector | lora | key
     name: str
     change: Change
     reason: str

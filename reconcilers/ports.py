@@ -74,6 +74,15 @@ class ObservedLora:
 
 
 @dataclass(frozen=True)
+class ObservedProjector:
+    model: str  # the model's short name
+    sha256: str
+    source: str  # as declared when it was fetched
+    managed: bool
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class ObservedKey:
     name: str
     sha256: str
@@ -153,6 +162,27 @@ class LorasPort(Protocol):
     def remove(self, name: str) -> None: ...
 
 
+class ProjectorsPort(Protocol):
+    def observe(self) -> list[ObservedProjector]: ...
+
+    def fetch(
+        self,
+        model: str,
+        source: str,
+        sha256: str | None,
+        settings: dict[str, Any],
+        progress: Progress | None,
+    ) -> None:
+        """Fetch, verify and register `model`'s projector, replacing any it had."""
+        ...
+
+    def record(self, model: str, source: str, settings: dict[str, Any]) -> None:
+        """Take a held projector over (managed), recording its declaration."""
+        ...
+
+    def remove(self, model: str) -> None: ...
+
+
 class KeysPort(Protocol):
     def observe(self) -> list[ObservedKey]: ...
 
@@ -174,3 +204,4 @@ class Ports:
     loras: LorasPort
     keys: KeysPort
     status: StatusPort
+    projectors: ProjectorsPort

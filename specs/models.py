@@ -21,6 +21,15 @@ from specs.fields import (
     is_download,
 )
 from specs.problems import FieldError
+from specs.sources import (
+    HFSource,
+    HttpsSource,
+    InvalidSource,
+    OllamaSource,
+    PyPISource,
+    RegistrySource,
+    parse_source,
+)
 from specs.tables import CacheType, FlashAttn, LoadMode, Table
 
 _RESERVED_ARGS = {
@@ -33,6 +42,10 @@ _RESERVED_ARGS = {
     "-np": "use slots",
     "--parallel": "use slots",
     "--lora": "declare the adapter under [loras]",
+    "--mmproj": "use mmproj",
+    "-mm": "use mmproj",
+    "--mmproj-url": "use mmproj",
+    "-mmu": "use mmproj",
     "--chat-template": "use chat_template",
     "--chat-template-file": "use chat_template",
     # Sessions and the prompt cache (docs/sessions.md): fields, so they are validated.
@@ -63,8 +76,9 @@ _RESERVED_ARGS = {
 _CHAT_ONLY = (
     "ctx", "chat_template", "embeddings", "pooling", "system", "params", "session_bank",
     "cache_type", "kv_unified", "cache_ram_mb", "cache_reuse", "ctx_extend", "load_mode",
-    "deterministic", "flash_attn",
+    "deterministic", "flash_attn", "mmproj", "mmproj_sha256",
 )  # fmt: skip
+AUTO_PROJECTOR = "auto"  # mmproj = "auto": the projector in the model's Hugging Face repo
 
 
 def require_digest(source: str, sha256: str | None) -> None:
@@ -74,6 +88,57 @@ def require_digest(source: str, sha256: str | None) -> None:
             "sha256",
             "sha256 is required for an https:// source (the download is verified)",
             "add the file's sha256",
+        )
+
+
+def check_projector(source: str, mmproj: str | None, sha256: str | None) -> None:
+    """`mmproj` is a source (as for models, but one GGUF file) or `auto`, which needs a
+    model from Hugging Face; a download needs `mmproj_sha256`."""
+    if mmproj is None:
+        if sha256 is not None:
+            raise FieldError("mmproj_sha256", "mmproj_sha256 is set but mmproj is not")
+        return
+    if mmproj == AUTO_PROJECTOR:
+        parsed = parse_source(source)
+        if not isinstance(parsed, HFSource | RegistrySource):
+            raise FieldError(
+                "mmproj",
+                f'mmproj = "auto" takes the projector from the model\'s Hugging Face repo, '
+                f"and this model's source is {source!r}",
+                "give the projector's own source: file:///abs/mmproj.gguf, "
+                "hf://owner/repo/mmproj-file.gguf or https://... with mmproj_sha256",
+            )
+        if sha256 is not None:
+            raise FieldError(
+                "mmproj_sha256",
+                'mmproj = "auto" is verified against the hub\'s own sha256',
+                "remove mmproj_sha256, or name the projector's file",
+            )
+        return
+    try:
+        parsed = parse_source(mmproj)
+    except InvalidSource as exc:
+        raise FieldError(
+            "mmproj", f'{exc} (or "auto": the projector in the model\'s repo)'
+        ) from None
+    if isinstance(parsed, OllamaSource | PyPISource):
+        raise FieldError(
+            "mmproj",
+            f"a projector cannot come from {mmproj!r}",
+            "use file:///abs/mmproj.gguf, hf://owner/repo/mmproj-file.gguf, https://... "
+            'with mmproj_sha256, or "auto"',
+        )
+    if isinstance(parsed, HFSource) and (parsed.quant or parsed.directory):
+        raise FieldError(
+            "mmproj",
+            f"{mmproj!r} names a quantization or a directory, not the projector's file",
+            "use hf://owner/repo/mmproj-file.gguf, or hf://owner/repo for its only mmproj",
+        )
+    if isinstance(parsed, HttpsSource) and sha256 is None:
+        raise FieldError(
+            "mmproj_sha256",
+            "mmproj_sha256 is required for an https:// projector (the download is verified)",
+            "add the projector file's sha256",
         )
 
 
@@ -213,6 +278,19 @@ class Model(Table):
         default=[],
         description="Extra llama-server flags, such as ['--batch-size', '1024'].",
     )
+    mmproj: NonEmpty | None = Field(
+        default=None,
+        description="A multimodal projector (llama.cpp's mmproj GGUF) that lets the model read "
+        "images: file:///abs/mmproj.gguf, hf://owner/repo/mmproj-file.gguf, hf://owner/repo "
+        '(its only mmproj file, or its F16 one), https://... (with mmproj_sha256), or "auto": '
+        "the mmproj file in the model's own Hugging Face repo. Fetched and verified like the "
+        "model; the engine runs with --mmproj; without one, requests with images are refused "
+        "(docs/compatibility.md).",
+    )
+    mmproj_sha256: Sha256 | None = Field(
+        default=None,
+        description="Expected sha256 of the projector file; required for an https:// mmproj.",
+    )
     failover: list[RemoteName] = Field(
         default=[],
         description="Remotes (names under [remotes]) that serve this model when this host "
@@ -226,6 +304,7 @@ class Model(Table):
     @model_validator(mode="after")
     def _consistent(self) -> Model:
         require_digest(self.source, self.sha256)
+        check_projector(self.source, self.mmproj, self.mmproj_sha256)
         if self.kind != "chat":
             allowed = {"deterministic"} if self.kind == "speech" else set()
             given = [f for f in _CHAT_ONLY if f in self.model_fields_set and f not in allowed]

@@ -3,6 +3,9 @@ the manifest (`specs.manifest.Manifest`)."""
 
 from __future__ import annotations
 
+import ipaddress
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from specs.durations import Duration
@@ -79,11 +82,13 @@ class Serving(Table):
         ge=1,
         description="Most MiB of banked sessions kept on disk; the least recently used go first.",
     )
-    prompt_preflight: bool = Field(
+    prompt_preflight: bool | Literal["strict"] = Field(
         default=True,
         description="Count a request's prompt tokens with the model's tokenizer before it "
-        "reaches the engine and refuse (400) one whose prompt and requested output cannot "
-        "fit the slot's context.",
+        "reaches the engine: a prompt that cannot fit the slot's context is refused (400); "
+        "one that fits but whose requested output does not is served with the output "
+        "capped to what fits (the response header x-blazar-max-tokens-capped names the "
+        'cap). "strict" refuses that one too; false turns the preflight off.',
     )
     singleflight: bool = Field(
         default=False,
@@ -213,6 +218,26 @@ class Serving(Table):
         description="How long a finished async transcription job (and its audio, kept in "
         "the cache for a retry) is kept before it is pruned.",
     )
+    # -- images (models with an mmproj; docs/compatibility.md) --
+    image_max_size: Size = Field(
+        default="20MiB",
+        validate_default=True,
+        description="Largest image a request may carry (decoded) or the gateway fetches "
+        "for an image URL; a larger one is refused with a 400.",
+    )
+    image_fetch_timeout: Duration = Field(
+        default="10s",
+        validate_default=True,
+        description="Longest the gateway spends fetching one image URL (redirects "
+        "included); a slower one is refused with a 400.",
+    )
+    image_fetch_networks: list[NonEmpty] = Field(
+        default=[],
+        description="Networks (CIDR, such as 10.1.0.0/16 or 127.0.0.1/32) the gateway may "
+        "fetch image URLs from although they are private, loopback or link-local; every "
+        "other such address is refused, after DNS resolution and on every redirect. "
+        "Empty: public addresses only.",
+    )
     max_connections_per_client: int = Field(
         default=128,
         ge=1,
@@ -259,6 +284,19 @@ class Serving(Table):
                 raise FieldError(
                     "import_roots", f"import_roots[{index}] {root!r} is not an absolute path"
                 )
+        for index, network in enumerate(self.image_fetch_networks):
+            try:
+                ipaddress.ip_network(network, strict=False)
+            except ValueError:
+                raise FieldError(
+                    "image_fetch_networks",
+                    f"image_fetch_networks[{index}] {network!r} is not a network",
+                    "write it as CIDR, such as '10.1.0.0/16' or '127.0.0.1/32'",
+                ) from None
+        if self.image_fetch_timeout <= 0:
+            raise FieldError(
+                "image_fetch_timeout", "image_fetch_timeout must be a positive duration"
+            )
         for name in ("header_timeout", "body_timeout"):
             if getattr(self, name) <= 0:
                 raise FieldError(name, f"{name} must be a positive duration such as '30s'")

@@ -6,7 +6,9 @@ pytest registers them); the leak checks in tests/leaks.py.
 Marks that mean something (registered in pyproject.toml):
 - `slow`: runs only with BLAZAR_SLOW=1 (a llama.cpp source build, Gemma end to end);
 - `network`: runs only with BLAZAR_NETWORK=1, and is the only kind of test that may
-  reach beyond loopback; every other test is confined to it (tests/offline.py).
+  reach beyond loopback; every other test is confined to it (tests/offline.py);
+- `ui`: runs only with BLAZAR_UI=1 (`make test-ui`): the dashboard in a real browser,
+  Debian's chromium-headless-shell driven by Playwright (tests/browser.py).
 Declared test dependencies are imported, never skipped when missing.
 """
 
@@ -65,12 +67,13 @@ def pytest_configure(config: pytest.Config) -> None:
 OPT_IN = {
     "slow": ("BLAZAR_SLOW", "a long test"),
     "network": ("BLAZAR_NETWORK", "reaches the package index"),
+    "ui": ("BLAZAR_UI", "drives a real browser: `make test-ui`"),
 }
 _REFUSED = pytest.StashKey[list[str]]()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """`slow` and `network` tests are skipped unless their variable opts in, saying how."""
+    """`slow`, `network` and `ui` tests are skipped unless their variable opts in, saying how."""
     for item in items:
         unmet = [
             (mark, variable, what)

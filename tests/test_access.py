@@ -72,7 +72,11 @@ def app_with_keys() -> tuple[web.Application, Access]:
 
 
 def concrete(pattern: str) -> str:
-    return pattern.replace("{digest}", "sha256:" + "0" * 64).replace("{name}", "someone")
+    return (
+        pattern.replace("{digest}", "sha256:" + "0" * 64)
+        .replace("{name}", "someone")
+        .replace("{file}", "app.js")  # the dashboard's files (public)
+    )
 
 
 def routes(app: web.Application) -> list[tuple[str, str]]:

@@ -18,8 +18,10 @@ import ollama
 import openai
 import pytest
 
-from blazar.protocols import ProtocolError
-from blazar.serve.gateway.relay import bridge_for
+from blazar.protocols import ProtocolError, anthropic
+from blazar.serve.request.asks import Plan
+from blazar.serve.routes.anthropic_api import MessagesAsk
+from blazar.serve.routes.ollama_api import GenerateAsk
 from blazar.serve.state.remotes import (
     FLEET,
     FORWARDED,
@@ -105,14 +107,20 @@ def test_the_fleet_resolves_names_chains_and_listings(monkeypatch: pytest.Monkey
 
 
 def test_what_an_openai_only_remote_cannot_do_is_a_400_that_says_so() -> None:
+    raw_body = {"model": "m", "prompt": "x", "raw": True}
     with pytest.raises(ProtocolError) as raw:
-        bridge_for("/api/generate", {"model": "m", "prompt": "x", "raw": True}, "m")
+        GenerateAsk("m", "/api/generate", raw_body, endpoint="generate").openai(None)
     assert raw.value.status == 400 and "send messages to /api/chat" in raw.value.message
-    with pytest.raises(ProtocolError) as count:
-        bridge_for("/v1/messages/count_tokens", {"model": "m", "messages": HI}, "m")
-    assert count.value.status == 400
-    made = bridge_for("/api/chat", {"model": "m", "messages": HI, "stream": False}, "m")
-    assert not isinstance(made, type(None)) and made.engine.path == "/v1/chat/completions"  # type: ignore[union-attr]
+    body = {"model": "m", "messages": HI, "max_tokens": 8}
+    count = MessagesAsk(
+        "m", "/v1/messages/count_tokens", body, req=anthropic.count_tokens_request(body)
+    )
+    with pytest.raises(ProtocolError) as counted:
+        count.openai(None)
+    assert counted.value.status == 400
+    chat = {"model": "m", "messages": HI, "stream": False}
+    made = GenerateAsk("m", "/api/chat", chat, endpoint="chat").openai(None)
+    assert isinstance(made, Plan) and made.engine.path == "/v1/chat/completions"
 
 
 # -- faults behind the real app ---------------------------------------------------------

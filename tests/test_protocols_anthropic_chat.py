@@ -13,7 +13,7 @@ import pytest
 from blazar.protocols import EngineRequest, anthropic
 from blazar.protocols.anthropic_chat import ChatEvents, chat_request, message_from_chat
 from blazar.protocols.sse import DONE
-from blazar.serve.request.pipeline import engine_body, with_defaults
+from blazar.serve.request.steps import engine_body, with_defaults
 from blazar.serve.supervisor.runtime import Adapter, ModelRuntime
 from blazar.serve.supervisor.scheduler import Lease, Member, Pool
 from specs.names import AdapterChoice

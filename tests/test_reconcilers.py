@@ -21,6 +21,7 @@ from reconcilers.ports import (
     ObservedLane,
     ObservedLora,
     ObservedModel,
+    ObservedProjector,
     OfferView,
     Ports,
     Progress,
@@ -206,6 +207,7 @@ class FakeWorld:
     models: dict[str, ObservedModel] = field(default_factory=dict)
     loras: dict[str, ObservedLora] = field(default_factory=dict)
     keys: dict[str, ObservedKey] = field(default_factory=dict)
+    projectors: dict[str, ObservedProjector] = field(default_factory=dict)
     conditions: dict[tuple[str, str], tuple[bool, str]] = field(default_factory=dict)
     failures: dict[str, list[Exception]] = field(default_factory=dict)  # name -> errors to raise
     calls: list[str] = field(default_factory=list)
@@ -331,6 +333,33 @@ class Keys:
         del self.w.keys[name]
 
 
+class Projectors:
+    def __init__(self, w: FakeWorld) -> None:
+        self.w = w
+
+    def observe(self) -> list[ObservedProjector]:
+        return list(self.w.projectors.values())
+
+    def fetch(
+        self,
+        model: str,
+        source: str,
+        sha256: str | None,
+        settings: dict[str, Any],
+        progress: Progress | None,
+    ) -> None:
+        self.w.calls.append(f"fetch projector {model}")
+        self.w._maybe_fail(f"projector {model}")
+        self.w.projectors[model] = ObservedProjector(model, sha256 or SHA_B, source, True, settings)
+
+    def record(self, model: str, source: str, settings: dict[str, Any]) -> None:
+        p = self.w.projectors[model]
+        self.w.projectors[model] = ObservedProjector(model, p.sha256, source, True, settings)
+
+    def remove(self, model: str) -> None:
+        del self.w.projectors[model]
+
+
 class Status:
     def __init__(self, w: FakeWorld) -> None:
         self.w = w
@@ -340,7 +369,7 @@ class Status:
 
 
 def ports(w: FakeWorld) -> Ports:
-    return Ports(Engines(w), Models(w), Loras(w), Keys(w), Status(w))
+    return Ports(Engines(w), Models(w), Loras(w), Keys(w), Status(w), Projectors(w))
 
 
 DESIRED = Desired(

@@ -158,7 +158,7 @@ def test_the_bank_continues_a_conversation_after_an_unload_and_a_restart(
             time.sleep(0.2)
 
 
-def test_preflight_refuses_what_cannot_fit_in_each_protocol(
+def test_preflight_refuses_prompts_that_cannot_fit_and_caps_outputs_that_cannot(
     tmp_path: Path, blazar_home: Path, models: dict[str, Path]
 ) -> None:
     import ollama
@@ -179,11 +179,36 @@ def test_preflight_refuses_what_cannot_fit_in_each_protocol(
             "blazar fit tiny",
         ):
             assert fix in message, message
-        # A short prompt with an output limit beyond the context: refused too.
+        # A short prompt with an output limit beyond the context (agent clients ask for
+        # tens of thousands of tokens): served, the output capped to what fits, and said.
         hello = [{"role": "user", "content": "hello"}]
-        with pytest.raises(openai.BadRequestError, match="and 500 output tokens"):
-            oai.chat.completions.create(model="tiny", messages=hello, max_tokens=500)  # type: ignore[arg-type]
-        assert chat(oai, "tiny", hello).choices[0].message.content  # fits: served
+        capped = oai.chat.completions.with_raw_response.create(
+            model="tiny",
+            messages=hello,
+            max_tokens=500,  # type: ignore[arg-type]
+        )
+        answer = capped.parse()
+        cap = int(capped.headers["x-blazar-max-tokens-capped"])
+        assert cap == 256 - answer.usage.prompt_tokens  # type: ignore[union-attr]
+        assert answer.usage.completion_tokens <= cap  # type: ignore[union-attr]
+        if answer.usage.completion_tokens == cap:  # type: ignore[union-attr]
+            assert answer.choices[0].finish_reason == "length"
+        claude_code = anthropic.Anthropic(base_url=served.url, api_key="unused", max_retries=0)
+        with claude_code.messages.stream(
+            model="tiny",
+            max_tokens=32000,
+            messages=hello,  # type: ignore[arg-type]
+        ) as agent:  # as Claude Code asks: streamed, with a large output limit
+            agent_cap = int(agent.response.headers["x-blazar-max-tokens-capped"])
+            said = agent.get_final_message()
+        assert 0 < agent_cap < 256 and said.usage.output_tokens <= agent_cap
+        plain = oai.chat.completions.with_raw_response.create(
+            model="tiny",
+            messages=hello,
+            max_tokens=8,  # type: ignore[arg-type]
+        )
+        assert "x-blazar-max-tokens-capped" not in plain.headers  # fits: served as asked
+        assert chat(oai, "tiny", hello).choices[0].message.content
         with pytest.raises(openai.BadRequestError, match="keep_alive"):
             chat(oai, "tiny", hello, extra_body={"keep_alive": "soon"})
         with pytest.raises(openai.BadRequestError, match="prompt tokens"):
@@ -202,6 +227,16 @@ def test_preflight_refuses_what_cannot_fit_in_each_protocol(
             claude.messages.create(model="tiny", max_tokens=4, messages=long)  # type: ignore[arg-type]
         assert denied.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
         assert "blazar fit tiny" in str(denied.value)
+
+    # prompt_preflight = "strict": an output that cannot fit is refused, as a prompt is.
+    strict = '[serving]\nprompt_preflight = "strict"\n\n' + text
+    with (
+        Served(write_manifest(tmp_path, strict), blazar_home) as served,
+        pytest.raises(openai.BadRequestError, match="and 500 output tokens"),
+    ):
+        client(served).chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hello"}], max_tokens=500
+        )  # type: ignore[call-overload]
 
     # prompt_preflight = false: the engine gets the request and answers it as it can.
     off = "[serving]\nprompt_preflight = false\n\n" + text

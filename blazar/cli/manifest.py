@@ -78,7 +78,7 @@ def _progress_for(action: Action) -> Progress | None:
     """A download progress line on a terminal; nothing when output is not a terminal."""
     if not sys.stderr.isatty() or action.change not in (Change.CREATE, Change.REPLACE):
         return None
-    if action.kind not in ("model", "lora"):
+    if action.kind not in ("model", "projector", "lora"):
         return None
 
     def progress(done: int, total: int | None) -> None:

@@ -305,7 +305,7 @@ def fit(
     only); every quantization is shown and the largest that fits suggested.
     A model declared in the manifest is estimated as serve starts it: its ctx
     times its slots, cache_type, ctx_extend and cache_ram_mb (and `[serving]`'s
-    defaults).
+    defaults); a vision projector it holds (mmproj) counts too.
     """
     from dataclasses import replace
 
@@ -329,6 +329,7 @@ def fit(
     settings, declared_ctx = _declared(manifest or ctx.paths.manifest, record.ref.short)
     if cache_type is not None:
         settings = replace(settings, cache_type=cache_type)
+    projector = ctx.store.find_projector(record.ref.short)
     report = estimate(
         record.ref.short,
         record.facts,
@@ -337,6 +338,7 @@ def fit(
         cache_type=settings.kv_type,
         ctx_extend=settings.ctx_extend,
         cache_ram_mb=settings.cache_ram_mb,
+        projector=projector.size if projector is not None else 0,
     )
     report.notes.extend(
         f"the engine would refuse this: {problem}"
@@ -352,6 +354,8 @@ def fit(
     click.echo(f"  weights    {human_bytes(report.weights)}")
     click.echo(f"  kv cache   {human_bytes(report.kv)} ({human_bytes(report.kv_per_token)}/token)")
     click.echo(f"  compute    {human_bytes(report.compute)} (estimate)")
+    if report.projector:
+        click.echo(f"  projector  {human_bytes(report.projector)} (mmproj: images)")
     if report.prompt_cache:
         click.echo(f"  prompt cache {human_bytes(report.prompt_cache)} (cache_ram_mb, at most)")
     click.echo(f"  needed     {human_bytes(report.needed)}")

@@ -18,8 +18,8 @@ Once the server listens it prints llama-server's line and a machine-readable one
 
 Bad input ends it with one `launcher: ...` line on stderr and no traceback: exit
 code 2 for a command line it cannot run (an unknown flag, a flag without its value,
-a bad value, no --model), 1 for a model or LoRA adapter file that is missing or that
-llama.cpp fails to load (the first error llama.cpp logged is quoted).
+a bad value, no --model), 1 for a model, LoRA adapter or projector file that is missing
+or that llama.cpp fails to load (the first error llama.cpp logged is quoted).
 
 It runs under the engine's Python, not Blazar's: standard library and xllamacpp only.
 """
@@ -212,6 +212,8 @@ _NO_MMAP, _MMAP = _load_mode("none"), _load_mode("mmap")
 # fmt: off
 _TABLE: list[tuple[str, str | None, str, Apply]] = [
     ("--model -m", "FNAME", "model path (GGUF)", _set("model.path")),
+    ("--mmproj -mm", "FNAME", "multimodal projector (mmproj GGUF): images reach the model",
+     _set("mmproj.path")),
     ("--host", "HOST", "address to listen on", _set_host),
     ("--port", "PORT", "port to listen on (default 8080); 0 picks a free one", _set("port", _port)),
     ("--reuse-port", None, "let several sockets share the port", _switch("reuse_port")),
@@ -400,6 +402,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return USAGE_ERROR
     files = [("model", params.model.path)]
     files += [("LoRA adapter", adapter.path) for adapter in params.lora_adapters]
+    if params.mmproj.path:
+        files.append(("projector", params.mmproj.path))
     for what, path in files:
         if not os.path.isfile(path):
             problem = "is not a file" if os.path.exists(path) else "not found"

@@ -19,6 +19,10 @@ read no clock: the gateway passes times, ids and durations in, sends the
 - `capabilities`: tools and thinking, decided from a model's chat template.
 - `sse`: an incremental decoder of the engine's server-sent events.
 
+Images (for a model with a vision projector) are found and put back by each
+protocol's `image_refs` and `with_images`, as `ImageRef`s; the gateway checks and
+fetches them in between (`blazar.serve.request.images`).
+
 Every refusal is a `ProtocolError` carrying the HTTP status to answer with; each
 protocol module turns it into that protocol's error shape.
 """
@@ -29,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["EngineRequest", "LoadOnly", "ProtocolError"]
+__all__ = ["EngineRequest", "ImageRef", "LoadOnly", "ProtocolError"]
 
 
 class ProtocolError(Exception):
@@ -69,6 +73,17 @@ class EngineRequest:
         if self.hints:
             out["hints"] = dict(self.hints)
         return out
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    """One image in a request: where it is (for errors, in the protocol's own terms) and
+    its URL, a `data:` URL or an http(s) one. Each protocol's `image_refs` lists them in
+    order and its `with_images` puts checked `data:` URLs back in the same order
+    (`blazar.serve.request.images`)."""
+
+    where: str
+    url: str
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,9 @@ gateway passes requests through rather than translating them to
 
 - `messages_request` / `count_tokens_request` validate a request the way
   Anthropic's API does (the engine accepts a request without `max_tokens`, answers
-  image blocks with a 500, ...) and forward only the fields the engine understands;
-  `metadata` is accepted and dropped. A refusal is a `ProtocolError`; `error()`
-  gives Anthropic's error body for it.
+  image blocks with a 500 when it has no projector, ...) and forward only the fields
+  the engine understands; `metadata` is accepted and dropped. A refusal is a
+  `ProtocolError`; `error()` gives Anthropic's error body for it.
 - `anthropic_stream` (re-exported here, so `blazar.protocols.anthropic` is the whole
   adapter) normalizes what the engine returns, whole or event by event, and holds
   Anthropic's error shapes.
@@ -20,6 +20,10 @@ take wrongly: a message or block field that is not Anthropic's (an OpenAI-style
 `tool_calls`, which the engine reads), `tool_choice` `any`/`tool` (the engine does
 not force a call), structured output (`output_config.format`, which the engine's
 `/v1/messages` ignores). `needs` says which template capabilities a request needs.
+For a model with a vision projector, `image_refs` lists the image blocks' sources as
+URLs and `with_images` puts them back as base64 sources once the gateway has checked
+and fetched them (`blazar.serve.request.images`): the engine would fetch a `url`
+source itself.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from blazar.protocols import EngineRequest, ProtocolError
+from blazar.protocols import EngineRequest, ImageRef, ProtocolError
 from blazar.protocols.anthropic_stream import (
     STATUS_TYPES,
     StreamState,
@@ -50,11 +54,14 @@ __all__ = [
     "error_type",
     "finish_stream",
     "from_protocol_error",
+    "image_refs",
     "message_response",
     "messages_request",
     "needs",
+    "no_projector",
     "sse",
     "stream_events",
+    "with_images",
 ]
 
 # Fields llama-server's /v1/messages reads; everything else stays with the gateway.
@@ -109,12 +116,88 @@ def _number(body: Mapping[str, Any], key: str, low: float, high: float | None) -
         raise _bad(f"{key}: Input should be {bound}")
 
 
-def _image(where: str, has_vision: bool) -> None:
+def no_projector(where: str) -> ProtocolError:
+    """The refusal of an image block sent to a model without a vision projector."""
+    return _bad(
+        f"{where}: image content is not supported: this model has no vision projector. "
+        "Use a vision model (a GGUF with its mmproj) or send text only."
+    )
+
+
+def _image(where: str, has_vision: bool, block: Mapping[str, Any]) -> None:
     if not has_vision:
-        raise _bad(
-            f"{where}: image content is not supported: this model has no vision projector. "
-            "Use a vision model (a GGUF with its mmproj) or send text only."
-        )
+        raise no_projector(where)
+    source = block.get("source")
+    source = source if isinstance(source, Mapping) else {}
+    kind = source.get("type")
+    if kind == "base64":
+        for key in ("media_type", "data"):
+            if not isinstance(source.get(key), str) or not source[key]:
+                raise _bad(f"{where}.source.{key}: Field required")
+    elif kind == "url":
+        if not isinstance(source.get("url"), str) or not source["url"]:
+            raise _bad(f"{where}.source.url: Field required")
+    else:
+        raise _bad(f"{where}.source.type: Input should be 'base64' or 'url' (files are not kept)")
+
+
+def _image_blocks(body: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """(where, block) of every image block of a validated body: in messages, and in the
+    content of their tool results."""
+    found = []
+    for i, msg in enumerate(body.get("messages") or []):
+        content = msg.get("content") if isinstance(msg, Mapping) else None
+        for j, block in enumerate(content if isinstance(content, list) else []):
+            if not isinstance(block, Mapping):
+                continue
+            if block.get("type") == "image":
+                found.append((f"messages.{i}.content.{j}", block))
+            inner = block.get("content") if block.get("type") == "tool_result" else None
+            for k, part in enumerate(inner if isinstance(inner, list) else []):
+                if isinstance(part, Mapping) and part.get("type") == "image":
+                    found.append((f"messages.{i}.content.{j}.content.{k}", part))
+    return found
+
+
+def image_refs(body: Mapping[str, Any]) -> list[ImageRef]:
+    """The request's images as URLs, in order: a base64 source as a `data:` URL."""
+    refs = []
+    for where, block in _image_blocks(body):
+        source = block.get("source") or {}
+        if source.get("type") == "base64":
+            url = f"data:{source.get('media_type')};base64,{source.get('data')}"
+        else:
+            url = str(source.get("url") or "")
+        refs.append(ImageRef(where, url))
+    return refs
+
+
+def with_images(body: Mapping[str, Any], urls: list[str]) -> dict[str, Any]:
+    """The body with each image block's source replaced, in order, by the base64 source
+    of the `data:` URL given for it (a copy: the messages that change are new)."""
+    pending = iter(urls)
+
+    def source(url: str) -> dict[str, Any]:
+        head, _, data = url.partition(",")
+        media = head.removeprefix("data:").split(";")[0]
+        return {"type": "base64", "media_type": media, "data": data}
+
+    def block(b: Any) -> Any:
+        if not isinstance(b, Mapping):
+            return b
+        if b.get("type") == "image":
+            return {**b, "source": source(next(pending))}
+        if b.get("type") == "tool_result" and isinstance(b.get("content"), list):
+            return {**b, "content": [block(part) for part in b["content"]]}
+        return b
+
+    messages = []
+    for msg in body.get("messages") or []:
+        content = msg.get("content") if isinstance(msg, Mapping) else None
+        if isinstance(content, list):
+            msg = {**msg, "content": [block(b) for b in content]}
+        messages.append(msg)
+    return {**body, "messages": messages}
 
 
 def _extra(value: Mapping[str, Any], allowed: frozenset[str], where: str) -> None:
@@ -134,7 +217,7 @@ def _text_blocks(value: Any, where: str, *, has_vision: bool, images: bool) -> N
         if isinstance(block, Mapping) and kind in BLOCK_FIELDS:
             _extra(block, BLOCK_FIELDS[kind], f"{where}.{j}")
         if kind == "image" and images:
-            _image(f"{where}.{j}", has_vision)
+            _image(f"{where}.{j}", has_vision, block)
         elif kind != "text" or not isinstance(block.get("text"), str):
             raise _bad(f"{where}.{j}: expected a text block with a string `text`")
 
@@ -153,7 +236,7 @@ def _block(block: Any, role: str, where: str, has_vision: bool) -> None:
     if kind == "text" and not isinstance(block.get("text"), str):
         raise _bad(f"{where}.text: Field required")
     elif kind == "image":
-        _image(where, has_vision)
+        _image(where, has_vision, block)
     elif kind == "document":
         raise _bad(f"{where}: document blocks (PDF, files) are not supported; send the text")
     elif kind == "tool_use":

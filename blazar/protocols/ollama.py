@@ -33,7 +33,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from blazar.protocols import EngineRequest, LoadOnly
+from blazar.protocols import EngineRequest, ImageRef, LoadOnly
 from blazar.protocols.ollama_models import (
     ModelInfo,
     RunningModel,
@@ -84,6 +84,7 @@ __all__ = [
     "generate_chunks",
     "generate_request",
     "generate_response",
+    "image_refs",
     "keep_alive_seconds",
     "load_response",
     "ndjson",
@@ -133,12 +134,26 @@ def _images(images: Any, where: str, has_vision: bool) -> list[dict[str, Any]]:
         )
     if not isinstance(images, list) or not all(isinstance(i, str) for i in images):
         raise bad(f"{where} must be a list of base64-encoded images")
-    parts = []
-    for data in images:
-        mime = next((m for magic, m in _IMAGE_MAGIC.items() if data.startswith(magic)), None)
-        url = f"data:{mime or 'image/jpeg'};base64,{data}"
-        parts.append({"type": "image_url", "image_url": {"url": url}})
-    return parts
+    return [{"type": "image_url", "image_url": {"url": _data_url(data)}} for data in images]
+
+
+def image_refs(body: Mapping[str, Any]) -> list[ImageRef]:
+    """The images of an `/api/chat` or `/api/generate` body (base64, as `data:` URLs), in
+    the order the translated request carries them; checked by the gateway."""
+    found: list[tuple[str, Any]] = []
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        for i, msg in enumerate(messages):
+            images = msg.get("images") if isinstance(msg, Mapping) else None
+            found += [(f"messages[{i}].images[{k}]", d) for k, d in enumerate(images or [])]
+    elif isinstance(body.get("images"), list):
+        found = [(f"images[{k}]", d) for k, d in enumerate(body["images"])]
+    return [ImageRef(where, _data_url(data)) for where, data in found if isinstance(data, str)]
+
+
+def _data_url(data: str) -> str:
+    mime = next((m for magic, m in _IMAGE_MAGIC.items() if data.startswith(magic)), None)
+    return f"data:{mime or 'image/jpeg'};base64,{data}"
 
 
 def _content(text: str, images: Any, where: str, has_vision: bool) -> str | list[dict[str, Any]]:

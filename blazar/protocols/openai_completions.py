@@ -27,7 +27,15 @@ from typing import Any
 from blazar.protocols.openai_requests import Reply
 from blazar.protocols.sse import DONE, SSEDecoder, encode
 
-__all__ = ["IdRenamer", "ReplyStream", "legacy_logprobs", "reshape", "reshape_body"]
+__all__ = [
+    "IdRenamer",
+    "Renamer",
+    "ReplyStream",
+    "legacy_logprobs",
+    "model_renamer",
+    "reshape",
+    "reshape_body",
+]
 
 OLD_ID, NEW_ID = b'"id":"chatcmpl-', b'"id":"cmpl-'
 
@@ -144,26 +152,28 @@ class ReplyStream:
         return self._events(self.decoder.close())
 
 
-class IdRenamer:
-    """`chatcmpl-` ids -> `cmpl-` in a stream's bytes, without decoding it.
+class Renamer:
+    """One JSON key's value renamed in a stream's bytes, without decoding it: `old` and
+    `new` are the key and value as the engine writes them (`"id":"chatcmpl-`).
 
-    A chunk may end inside the id's prefix; that tail is held until the next chunk
-    (never more than the prefix's length, and only then). Inside a JSON string a quote
-    is escaped, so the generated text can never hold the pattern."""
+    A chunk may end inside the pattern; that tail is held until the next chunk (never
+    more than the pattern's length, and only then). Inside a JSON string a quote is
+    escaped, so the generated text can never hold the pattern."""
 
-    def __init__(self) -> None:
+    def __init__(self, old: bytes, new: bytes) -> None:
+        self.old, self.new = old, new
         self.held = b""
 
     def feed(self, chunk: bytes) -> bytes:
         data = self.held + chunk if self.held else chunk
-        data = data.replace(OLD_ID, NEW_ID)
+        data = data.replace(self.old, self.new)
         self.held = b""
         if data.endswith(b"\n"):  # events end with a blank line: the usual case
             return data
-        start = max(0, len(data) - len(OLD_ID) + 1)
+        start = max(0, len(data) - len(self.old) + 1)
         quote = data.find(b'"', start)
         while quote >= 0:
-            if OLD_ID.startswith(data[quote:]):
+            if self.old.startswith(data[quote:]):
                 self.held = data[quote:]
                 return data[:quote]
             quote = data.find(b'"', quote + 1)
@@ -172,3 +182,18 @@ class IdRenamer:
     def close(self) -> bytes:
         held, self.held = self.held, b""
         return held
+
+
+class IdRenamer(Renamer):
+    """`chatcmpl-` ids -> `cmpl-`: a legacy completion's stream."""
+
+    def __init__(self) -> None:
+        super().__init__(OLD_ID, NEW_ID)
+
+
+def model_renamer(served: str, requested: str) -> Renamer:
+    """The `model` the engine names (its alias, the model's name) -> the name the client
+    asked for (`tiny+fox`, an alias, `tiny:latest`), which every protocol echoes."""
+    return Renamer(
+        b'"model":' + json.dumps(served).encode(), b'"model":' + json.dumps(requested).encode()
+    )

@@ -11,8 +11,10 @@ they get `UNCHANGED`, and their bytes travel untouched.
 Refused here, with a 400 that says why, because the engine would accept them
 and do something else (checked with xllamacpp 2026.10.11549):
 
-- image, audio, file and video content parts: this engine has no projector loaded
-  (it answers them with a 500);
+- image parts for a model without a vision projector (the engine answers them with a
+  500), and audio, file and video parts for every model (Blazar loads vision
+  projectors only); `image_refs` and `with_images` find a vision model's images and
+  put them back checked, as `data:` URLs (`blazar.serve.request.images`);
 - `tool_choice` "required" or a named function: it does not force a tool call
   with any template shipped here, nor with Gemma 3 270M's; `auto` and `none` pass;
 - legacy `functions` / `function_call`: it ignores them (use `tools`);
@@ -34,9 +36,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from blazar.protocols import ProtocolError
+from blazar.protocols import ImageRef, ProtocolError
 
-__all__ = ["UNCHANGED", "Reply", "Shaping", "engine_refusal", "shape_request"]
+__all__ = [
+    "UNCHANGED",
+    "Reply",
+    "Shaping",
+    "engine_refusal",
+    "image_refs",
+    "shape_request",
+    "with_images",
+]
 
 CHAT_PATH, COMPLETIONS_PATH = "/v1/chat/completions", "/v1/completions"
 MEDIA_PARTS = ("image_url", "input_audio", "file", "video_url", "input_image")
@@ -84,21 +94,77 @@ def _bad(message: str) -> ProtocolError:
     return ProtocolError(400, message, "invalid_request_error")
 
 
-def _media(messages: Any) -> None:
+def _parts(messages: Any) -> list[tuple[int, int, Mapping[str, Any]]]:
+    """(message index, part index, part) of every content part of a chat's messages."""
     if not isinstance(messages, list):
-        return  # the engine says what is wrong with it
+        return []  # the engine says what is wrong with it
+    found = []
     for i, message in enumerate(messages):
         content = message.get("content") if isinstance(message, Mapping) else None
-        if not isinstance(content, list):
+        if isinstance(content, list):
+            found += [(i, j, p) for j, p in enumerate(content) if isinstance(p, Mapping)]
+    return found
+
+
+def _image_url(part: Mapping[str, Any]) -> str | None:
+    """An `image_url` part's URL (`image_url` a string or `{"url": ...}`); None if none."""
+    if part.get("type") != "image_url":
+        return None
+    url = part.get("image_url")
+    url = url.get("url") if isinstance(url, Mapping) else url
+    return url if isinstance(url, str) and url else None
+
+
+def _media(messages: Any, has_vision: bool) -> None:
+    for i, j, part in _parts(messages):
+        kind = part.get("type")
+        if kind == "image_url" and has_vision:
+            if _image_url(part) is None:
+                raise _bad(f"messages[{i}].content[{j}].image_url.url must be a URL string")
+        elif kind == "image_url" or (kind in MEDIA_PARTS and not has_vision):
+            raise _bad(
+                f"messages[{i}].content[{j}]: {kind} content is not supported: this "
+                "model has no vision or audio projector. Use a model served with one, "
+                "or send text only."
+            )
+        elif kind in MEDIA_PARTS:
+            raise _bad(
+                f"messages[{i}].content[{j}]: {kind} content is not supported: Blazar loads "
+                "vision projectors only (images as image_url parts); send text and images"
+            )
+
+
+def image_refs(body: Mapping[str, Any]) -> list[ImageRef]:
+    """The chat's `image_url` parts that name a URL, in order (the others are refused by
+    `shape_request`)."""
+    return [
+        ImageRef(f"messages[{i}].content[{j}].image_url", url)
+        for i, j, part in _parts(body.get("messages"))
+        if (url := _image_url(part)) is not None
+    ]
+
+
+def with_images(body: Mapping[str, Any], urls: list[str]) -> dict[str, Any]:
+    """The body with its `image_url` parts' URLs replaced by `urls`, in order (a copy:
+    the messages that change are new objects)."""
+    pending = iter(urls)
+    messages = []
+    for message in body.get("messages") or []:
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if not isinstance(content, list) or not any(
+            isinstance(p, Mapping) and _image_url(p) is not None for p in content
+        ):
+            messages.append(message)
             continue
-        for j, part in enumerate(content):
-            kind = part.get("type") if isinstance(part, Mapping) else None
-            if kind in MEDIA_PARTS:
-                raise _bad(
-                    f"messages[{i}].content[{j}]: {kind} content is not supported: this "
-                    "model has no vision or audio projector. Use a model served with one, "
-                    "or send text only."
-                )
+        parts = []
+        for part in content:
+            if isinstance(part, Mapping) and _image_url(part) is not None:
+                old = part["image_url"]
+                kept = dict(old) if isinstance(old, Mapping) else {}  # and `detail`
+                part = {**part, "image_url": {**kept, "url": next(pending)}}
+            parts.append(part)
+        messages.append({**message, "content": parts})
+    return {**body, "messages": messages}
 
 
 def _tool_choice(choice: Any) -> None:
@@ -114,8 +180,8 @@ def _tool_choice(choice: Any) -> None:
     raise _bad(f"tool_choice must be 'auto', 'none', 'required' or an object; got {choice!r}")
 
 
-def _chat(body: Mapping[str, Any]) -> Shaping:
-    _media(body.get("messages"))
+def _chat(body: Mapping[str, Any], has_vision: bool) -> Shaping:
+    _media(body.get("messages"), has_vision)
     if body.get("functions") is not None or body.get("function_call") is not None:
         raise _bad(
             "functions and function_call are not supported (deprecated by OpenAI); send tools"
@@ -164,10 +230,11 @@ def _completions(body: Mapping[str, Any]) -> Shaping:
     return Shaping(body=out, reply=Reply(legacy=True, top=top, echo=prompts))
 
 
-def shape_request(path: str, body: Mapping[str, Any]) -> Shaping:
-    """Check an OpenAI pass-through request; say what it needs and what changes."""
+def shape_request(path: str, body: Mapping[str, Any], *, has_vision: bool = False) -> Shaping:
+    """Check an OpenAI pass-through request; say what it needs and what changes.
+    `has_vision`: the model has a vision projector, so image parts may pass."""
     if path == CHAT_PATH:
-        return _chat(body)
+        return _chat(body, has_vision)
     if path == COMPLETIONS_PATH:
         return _completions(body)
     return UNCHANGED

@@ -18,7 +18,8 @@ endpoint says why a generation ended (`finish_reason`), constrains output with
   conversation before `input`, `input_items` lists what a response was asked).
   What Blazar cannot do is refused with the reason: server-side conversations
   (`conversation`), `background`, hosted tools,
-  forcing a tool call, images and files (no projector), `top_logprobs`.
+  forcing a tool call, images and files (not carried here; images go to the chat
+  endpoint), `top_logprobs`.
 - `openai_responses_stream` builds the Response object from the engine's answer,
   whole or as the Responses event sequence.
 
@@ -34,7 +35,7 @@ from typing import Any
 
 from blazar.protocols import EngineRequest, ProtocolError
 
-__all__ = ["ResponsesRequest", "input_items", "obj", "responses_request"]
+__all__ = ["ResponsesRequest", "check_metadata", "input_items", "obj", "responses_request"]
 
 ACCEPTED = frozenset(
     {
@@ -82,8 +83,9 @@ def _text(content: Any, where: str) -> str:
         kind = part.get("type") if isinstance(part, Mapping) else None
         if kind in MEDIA_PARTS:
             raise _bad(
-                f"{where}[{j}]: {kind} is not supported: this model has no vision or audio "
-                "projector. Send text only."
+                f"{where}[{j}]: {kind} is not supported on /v1/responses: send text only, or "
+                "send images to /v1/chat/completions (image_url parts) for a model with a "
+                "vision projector"
             )
         if kind not in TEXT_PARTS or not isinstance(part.get(_key(kind)), str):
             raise _bad(f"{where}[{j}]: expected an input_text part with a string `text`")
@@ -272,9 +274,28 @@ def _check(body: Mapping[str, Any]) -> None:
         raise _bad("top_logprobs: not supported on /v1/responses; use /v1/chat/completions")
     if body.get("max_tool_calls") is not None:
         raise _bad("max_tool_calls: not supported (no hosted tools run here)")
-    metadata = body.get("metadata")
-    if metadata is not None and not isinstance(metadata, Mapping):
+    if body.get("metadata") is not None:
+        check_metadata(body["metadata"])
+
+
+METADATA_KEYS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512
+
+
+def check_metadata(metadata: Any) -> dict[str, str]:
+    """A response's `metadata` as OpenAI bounds it: at most 16 keys of at most 64
+    characters, each value a string of at most 512; a 400 naming what is wrong."""
+    if not isinstance(metadata, Mapping):
         raise _bad("metadata: expected an object of strings")
+    if len(metadata) > METADATA_KEYS:
+        raise _bad(f"metadata: at most {METADATA_KEYS} keys, got {len(metadata)}")
+    for key, value in metadata.items():
+        if len(key) > METADATA_KEY_CHARS:
+            raise _bad(f"metadata: key {key[:20]!r}... is longer than {METADATA_KEY_CHARS} chars")
+        if not isinstance(value, str):
+            raise _bad(f"metadata.{key}: expected a string, got {type(value).__name__}")
+        if len(value) > METADATA_VALUE_CHARS:
+            raise _bad(f"metadata.{key}: longer than {METADATA_VALUE_CHARS} characters")
+    return dict(metadata)
 
 
 def responses_request(body: Mapping[str, Any]) -> ResponsesRequest:

@@ -187,7 +187,7 @@ class Daemon:
             self.access.audit.close()
             self.access.audit = None
         if self.services is not None:
-            self.services.serving = serving
+            self.services.configure(serving)
         self.fleet.configure(manifest)
         self.limits.header_timeout = serving.header_timeout
         self.limits.max_connections_per_client = serving.max_connections_per_client

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import uuid
-from collections.abc import MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,6 +18,7 @@ from aiohttp import web
 
 from blazar.protocols import ProtocolError
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 TRACE = "x-request-id"  # the header a client may send and every response carries
 PRIORITY = "x-blazar-priority"
 TRACE_KEY = web.RequestKey("trace", str)

@@ -51,6 +51,7 @@ from blazar.sources.base import (
     TemporaryFetchError,
     check_gguf,
 )
+from blazar.sources.projector_files import PROJECTOR, select_projector
 from specs.sources import HFSource
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -167,9 +168,12 @@ def fetch_hf(
         endpoint,
     )
     siblings = {s.rfilename: s for s in info.siblings or []}
-    if source.directory is not None or kind != "chat":
+    if source.directory is not None or kind not in ("chat", PROJECTOR):
         return _fetch_set(source, info, siblings, downloads, progress, endpoint, token)
-    chosen = select_files(source, list(siblings))
+    if kind == PROJECTOR:
+        chosen = select_projector(source, list(siblings))
+    else:
+        chosen = select_files(source, list(siblings))
     first = siblings[chosen[0]]
     if sha256 and first.lfs is not None and first.lfs.sha256 != sha256.lower():
         raise VerificationFailed(

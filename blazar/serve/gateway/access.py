@@ -45,8 +45,8 @@ from aiohttp.web_urldispatcher import AbstractRoute
 
 from blazar.serve.gateway import policy
 from blazar.serve.gateway.audit import AuditLog
-from blazar.serve.http import KEY_NAME
-from blazar.serve.request import pipeline
+from blazar.serve.http import KEY_NAME, Handler
+from blazar.serve.request import steps
 from blazar.serve.request.envelopes import for_path
 from blazar.serve.request.grants import ADMIN, GRANT, INFERENCE, Grant
 from specs.keys import Key
@@ -68,6 +68,7 @@ SCOPES: dict[tuple[str, str], str] = {
     ("POST", "/v1/embeddings"): INFERENCE,
     ("POST", "/v1/responses"): INFERENCE,
     ("GET", "/v1/responses/{id}"): INFERENCE,  # not stored: a 404 in OpenAI's shape
+    ("POST", "/v1/responses/{id}"): INFERENCE,  # metadata only
     ("DELETE", "/v1/responses/{id}"): INFERENCE,
     ("GET", "/v1/responses/{id}/input_items"): INFERENCE,
     ("POST", "/v1/responses/{id}/cancel"): INFERENCE,
@@ -104,6 +105,17 @@ SCOPES: dict[tuple[str, str], str] = {
     ("GET", "/api/blazar/stats"): ADMIN,  # `blazar watch`: the operator's live view
     ("GET", "/api/failover"): ADMIN,  # remotes' URLs and health: `blazar remotes`
     ("POST", "/api/failover"): ADMIN,  # drain or undrain a remote
+    # The dashboard (ui_api, ui_admin): its files hold no data, and must load to ask for a key
+    ("GET", "/ui"): PUBLIC,
+    ("GET", "/ui/"): PUBLIC,
+    ("GET", "/ui/{file}"): PUBLIC,
+    ("GET", "/api/ui/events"): INFERENCE,  # an inference key gets only its models' view
+    ("GET", "/api/ui/trail/{trace}"): ADMIN,
+    ("GET", "/api/ui/health"): ADMIN,
+    ("GET", "/api/ui/logs"): ADMIN,
+    ("GET", "/api/ui/logs/{name}"): ADMIN,
+    ("POST", "/api/blazar/load"): ADMIN,
+    ("POST", "/api/blazar/pin"): ADMIN,
 }
 # Route families, by path prefix, any method: for routes other modules add.
 PREFIXES: tuple[tuple[str, str], ...] = (
@@ -258,9 +270,7 @@ class Access:
         return for_path(request.path).response(request, status, message, code, retry_after)
 
     @web.middleware
-    async def middleware(
-        self, request: web.Request, handler: pipeline.Handler
-    ) -> web.StreamResponse:
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         host = request.headers.get("Host")
         allowed = self._hosts.get(host) if host is not None else True
         if allowed is None:
@@ -367,7 +377,7 @@ class Access:
                 )  # fmt: skip
         return None
 
-    async def _audited(self, request: web.Request, handler: pipeline.Handler) -> web.StreamResponse:
+    async def _audited(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         status = 500
         try:
             response = await handler(request)
@@ -377,7 +387,7 @@ class Access:
             status = exc.status
             raise
         except Exception as exc:
-            known = pipeline.failure(exc)
+            known = steps.failure(exc)
             status = known.status if known is not None else 500
             raise
         finally:

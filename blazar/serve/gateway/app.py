@@ -7,7 +7,7 @@ access layer (`blazar.serve.gateway.access`: Host, Origin and CORS, API keys and
 scopes, rate and body limits) runs inside `errors`, and the relay
 (`blazar.serve.gateway.relay`: requests carried out on remotes) inside it; `errors`
 gives each response its trace id and answers what a route raised in the route's protocol envelope
-(`pipeline.failure`, `envelopes.for_request`): a client's mistake as a 4xx, a
+(`failure`, `envelopes.for_request`): a client's mistake as a 4xx, a
 bug as a 500 in the same shape with the traceback only in serve's log. What
 aiohttp's router and body reader refuse (an unknown route, a wrong method, a
 body over `MAX_BODY`) is answered in the same envelope, never as aiohttp's
@@ -22,11 +22,10 @@ import logging
 from aiohttp import web
 
 from blazar.observe.trace import current
-from blazar.serve.gateway import relay
 from blazar.serve.gateway.access import Access, add_cors_headers
-from blazar.serve.http import TRACE, trace_id
-from blazar.serve.request import pipeline
+from blazar.serve.http import TRACE, Handler, trace_id
 from blazar.serve.request.envelopes import for_request
+from blazar.serve.request.steps import Failure, failure
 from blazar.serve.routes import (
     anthropic_api,
     audio_api,
@@ -41,6 +40,8 @@ from blazar.serve.routes import (
     openai_api,
     responses_api,
     sessions_api,
+    ui_admin,
+    ui_api,
 )
 from blazar.serve.routes.services import Services
 from blazar.serve.state.remotes import FLEET
@@ -49,11 +50,11 @@ MAX_BODY = 64 * 1024**2
 logger = logging.getLogger("blazar.serve")
 
 
-def refused_by_aiohttp(request: web.Request, exc: web.HTTPException) -> pipeline.Failure:
+def refused_by_aiohttp(request: web.Request, exc: web.HTTPException) -> Failure:
     """What the router or the body reader refused, said for the client."""
     where = f"{request.method} {request.path}"
     if isinstance(exc, web.HTTPNotFound):
-        return pipeline.Failure(
+        return Failure(
             404,
             f"{where}: no such endpoint here; docs/compatibility.md "
             "lists the OpenAI, ollama and Anthropic routes Blazar serves",
@@ -61,18 +62,16 @@ def refused_by_aiohttp(request: web.Request, exc: web.HTTPException) -> pipeline
         )
     if isinstance(exc, web.HTTPMethodNotAllowed):
         allowed = ", ".join(sorted(exc.allowed_methods))
-        return pipeline.Failure(
-            405, f"{where}: method not allowed; use {allowed}", "method_not_allowed"
-        )
+        return Failure(405, f"{where}: method not allowed; use {allowed}", "method_not_allowed")
     if isinstance(exc, web.HTTPRequestEntityTooLarge):
-        return pipeline.Failure(
+        return Failure(
             413, f"the request body is over the gateway's limit of {MAX_BODY // 1024**2} MiB"
         )
-    return pipeline.Failure(exc.status, f"{where}: {exc.reason}")
+    return Failure(exc.status, f"{where}: {exc.reason}")
 
 
 @web.middleware
-async def errors(request: web.Request, handler: pipeline.Handler) -> web.StreamResponse:
+async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     """The trace id on every response, and every raised failure in its protocol's shape."""
     try:
         response = await handler(request)
@@ -87,10 +86,10 @@ async def errors(request: web.Request, handler: pipeline.Handler) -> web.StreamR
             answer.headers["Allow"] = exc.headers["Allow"]
         return answer
     except Exception as exc:
-        known = pipeline.failure(exc)
+        known = failure(exc)
         if known is None:  # a bug: the client still gets its protocol's shape, not a traceback
             logger.exception("%s %s failed", request.method, request.path)
-            known = pipeline.Failure(500, f"internal error ({type(exc).__name__}); see serve's log")
+            known = Failure(500, f"internal error ({type(exc).__name__}); see serve's log")
         if (trace := current()) is not None:  # observe: the failure, on the request's trace
             trace.failed(known.status, known.message, known.code)
         return for_request(request).response(
@@ -108,9 +107,7 @@ def build_app(services: Services, access: Access | None = None) -> web.Applicati
     access.max_body = MAX_BODY
     # observe first: it sees every answer, the errors middleware's and the access layer's
     # refusals included.
-    # relay innermost: what it forwards has passed the access layer.
     middlewares = [services.observer.middleware(), errors, access.middleware]
-    middlewares.append(relay.middleware(services))
     app = web.Application(client_max_size=MAX_BODY, middlewares=middlewares)
     app[FLEET] = services.fleet
     app.on_response_prepare.append(add_cors_headers)
@@ -127,4 +124,6 @@ def build_app(services: Services, access: Access | None = None) -> web.Applicati
     keys_api.register(app, services)
     audio_api.register(app, services)
     fleet_api.register(app, services)
+    ui_api.register(app, services)
+    ui_admin.register(app, services)
     return app

@@ -2,7 +2,7 @@
 
 A job is created `queued` with its audio written to the cache
 (`<cache>/audio/<id>`: the only place audio is ever written), waits for a slot
-through the one request path (`pipeline.lease`: the model's scheduler queue;
+through the one request path (`Pipeline.held`: the model's scheduler queue;
 a full queue only keeps it queued longer), runs (`running`, with progress: the
 seconds of audio done of the total, as the engine's segments arrive), and ends
 `succeeded` (the answer in the requested format), `failed` (with the reason, and
@@ -39,16 +39,15 @@ from typing import Any
 from blazar.locking import LockTimeout, apply_lock
 from blazar.protocols import ProtocolError
 from blazar.protocols.openai_audio import TranscriptionRequest, render
-from blazar.serve.request import pipeline
+from blazar.serve.request import steps
+from blazar.serve.request.asks import Ask
+from blazar.serve.request.pipeline import Pipeline
 from blazar.serve.state.audio_engine import transcribe
-from blazar.serve.supervisor.child_http import ChildConnections
 from blazar.serve.supervisor.scheduler import (
     Busy,
     ModelNotFound,
-    Scheduler,
     SchedulerError,
     Starting,
-    Target,
 )
 
 QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED = (
@@ -164,8 +163,7 @@ class AudioJobs:
     db: Path
     lock: Path
     audio_dir: Path
-    scheduler: Scheduler
-    children: ChildConnections
+    pipeline: Pipeline
     retention: Callable[[], float]  # seconds a finished job is kept (serving's, now)
     clock: Callable[[], float] = time.time
     jobs: dict[str, Job] = field(default_factory=dict)
@@ -277,11 +275,14 @@ class AudioJobs:
         self._tasks[job.id] = task
         task.add_done_callback(lambda _: self._tasks.pop(job.id, None))
 
-    async def _target(self, job: Job) -> Target:
+    async def _admissible(self, ask: Ask) -> None:
+        """Wait until the job's model is served (serve's first pass may still run, or a
+        pull), then check it can transcribe; its refusal otherwise."""
         deadline = time.monotonic() + RESOLVE_WAIT
         while True:
             try:
-                return self.scheduler.resolve(job.request.model)
+                self.pipeline.local(None, ask)
+                return
             except Starting:  # serve's first pass runs (a pull may take long): it waits
                 deadline = time.monotonic() + RESOLVE_WAIT
                 await asyncio.sleep(1.0)
@@ -291,32 +292,29 @@ class AudioJobs:
                 await asyncio.sleep(1.0)
 
     async def _run(self, job: Job) -> None:
+        ask = Ask(job.request.model, "/v1/audio/transcriptions", {}, need=steps.TRANSCRIPTION)
         try:
-            target = await self._target(job)
+            await self._admissible(ask)
             while True:
                 try:
-                    timed = await pipeline.lease(
-                        self.scheduler, None, target, kind=pipeline.TRANSCRIPTION,
-                        priority=job.priority,
-                    )  # fmt: skip
+                    async with self.pipeline.held(None, ask, priority=job.priority) as timed:
+                        job.status, job.started_at, job.done_s = RUNNING, self.clock(), 0.0
+                        job.attempts += 1
+                        self._mark(job)
+                        audio = await asyncio.to_thread(Path(job.file).read_bytes)
+
+                        def progress(done: float, total: float) -> None:
+                            job.done_s, job.total_s = done, total
+
+                        transcript = await transcribe(
+                            self.pipeline.children, timed.lease.url, timed.lease.runtime.name,
+                            audio, job.request, progress,
+                        )  # fmt: skip
                     break
                 except Busy as exc:  # the model's queue is full: the job stays queued
+                    if job.status == RUNNING:
+                        raise
                     await asyncio.sleep(exc.retry_after or 1.0)
-            try:
-                job.status, job.started_at, job.done_s = RUNNING, self.clock(), 0.0
-                job.attempts += 1
-                self._mark(job)
-                audio = await asyncio.to_thread(Path(job.file).read_bytes)
-
-                def progress(done: float, total: float) -> None:
-                    job.done_s, job.total_s = done, total
-
-                transcript = await transcribe(
-                    self.children, timed.lease.url, target.runtime.name, audio, job.request,
-                    progress,
-                )  # fmt: skip
-            finally:
-                self.scheduler.release(timed.lease)
             job.result, job.content_type = render(transcript, job.request)
             job.done_s = job.total_s = transcript.duration
             self._finish(job, SUCCEEDED)

@@ -1,38 +1,58 @@
-"""Calls from the gateway to a leased child, on the one child client (`ChildConnections`).
+"""The engines a request's call goes to, as the pipeline sees them: `Upstream`s.
 
-The translating routes (ollama, Anthropic, OpenAI's Responses) post the
-`EngineRequest` a translator built and read JSON (`call`) or server-sent events
-(`stream`, `events`), and ask the child small native questions (`apply_template`,
-`tokenize`); the OpenAI pass-through forwards bytes with `ChildConnections`
-directly (`blazar.serve.routes.openai_api`). Either way a child that fails is a
-`ProtocolError`: 502 when it refused, closed or garbled the connection, 504
-when it stayed silent past `serving.upstream_timeout` (a limit between chunks).
-A stream is closed however the caller leaves it, which makes llama-server stop
-generating for a client that went away. What is sent and what comes back is noted
-on the request's trace (`blazar.observe.trace`); `gate` applies
-serving.sentinel_enforce to a whole answer.
+An `Upstream` posts an engine request's bytes and hands back the reply as it arrives
+(`status`, `content_type`, `read` chunk by chunk, `read_all`); `failed` turns what
+went wrong into the `ProtocolError` the client gets. `ChildUpstream` is a leased
+llama-server (or other engine) child on the one child client (`ChildConnections`,
+kept for this hot path: keep-alive connections, a response parsed as it arrives);
+the remotes' upstream is in `blazar.serve.request.forward`. A child that fails is a
+502 when it refused, closed or garbled the connection, a 504 when it stayed silent
+past `serving.upstream_timeout` (a limit between chunks).
+
+`Child` makes the small native calls an answer may need (`/apply-template`,
+`/tokenize`) on the leased child. They are not the request's exchange, so they never
+touch its trace: the trace shows what the client's request got, not a helper's answer.
+
+`refused` reads an engine's error answer, `decode` a body that may not be JSON, and
+`gate` applies serving.sentinel_enforce to a whole answer.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Protocol
+
+import orjson
 
 from blazar.observe import sentinels
 from blazar.observe.trace import current
-from blazar.protocols import EngineRequest, ProtocolError
+from blazar.protocols import ProtocolError
 from blazar.protocols.openai_requests import engine_refusal
-from blazar.protocols.sse import SSEDecoder
-from blazar.serve.request.pipeline import engine_body
-from blazar.serve.supervisor.child_http import (
-    ChildConnections,
-    Exchange,
-    UpstreamError,
-    UpstreamTimeout,
-)
-from blazar.serve.supervisor.scheduler import Lease
+from blazar.serve.supervisor.child_http import ChildConnections, UpstreamError, UpstreamTimeout
+
+
+class Reply(Protocol):
+    """An engine's answer as it arrives."""
+
+    status: int
+
+    @property
+    def content_type(self) -> str: ...
+
+    async def read(self) -> bytes: ...
+
+    async def read_all(self) -> bytes: ...
+
+
+class Upstream(Protocol):
+    """Where an engine request goes: `errors` are what its calls raise when it fails."""
+
+    errors: tuple[type[BaseException], ...]
+
+    async def post(self, path: str, body: bytes) -> Reply: ...
+
+    def release(self, reply: Reply) -> None: ...
+
+    def failed(self, exc: BaseException) -> ProtocolError: ...
 
 
 def child_failed(model: str, exc: BaseException) -> ProtocolError:
@@ -46,6 +66,26 @@ def child_failed(model: str, exc: BaseException) -> ProtocolError:
         )
     detail = str(exc) or type(exc).__name__
     return ProtocolError(502, f"model '{model}' failed while answering: {detail}", "upstream_error")
+
+
+class ChildUpstream:
+    """A leased child of `model` at `url`, on the gateway's one child client."""
+
+    errors: tuple[type[BaseException], ...] = (UpstreamError, ConnectionError)
+
+    def __init__(self, children: ChildConnections, url: str, model: str) -> None:
+        self.children, self.url, self.model = children, url, model
+
+    async def post(self, path: str, body: bytes) -> Reply:
+        return await self.children.post(self.url, path, body)
+
+    def release(self, reply: Reply) -> None:
+        """Keep a finished reply's connection; close one left unfinished (the child then
+        stops generating for a client that went away)."""
+        self.children.release(self.url, reply)  # type: ignore[arg-type]
+
+    def failed(self, exc: BaseException) -> ProtocolError:
+        return child_failed(self.model, exc)
 
 
 def refused(status: int, payload: Any) -> ProtocolError:
@@ -64,10 +104,10 @@ def refused(status: int, payload: Any) -> ProtocolError:
 
 
 def decode(payload: bytes) -> Any:
-    """A child's body as JSON, or as text when it is not JSON."""
+    """A body as JSON, or as text when it is not JSON."""
     try:
-        return json.loads(payload)
-    except ValueError:
+        return orjson.loads(payload)
+    except orjson.JSONDecodeError:
         return payload.decode(errors="replace")
 
 
@@ -79,93 +119,29 @@ def gate(status: int) -> None:
         raise ProtocolError(422, sentinels.gate_message(found), "sentinel_failed")
 
 
-async def call(children: ChildConnections, lease: Lease, req: EngineRequest) -> tuple[int, Any]:
-    """Post a whole (non-streamed) request; return the engine's status and decoded body."""
-    body = json.dumps(engine_body(lease, req.body, req.path)).encode()
-    exchange: Exchange | None = None
-    trace = current()
-    if trace is not None:
-        trace.sending(req.path, req.body)
-    try:
-        exchange = await children.post(lease.url, req.path, body)
-        status, payload = exchange.status, decode(await exchange.read_all())
-    except (UpstreamError, ConnectionError) as exc:
-        raise child_failed(lease.runtime.name, exc) from None
-    finally:
-        if exchange is not None:
-            children.release(lease.url, exchange)
-    if trace is not None:
-        trace.answered(payload, status)
-        gate(status)
-    return status, payload
+class Child:
+    """The helper calls an answer makes on its leased child; never traced as the request's
+    exchange (the bug they had: a templated /api/generate's trace showed /tokenize)."""
 
+    def __init__(self, children: ChildConnections, url: str, model: str) -> None:
+        self.children, self.url, self.model = children, url, model
 
-async def _helper(children: ChildConnections, lease: Lease, path: str, body: Any) -> Any:
-    """A small native call (template, tokens) on the leased child; its JSON answer."""
-    status, payload = await call(children, lease, EngineRequest(path, body, False))
-    if status != 200 or not isinstance(payload, dict):
-        raise refused(status, payload)
-    return payload
+    async def _call(self, path: str, body: Any) -> dict[str, Any]:
+        try:
+            status, payload = await self.children.json(self.url, path, body)
+        except (UpstreamError, ConnectionError) as exc:
+            raise child_failed(self.model, exc) from None
+        if status != 200 or not isinstance(payload, dict):
+            raise refused(status, payload)
+        return payload
 
+    async def apply_template(self, messages: Any) -> str:
+        """The prompt the model's chat template renders for `messages` (`/apply-template`)."""
+        payload = await self._call("/apply-template", {"messages": messages})
+        return str(payload.get("prompt", ""))
 
-async def apply_template(children: ChildConnections, lease: Lease, messages: Any) -> str:
-    """The prompt the model's chat template renders for `messages` (`/apply-template`)."""
-    payload = await _helper(children, lease, "/apply-template", {"messages": messages})
-    return str(payload.get("prompt", ""))
-
-
-async def tokenize(children: ChildConnections, lease: Lease, text: str) -> list[int]:
-    """The model's token ids for `text` as a prompt: special tokens parsed, and the
-    beginning-of-sequence token first where the model adds one (`/tokenize`)."""
-    body = {"content": text, "add_special": True}
-    payload = await _helper(children, lease, "/tokenize", body)
-    return [int(t) for t in payload.get("tokens", []) if isinstance(t, int)]
-
-
-@asynccontextmanager
-async def stream(
-    children: ChildConnections, lease: Lease, req: EngineRequest
-) -> AsyncIterator[Exchange]:
-    """Post a streamed request; the exchange is given back (closed, unless finished)
-    however the caller leaves, a client that went away included."""
-    body = json.dumps(engine_body(lease, req.body, req.path)).encode()
-    if (trace := current()) is not None:
-        trace.sending(req.path, req.body)
-    try:
-        exchange = await children.post(lease.url, req.path, body)
-    except (UpstreamError, ConnectionError) as exc:
-        raise child_failed(lease.runtime.name, exc) from None
-    try:
-        yield exchange
-    finally:
-        children.release(lease.url, exchange)
-
-
-def is_event_stream(exchange: Exchange) -> bool:
-    return exchange.status == 200 and exchange.content_type.startswith("text/event-stream")
-
-
-async def error_body(exchange: Exchange) -> Any:
-    """The decoded body of an engine response that is not a stream (an error, usually)."""
-    payload = decode(await exchange.read_all())
-    if (trace := current()) is not None:
-        trace.answered(payload, exchange.status)
-    return payload
-
-
-async def events(exchange: Exchange) -> AsyncIterator[Any]:
-    """The data of each server-sent event as it arrives (parsed JSON, or `DONE`).
-
-    Raises UpstreamError when the child fails mid-stream; the caller, whose headers
-    are gone by then, ends its own stream with an error event."""
-    decoder = SSEDecoder()
-    trace = current()
-    while chunk := await exchange.read():
-        for event in decoder.feed(chunk):
-            if trace is not None:
-                trace.event(event.data)
-            yield event.data
-    for event in decoder.close():
-        if trace is not None:
-            trace.event(event.data)
-        yield event.data
+    async def tokenize(self, text: str) -> list[int]:
+        """The model's token ids for `text` as a prompt: special tokens parsed, and the
+        beginning-of-sequence token first where the model adds one (`/tokenize`)."""
+        payload = await self._call("/tokenize", {"content": text, "add_special": True})
+        return [int(t) for t in payload.get("tokens", []) if isinstance(t, int)]

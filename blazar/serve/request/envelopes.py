@@ -7,7 +7,9 @@ on `/v1/messages`, and on the other `/v1/*` paths both protocols share (`/v1/mod
 when the request carries Anthropic's `anthropic-version` header. `for_path` picks
 the envelope for a path, `for_request` for a request (the header too), for the
 middleware that answers what a route raised and what the router refused
-(unknown routes, wrong methods, bodies over the limit).
+(unknown routes, wrong methods, bodies over the limit). `Envelope.stream_error` is the
+same error as the one event that ends a stream cut short once its headers are gone:
+OpenAI's `data: {...}`, Anthropic's `event: error`, an ollama NDJSON line.
 The bodies themselves come from the translators in `blazar.protocols`.
 """
 
@@ -17,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 from blazar.protocols import anthropic, ollama, openai
@@ -31,6 +34,7 @@ class Envelope:
 
     name: str
     body: Callable[[int, str, str | None], dict[str, Any]]
+    event: Callable[[dict[str, Any]], bytes]  # one object as an event of this protocol
     request_id_header: bool = False  # Anthropic's SDK reads `request-id`
 
     def headers(self, request: web.Request) -> dict[str, str]:
@@ -49,6 +53,10 @@ class Envelope:
         add_retry_after(headers, retry_after)
         return web.json_response(self.body(status, message, code), status=status, headers=headers)
 
+    def stream_error(self, status: int, message: str, code: str | None = None) -> bytes:
+        """The error as the last event of a stream whose headers are gone."""
+        return self.event(self.body(status, message, code))
+
 
 def _anthropic_body(status: int, message: str, code: str | None) -> dict[str, Any]:
     # Only Anthropic's own error types name the type; Blazar's codes (all_slots_busy, ...)
@@ -56,9 +64,15 @@ def _anthropic_body(status: int, message: str, code: str | None) -> dict[str, An
     return anthropic.error(status, code if code in _ANTHROPIC_TYPES else None, message)
 
 
-OPENAI = Envelope("openai", lambda status, message, code: openai.error(status, message, code=code))
-OLLAMA = Envelope("ollama", lambda status, message, code: ollama.error(message))
-ANTHROPIC = Envelope("anthropic", _anthropic_body, request_id_header=True)
+def _sse_data(obj: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+OPENAI = Envelope(
+    "openai", lambda status, message, code: openai.error(status, message, code=code), _sse_data
+)
+OLLAMA = Envelope("ollama", lambda status, message, code: ollama.error(message), ollama.ndjson)
+ANTHROPIC = Envelope("anthropic", _anthropic_body, anthropic.sse, request_id_header=True)
 
 
 ANTHROPIC_VERSION = "anthropic-version"  # every Anthropic SDK request carries it

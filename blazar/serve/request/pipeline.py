@@ -1,249 +1,79 @@
-"""The one request path every protocol takes: resolve once, lease once, one engine body,
-failures mapped once.
+"""The one request path: every model route hands its `Ask` to `Pipeline.serve`.
 
-A route (OpenAI in `openai_api`, ollama in `ollama_api`, Anthropic in
-`anthropic_api`) parses its body and translates it; everything after that is
-here and the same for all three:
+A route parses its protocol's body into an `Ask` (`blazar.serve.request.asks`); the
+pipeline then takes the same steps for all of them, in this order:
 
-1. `resolve`: the requested name -> a `Target` (model pool and adapter), or a
-   404 that names the models served; a model the request's API key may not use
-   is answered the same way (`grants`), so the key learns nothing of it.
-2. `require`: the model can do what the route needs (a chat template for chat,
-   embeddings for embeddings), or one 400 that says how to fix it.
-3. `lease`: a slot from the scheduler (`x-blazar-priority` read here), with
-   the load time measured the way ollama reports it; a start failure is a 502,
-   a model no installed engine supports a 400 that says what to install.
-4. `engine_body`: the body with the adapters the request chose (`model+adapter`,
-   `model+none`; the model's always-on ones otherwise) on, for that request only,
-   and the model's `system` prompt and `params` where the request sets none.
-   `admit` (docs/sessions.md), after the lease: the prompt preflight (a 400 for
-   a prompt that cannot fit) and the sessions' slot routing (`id_slot`), and
-   `keep_alive` reads a request's keep_alive (body field or header).
-   Steps 1 and 3 note what they did on the request's trace (`blazar.observe.trace`).
-   The fleet (`blazar.serve.state.remotes`): step 1 raises `Forward` for a model only a
-   remote serves, and step 3 (`spill`) when this host cannot serve a model that has
-   a `failover` chain (busy with the queue full, a failed load); `blazar.serve.gateway.relay`
-   carries it out.
-5. `failure`: every exception a route may raise -> (status, message, code,
-   Retry-After). The `errors` middleware in `blazar.serve.gateway.app` answers with it
-   in the route's envelope (`blazar.serve.request.envelopes`), so routes only raise.
+1. resolve: the requested name -> this host's model (`Target`: pool, adapters,
+   replica) or a remote's (`Forward`); a model the request's API key may not use is
+   answered as an unknown one (404, naming only what the key sees).
+2. plan: the `Ask`'s plan for the engine that will answer (`native` for llama-server,
+   `openai` for an engine that speaks only OpenAI's API).
+3. require: the model can do what the plan needs (`steps.require`, once).
+4. keep_alive: the request's (body field or header; `steps.keep_alive`).
+5. lease: a slot from the scheduler (`x-blazar-priority` read here), with the load
+   time measured; a start failure is a 502, and with a `failover` chain a full queue,
+   a failed load or a child failing before any byte goes to the chain's next member.
+6. admit: the prompt preflight (a prompt that cannot fit is a 400; an output that
+   cannot is capped, said in `x-blazar-max-tokens-capped`), the sessions' slot routing
+   (`id_slot`), and the adapters and model defaults (`steps.engine_body`); a body
+   nothing changed travels as the client's bytes.
+7. trace: what was sent and what came back, on the request's trace
+   (`blazar.observe.trace`); helper calls (templates, tokens) never are.
+8. call and answer: the engine's reply, whole or streamed, through the plan's
+   `Answer`; a stream the engine breaks off ends with the envelope's error event.
+9. release: the slot goes back with the request's keep_alive.
 
-`blazar.serve.request.child_calls` posts the body to the child and reads what comes back.
+`held` is steps 1 to 5 and 9 for the audio routes and the async jobs, whose call is
+their own; `complete` is the whole path for work no client waits on (no request).
+Failures are raised as `ProtocolError`/`SchedulerError` and answered in the route's
+envelope by the gateway's middleware (`steps.failure`).
 """
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from aiohttp import web
 
-from blazar.errors import AlreadyExists, BlazarError, Conflict, InvalidInput, NotFound
 from blazar.observe.trace import current
-from blazar.protocols import ProtocolError
-from blazar.protocols.ollama import keep_alive_seconds
-from blazar.protocols.ollama_options import SAMPLING_OPTIONS
-from blazar.reconcile import InvalidManifest
-from blazar.serve.http import wants_priority
+from blazar.protocols import EngineRequest, LoadOnly, ProtocolError
+from blazar.protocols.sse import SSEDecoder
+from blazar.serve.request import forward, steps
+from blazar.serve.request.asks import OPENAI_DIALECT, Answer, Ask, Done, Plan
+from blazar.serve.request.child_calls import (
+    Child,
+    ChildUpstream,
+    Reply,
+    Upstream,
+    decode,
+    gate,
+    refused,
+)
 from blazar.serve.request.grants import grant_of
 from blazar.serve.request.prompts import KINDS, Prompts
-from blazar.serve.state.remotes import FAILOVER, FLEET, FORWARDED, Fleet, Forward
+from blazar.serve.request.singleflight import SingleFlight, deterministic
+from blazar.serve.state.remotes import Fleet, Forward
 from blazar.serve.state.sessions import Sessions
-from blazar.serve.supervisor.child_http import UpstreamError
+from blazar.serve.supervisor.child_http import ChildConnections
 from blazar.serve.supervisor.instance import InstanceFailed
-from blazar.serve.supervisor.runtime import ModelRuntime
-from blazar.serve.supervisor.runtime import resolve as resolve_name
 from blazar.serve.supervisor.scheduler import (
     Lease,
     ModelNotFound,
     Scheduler,
     SchedulerError,
     Target,
-    model_not_found,
 )
-from specs.names import InvalidName
-from specs.sources import InvalidSource
+from specs.serving import Serving
 
-CHAT, EMBEDDINGS, ANY = "chat", "embeddings", "any"
-TOOLS, THINKING = "tools", "thinking"  # what a chat template may or may not render
-TRANSCRIPTION, SPEECH = "transcription", "speech"  # the audio routes' kinds of model
-# Where each kind of model is served, for the 400 a request of another kind gets.
-SERVED_ON = {
-    "chat": "/v1/chat/completions, /v1/completions, /api/chat, /v1/messages",
-    TRANSCRIPTION: "/v1/audio/transcriptions or /v1/audio/translations",
-    SPEECH: "/v1/audio/speech",
-}
-KEEP_ALIVE = "x-blazar-keep-alive"
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-@dataclass(frozen=True)
-class Failure:
-    """How an error is answered: status, message, the protocol's code, Retry-After."""
-
-    status: int
-    message: str
-    code: str | None = None
-    retry_after: float | None = None
-
-
-def failure(exc: BaseException) -> Failure | None:
-    """The answer for an exception a route raised; None for one that is a bug."""
-    if isinstance(exc, ProtocolError):
-        return Failure(exc.status, exc.message, exc.code)
-    if isinstance(exc, SchedulerError):
-        return Failure(exc.status, str(exc), exc.code, exc.retry_after)
-    if isinstance(exc, NotFound):
-        return Failure(404, str(exc))
-    if isinstance(exc, Conflict | AlreadyExists):
-        return Failure(409, str(exc))
-    if isinstance(exc, InvalidInput | InvalidManifest | InvalidName | InvalidSource):
-        return Failure(400, str(exc))
-    if isinstance(exc, BlazarError):
-        return Failure(500, str(exc))
-    return None
-
-
-def resolve(scheduler: Scheduler, requested: Any, request: web.Request) -> Target:
-    """The model a request names; a 400 when `model` is missing, a 404 when unknown or
-    not one the request's API key may use (then only the models it may use are named)."""
-    if not isinstance(requested, str) or not requested:
-        raise ProtocolError(
-            400, "'model' is required: a string naming a model", "invalid_request_error"
-        )
-    trace = current()
-    if trace is not None:  # observe: the name asked for, even if it is unknown
-        trace.requested = requested
-    grant = grant_of(request)
-    fleet = request.app.get(FLEET)
-    if grant is not None and grant.models is not None:
-        try:
-            runtime: ModelRuntime | None = resolve_name(scheduler.runtimes, requested)[0]
-        except KeyError:
-            runtime = None
-        if runtime is None and fleet is not None and grant.sees(requested, ()):
-            _remote(fleet, request, requested)
-        if runtime is None or not grant.sees(runtime.name, runtime.aliases):  # as if absent
-            visible = (r.name for r in scheduler.runtimes.values() if grant.sees(r.name, r.aliases))
-            raise model_not_found(requested, visible)
-    try:
-        target = scheduler.resolve(requested)
-    except ModelNotFound:
-        if fleet is not None:
-            _remote(fleet, request, requested)
-        raise
-    if trace is not None:
-        trace.model, trace.adapter = target.runtime.name, adapters_text(target)
-    if fleet is not None and fleet.chains and target.runtime.name in fleet.chains:
-        request[FAILOVER] = target.runtime.name  # a crash before any byte may fail over
-    return target
-
-
-def _remote(fleet: Fleet, request: web.Request, requested: str) -> None:
-    """Raise `Forward` when a remote serves the name this host does not (never for a
-    request another Blazar forwarded here: no loops)."""
-    if FORWARDED in request.headers:
-        return
-    remote = fleet.remote_for(requested)
-    if remote is not None:
-        if (trace := current()) is not None:
-            trace.model = requested
-        raise Forward(remote, "a remote model: this host does not serve it", requested)
-
-
-def spill(request: web.Request | None, target: Target, why: str) -> None:
-    """Raise `Forward` to the next usable member of the model's failover chain, when it
-    has one (`blazar.serve.state.remotes`): this host cannot serve the request, for `why`.
-    Work no client waits on (`request` None: an async transcription job) stays here."""
-    if request is None:
-        return
-    fleet = request.app.get(FLEET)
-    if fleet is None or not fleet.chains or FORWARDED in request.headers:
-        return
-    member = fleet.member(target.runtime.name)
-    if member is not None:
-        raise Forward(member, f"failover: {why}", target.runtime.name)
-
-
-def adapters_text(target: Target) -> str | None:
-    """The adapters a request chose, as written (`fox`, `fox:0.5+owl`, `none`); None when
-    it chose none and the model's always-on ones apply."""
-    if target.adapters is None:
-        return None
-    if not target.adapters:
-        return "none"
-    return "+".join(c.name if c.scale is None else f"{c.name}:{c.scale:g}" for c in target.adapters)
-
-
-def free_name(scheduler: Scheduler, name: str, target: Target) -> None:
-    """Refuse a new name for the target's model that already names another model."""
-    try:
-        taken = scheduler.resolve(name).pool
-    except SchedulerError:
-        return
-    if taken is not target.pool:
-        raise InvalidInput(
-            f"'{name}' already names model '{taken.runtime.name}': delete it first "
-            "(`ollama rm`, `blazar rm`) or choose another name"
-        )
-
-
-def require(
-    runtime: ModelRuntime, need: str, *, alternative: str = "", requested: str | None = None
-) -> None:
-    """Refuse (400) a request the model cannot serve; `alternative` is the route's own way
-    out (for example "use /v1/completions, or "), `requested` the name the client used.
-
-    TOOLS and THINKING are decided from the chat template (`runtime.capabilities`), and
-    refused in ollama's words (`"<model>" does not support tools`), which clients such
-    as llm-ollama read to fall back, on every protocol."""
-    check_kind(runtime, need if need in (TRANSCRIPTION, SPEECH) else CHAT)
-    if need == CHAT and (refusal := runtime.chat_refusal(alternative)) is not None:
-        raise ProtocolError(400, refusal, "invalid_request_error")
-    if need in (TOOLS, THINKING):
-        require(runtime, CHAT, alternative=alternative)
-        if not getattr(runtime.capabilities, need):
-            raise ProtocolError(400, _missing(runtime, need, requested), "invalid_request_error")
-    if need == EMBEDDINGS and not runtime.embeddings:
-        raise ProtocolError(
-            400,
-            f"model '{runtime.name}' is not served for embeddings: set embeddings = true for "
-            "it in the manifest and apply",
-            "invalid_request_error",
-        )
-
-
-def check_kind(runtime: ModelRuntime, kind: str) -> None:
-    """Refuse (400) a model of another kind than the route serves: a voice on a chat route,
-    a chat model on /v1/audio/speech."""
-    if runtime.kind == kind:
-        return
-    what = {"chat": "a chat model", TRANSCRIPTION: "a transcription (speech to text) model",
-            SPEECH: "a speech (text to speech) voice"}  # fmt: skip
-    raise ProtocolError(
-        400,
-        f"model '{runtime.name}' is {what.get(runtime.kind, runtime.kind)}, and this endpoint "
-        f"needs {what.get(kind, kind)}: use it on {SERVED_ON.get(runtime.kind, 'its route')}, "
-        "or name another model",
-        "invalid_request_error",
-    )
-
-
-def _missing(runtime: ModelRuntime, need: str, requested: str | None) -> str:
-    name = requested or runtime.name
-    where = f"models.{runtime.name}.chat_template"
-    if need == TOOLS:
-        return (
-            f'"{name}" does not support tools: its chat template renders no tool '
-            f"definitions. Use a model whose template does, or set {where} to one that "
-            "does (chatml, llama3, mistral-v3, mistral-v7) and apply"
-        )
-    return (
-        f'"{name}" does not support thinking: its chat template has no thinking switch. '
-        "Send the request without it, or use a reasoning model"
-    )
+PRIORITY = "x-blazar-priority"
+CAPPED = "x-blazar-max-tokens-capped"  # the output limit a request was served with
+OUTPUT_KEYS = ("max_completion_tokens", "max_tokens", "max_output_tokens", "n_predict")
 
 
 @dataclass
@@ -258,155 +88,537 @@ class Timed:
         return time.perf_counter_ns() - self.started
 
 
-async def lease(
-    scheduler: Scheduler,
-    request: web.Request | None,
-    target: Target,
-    *,
-    keep_alive: float | None = None,
-    started: int | None = None,
-    kind: str = CHAT,
-    priority: bool = False,
-) -> Timed:
-    """A slot on an instance of the target's model, loading it if needed.
+@dataclass(frozen=True)
+class Sent:
+    """An engine request as it goes out: its bytes, the body they encode, added headers."""
 
-    Raises SchedulerError (503 busy, ...) or a 502 ProtocolError when the model
-    failed to start; a 400 before any spawn when no installed engine supports the
-    model's architecture (what to install is in the message), or when the model is
-    not of the `kind` the route serves (chat; the audio routes' transcription and
-    speech). `request` None is work no client waits on (an async transcription
-    job), with `priority` its request's. Give it back with
-    `scheduler.release(timed.lease, ...)`.
-    """
-    check_kind(target.runtime, kind)
-    if target.runtime.refusal is not None:
-        spill(request, target, "no installed engine supports the model here")
-        raise ProtocolError(400, target.runtime.refusal, "invalid_request_error")
-    ready = target.ready
-    begin = time.perf_counter_ns()
+    data: bytes
+    body: dict[str, Any]
+    headers: dict[str, str]
+
+
+def dumps(body: Any) -> bytes:
     try:
-        leased = await scheduler.acquire(
-            target,
-            priority=wants_priority(request) if request is not None else priority,
-            keep_alive=keep_alive,
-        )
-    except InstanceFailed as exc:
-        spill(request, target, f"the model failed to start here ({exc})")
-        raise ProtocolError(
-            502, f"model '{target.runtime.name}' failed to start: {exc}", "upstream_error"
-        ) from None
-    except SchedulerError as exc:
-        if exc.status == 503:  # busy with the queue full, no capacity: not a 4xx
-            spill(request, target, str(exc))
-        raise
-    load_ns = 0 if ready else time.perf_counter_ns() - begin
-    if (trace := current()) is not None:  # observe: the instance and how it was chosen
-        trace.leased(leased, begin)
-    return Timed(leased, begin if started is None else started, load_ns)
+        return orjson.dumps(body)
+    except TypeError:  # an integer past 64 bits, say: json takes what orjson refuses
+        return json.dumps(body).encode()
 
 
-def engine_body(lease: Lease, body: dict[str, Any], path: str = "") -> dict[str, Any]:
-    """The body to send to `path`: with llama-server's per-request `lora` list when the
-    request chose adapters (`model+adapter`, `model+none`) or its model has always-on
-    ones, and the model's `system` prompt and `params` where the request sets none; else
-    `body` itself, the same object (the OpenAI route then forwards the client's bytes as
-    they came). A client's own `lora` field is left alone unless the name chose adapters.
+class Pipeline:
+    """The request path of one gateway: the scheduler, the child client, the prompt
+    counter, the sessions, the fleet and singleflight, and the `[serving]` settings."""
 
-    Scales are per request, so concurrent requests to one instance each get their own
-    adapters (llama-server batches only slots whose adapters match); see docs/serve.md.
-    """
-    runtime = lease.runtime
-    lora = lease.lora
-    if lora is None and runtime.system is None and not runtime.params:
-        return body  # the common case: nothing to add
-    out = dict(body)
-    if lora is not None and (lease.adapters is not None or "lora" not in body):
-        out["lora"] = lora
-    if path != "/v1/embeddings":
-        with_defaults(out, path, runtime.system, runtime.params)
-    return out if out != body else body
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        children: ChildConnections,
+        *,
+        sessions: Sessions | None = None,
+        fleet: Fleet | None = None,
+        serving: Serving | None = None,
+    ) -> None:
+        self.scheduler = scheduler
+        self.children = children
+        self.prompts = Prompts(children)
+        self.sessions = sessions
+        self.fleet = fleet if fleet is not None else Fleet()
+        self.singleflight = SingleFlight()
+        self.serving = serving if serving is not None else Serving()
 
+    # -- 1. resolve ---------------------------------------------------------------------
 
-# Where a Modelfile PARAMETER goes in llama-server's request bodies.
-PARAM_FIELDS = {**SAMPLING_OPTIONS, "num_predict": "n_predict", "stop": "stop"}
-LIMITS = ("n_predict", "max_tokens", "max_completion_tokens", "max_output_tokens")
-# What llama-server's /v1/messages keeps of a request: any other default needs its chat
-# endpoint (`anthropic_chat`), as adapters do.
-MESSAGES_PARAMS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
-                   "stop": "stop_sequences"}  # fmt: skip
-
-
-def with_defaults(
-    body: dict[str, Any], path: str, system: str | None, params: Mapping[str, Any]
-) -> None:
-    """Fill in (in place) the model's system prompt and parameters the request left unset."""
-    messages_api = path.startswith("/v1/messages")
-    if system is not None:
-        if messages_api:
-            body.setdefault("system", system)
-        elif path == "/v1/responses":
-            body.setdefault("instructions", system)
-        elif isinstance(body.get("messages"), list):
-            roles = {m.get("role") for m in body["messages"] if isinstance(m, dict)}
-            if not roles & {"system", "developer"}:
-                body["messages"] = [{"role": "system", "content": system}, *body["messages"]]
-    if path.endswith("count_tokens"):
-        return
-    fields = MESSAGES_PARAMS if messages_api else PARAM_FIELDS
-    for key, value in params.items():
-        name = fields.get(key)
-        if name is None or name in body:
-            continue
-        if key == "num_predict" and any(limit in body for limit in LIMITS):
-            continue  # the request's own token limit (n_predict would override it)
-        body[name] = value
-
-
-def keep_alive(request: web.Request, body: dict[str, Any]) -> float | None:
-    """A request's keep_alive in seconds for the scheduler, from its `keep_alive` field or
-    the `x-blazar-keep-alive` header (the field wins): None (the model's own), -1 (forever),
-    or seconds (0: unload after this request). As ollama spells it ("5m", 0, -1)."""
-    value = body.get("keep_alive")
-    if value is None:
-        value = request.headers.get(KEEP_ALIVE)
-        if value is None:
-            return None
-    seconds = keep_alive_seconds(value)
-    return -1.0 if seconds is None else seconds
-
-
-async def admit(
-    prompts: Prompts,
-    sessions: Sessions | None,
-    lease: Lease,
-    path: str,
-    body: dict[str, Any],
-    size: int,
-) -> int | None:
-    """What happens between the lease and the engine call: the preflight refuses (400) a
-    prompt that cannot fit its slot, and the sessions name the slot the request must go to
-    (restoring a banked session into it first). Returns that slot (`id_slot`), or None.
-
-    Cheap when nothing needs the prompt's tokens: `size` (the body's bytes) bounds them."""
-    kind = KINDS.get(path)
-    if kind is None:
-        return None
-    runtime = lease.runtime
-    routed = sessions is not None and sessions.wants_tokens(lease)
-    if not routed and not runtime.preflight:
-        return None
-    tokens = None
-    if routed:
+    def where(self, request: web.Request | None, requested: Any) -> Target | Forward:
+        """The model a request names: this host's, or a remote's; a 400 when `model` is
+        missing, a 404 when unknown or not one the request's API key may use."""
+        if not isinstance(requested, str) or not requested:
+            raise ProtocolError(
+                400, "'model' is required: a string naming a model", "invalid_request_error"
+            )
+        trace = current()
+        if trace is not None:  # observe: the name asked for, even if it is unknown
+            trace.requested = requested
+        grant = grant_of(request) if request is not None else None
+        visible = None
+        if grant is not None and grant.models is not None:
+            sees = grant.sees
+            visible = lambda r: sees(r.name, r.aliases)  # noqa: E731
         try:
-            tokens = await prompts.token_ids(lease.url, kind, body)
-        except UpstreamError:
-            tokens = None
-    if runtime.preflight:
-        instance = lease.member.instance
-        await prompts.preflight(
-            instance, lease.url, model=runtime.name, ctx=runtime.ctx, kind=kind, body=body,
-            size=size, tokens=tokens,
-        )  # fmt: skip
-    if sessions is not None and tokens is not None:
-        return await sessions.route(lease, tokens)
-    return None
+            target = self.scheduler.resolve(requested, visible)
+        except ModelNotFound:
+            remote = self.fleet.remote_for(requested) if not forward.forwarded(request) else None
+            if remote is None or (grant is not None and not grant.sees(requested, ())):
+                raise
+            if trace is not None:
+                trace.model = requested
+            return Forward(remote, "a remote model: this host does not serve it", requested)
+        if trace is not None:
+            trace.model, trace.adapter = target.runtime.name, steps.adapters_text(target)
+        return target
+
+    def here(self, request: web.Request, requested: Any) -> Target:
+        """The model a route that acts on this host's models names (copy, stop, sessions):
+        a remote's model is a 404 that says so."""
+        where = self.where(request, requested)
+        if isinstance(where, Forward):
+            raise ProtocolError(
+                404,
+                f"model '{where.model}' is served by remote '{where.remote.name}': "
+                f"{request.method} {request.path} acts on this host's models only",
+                "model_not_found",
+            )
+        return where
+
+    def _member(self, request: web.Request | None, model: str, why: str) -> Forward | None:
+        """The next usable member of the model's failover chain, when this host cannot
+        serve the request for `why`; never for work no client waits on, nor for a request
+        another Blazar forwarded here."""
+        if forward.forwarded(request) or not self.fleet.chains:
+            return None
+        member = self.fleet.member(model)
+        return Forward(member, f"failover: {why}", model) if member is not None else None
+
+    # -- the whole path -----------------------------------------------------------------
+
+    def plan(self, ask: Ask, target: Target) -> Plan | LoadOnly:
+        runtime = target.runtime
+        if runtime.dialect == OPENAI_DIALECT:
+            return ask.openai(runtime)
+        return ask.native(runtime, target)
+
+    async def serve(self, request: web.Request, ask: Ask) -> web.StreamResponse:
+        """Carry a model route's request out, here or on a remote, and answer it."""
+        where = self.where(request, ask.model)
+        if isinstance(where, Forward):
+            return await self.forward(request, ask, where)
+        target, runtime = where, where.runtime
+        if ask.images:
+            await ask.resolved(runtime, self.serving)
+        plan = self.plan(ask, target)
+        seconds = steps.keep_alive(request.headers, ask.body)
+        if isinstance(plan, LoadOnly):
+            return await self._load_only(request, ask, plan, target, seconds)
+        steps.require(
+            runtime, plan.need or ask.need, plan.needs, alternative=ask.hint, requested=ask.model
+        )
+        if ask.shareable and runtime.singleflight and deterministic(ask.body):
+            return await self._shared(request, ask, plan, target, seconds)
+        timed = await self.lease(request, target, keep_alive=seconds, started=ask.started)
+        if isinstance(timed, Forward):
+            return await self.forward(request, ask, timed)
+        released = False
+        try:
+            try:
+                return await self._local(request, ask, plan, timed)
+            except ProtocolError as exc:
+                why = f"the local instance failed ({exc.message})"
+                member = self._member(request, runtime.name, why) if forward.spills(exc) else None
+                if member is None:
+                    raise
+            self.scheduler.release(timed.lease, keep_alive=seconds)
+            released = True
+            return await self.forward(request, ask, member)
+        finally:
+            if not released:
+                self.scheduler.release(timed.lease, keep_alive=seconds)
+
+    async def complete(self, ask: Ask, *, priority: bool = False) -> Any:
+        """The whole path for work no client waits on (a batch, a tool loop): this host's
+        model only, the answer as the plan's `Answer` builds it, decoded."""
+        target = self.where(None, ask.model)
+        if isinstance(target, Forward):  # never: where() forwards only for a client
+            raise ProtocolError(404, f"model '{ask.model}' is not served here")
+        if ask.images:
+            await ask.resolved(target.runtime, self.serving)
+        plan = self.plan(ask, target)
+        if isinstance(plan, LoadOnly):
+            raise ProtocolError(400, "nothing to generate", "invalid_request_error")
+        steps.require(target.runtime, plan.need or ask.need, plan.needs, requested=ask.model)
+        timed = await self.lease(None, target, started=ask.started, priority=priority)
+        assert not isinstance(timed, Forward)
+        try:
+            done = self._done(ask, timed)
+            engine = plan.engine if plan.prepare is None else await plan.prepare(done)
+            sent = await self._admitted(timed.lease, ask, engine)
+            upstream = ChildUpstream(self.children, timed.lease.url, target.runtime.name)
+            status, payload = await self._fetch(upstream, engine, sent)
+            answer = plan.answer(done)
+            if status != 200:
+                data = decode(payload)
+                raise answer.refusal(status, data) or refused(status, data)
+            out = await answer.whole(payload)
+            return decode(out) if isinstance(out, bytes) else out
+        finally:
+            self.scheduler.release(timed.lease)
+
+    def local(self, request: web.Request | None, ask: Ask) -> Target:
+        """Steps 1 and 3 for a route served only here (audio): the model, able to serve
+        the request now, or the refusal (a remote's model is a 404 that says why)."""
+        target = self.where(request, ask.model)
+        if isinstance(target, Forward):
+            assert request is not None  # where() forwards only for a client
+            forward.check(request, target)  # raises: this route acts on this host only
+            raise AssertionError("unreachable")
+        steps.require(target.runtime, ask.need)
+        if target.runtime.refusal is not None:
+            raise ProtocolError(400, target.runtime.refusal, "invalid_request_error")
+        return target
+
+    @asynccontextmanager
+    async def held(
+        self, request: web.Request | None, ask: Ask, *, priority: bool = False
+    ) -> AsyncIterator[Timed]:
+        """Steps 1 to 5 and 9 for a route whose call is its own (audio): a slot on an
+        instance of the model, given back when the block ends."""
+        target = self.local(request, ask)
+        seconds = steps.keep_alive(request.headers if request is not None else {}, ask.body)
+        timed = await self.lease(
+            request, target, keep_alive=seconds, started=ask.started, priority=priority
+        )
+        if isinstance(timed, Forward):  # a kind no chain serves: say so as the lease did
+            raise ProtocolError(503, f"model '{ask.model}' cannot be served here now")
+        try:
+            yield timed
+        finally:
+            self.scheduler.release(timed.lease, keep_alive=seconds)
+
+    # -- 5. lease -----------------------------------------------------------------------
+
+    async def lease(
+        self,
+        request: web.Request | None,
+        target: Target,
+        *,
+        keep_alive: float | None = None,
+        started: int | None = None,
+        priority: bool = False,
+    ) -> Timed | Forward:
+        """A slot on an instance of the target's model, loading it if needed; or, with a
+        failover chain, the member to carry the request out instead. `request` None is
+        work no client waits on, with `priority` its own.
+
+        Raises SchedulerError (503 busy, ...) or a 502 when the model failed to start; a
+        400 before any spawn when no installed engine supports the model's architecture
+        (what to install is in the message). Give it back with `scheduler.release`."""
+        runtime = target.runtime
+        if runtime.refusal is not None:
+            member = self._member(request, runtime.name, "no installed engine supports it here")
+            if member is not None:
+                return member
+            raise ProtocolError(400, runtime.refusal, "invalid_request_error")
+        if request is not None:
+            priority = request.headers.get(PRIORITY, "").lower() == "high"
+        ready = target.ready
+        begin = time.perf_counter_ns()
+        try:
+            leased = await self.scheduler.acquire(target, priority=priority, keep_alive=keep_alive)
+        except InstanceFailed as exc:
+            member = self._member(request, runtime.name, f"the model failed to start here ({exc})")
+            if member is not None:
+                return member
+            raise ProtocolError(
+                502, f"model '{runtime.name}' failed to start: {exc}", "upstream_error"
+            ) from None
+        except SchedulerError as exc:
+            if exc.status == 503:  # busy with the queue full, no capacity: not a 4xx
+                member = self._member(request, runtime.name, str(exc))
+                if member is not None:
+                    return member
+            raise
+        load_ns = 0 if ready else time.perf_counter_ns() - begin
+        if (trace := current()) is not None:  # observe: the instance and how it was chosen
+            trace.leased(leased, begin)
+        return Timed(leased, begin if started is None else started, load_ns)
+
+    # -- 6. admit -----------------------------------------------------------------------
+
+    async def _admitted(self, lease: Lease, ask: Ask, engine: EngineRequest) -> Sent:
+        """The preflight, the sessions' slot, the adapters and defaults: what to send."""
+        body = engine.body
+        slot = cap = None
+        kind = KINDS.get(engine.path)
+        runtime = lease.runtime
+        routed = (
+            kind is not None and self.sessions is not None and self.sessions.wants_tokens(lease)
+        )
+        if kind is not None and (routed or runtime.preflight != "off"):
+            slot, cap = await self._admit(lease, kind, body, ask.size or len(dumps(body)), routed)
+        sent = steps.engine_body(lease, body, engine.path)
+        if cap is None and slot is None:
+            if sent is ask.body and ask.raw is not None:
+                return Sent(ask.raw, sent, {})  # the common case: the client's bytes
+            return Sent(dumps(sent), sent, {})
+        out = dict(sent)
+        if slot is not None:
+            out["id_slot"] = slot
+        headers = {}
+        if cap is not None:
+            for key in OUTPUT_KEYS:
+                if key in out:
+                    out[key] = cap
+            headers[CAPPED] = str(cap)
+        return Sent(dumps(out), out, headers)
+
+    async def _admit(
+        self, lease: Lease, kind: str, body: dict[str, Any], size: int, routed: bool
+    ) -> tuple[int | None, int | None]:
+        """(the slot the sessions route the request to, the output cap of the preflight)."""
+        runtime = lease.runtime
+        tokens = None
+        if routed:
+            try:
+                tokens = await self.prompts.token_ids(lease.url, kind, body)
+            except ConnectionError:
+                tokens = None
+        cap = None
+        if runtime.preflight != "off":
+            cap = await self.prompts.preflight(
+                lease.member.instance, lease.url, model=runtime.name, ctx=runtime.ctx,
+                kind=kind, body=body, size=size, tokens=tokens,
+                strict=runtime.preflight == "strict",
+            )  # fmt: skip
+        slot = None
+        if self.sessions is not None and tokens is not None:
+            slot = await self.sessions.route(lease, tokens)
+        return slot, cap
+
+    # -- 7 and 8. call and answer -------------------------------------------------------
+
+    def _done(self, ask: Ask, timed: Timed) -> Done:
+        lease = timed.lease
+        return Done(
+            ask.model,
+            timed.started,
+            timed.load_ns,
+            Child(self.children, lease.url, lease.runtime.name),
+        )
+
+    async def _local(
+        self, request: web.Request, ask: Ask, plan: Plan, timed: Timed
+    ) -> web.StreamResponse:
+        lease = timed.lease
+        done = self._done(ask, timed)
+        engine = plan.engine if plan.prepare is None else await plan.prepare(done)
+        sent = await self._admitted(lease, ask, engine)
+        upstream = ChildUpstream(self.children, lease.url, lease.runtime.name)
+        return await self._exchange(request, ask, plan, engine, upstream, sent, done)
+
+    async def _fetch(
+        self, upstream: Upstream, engine: EngineRequest, sent: Sent
+    ) -> tuple[int, bytes]:
+        """A whole exchange, noted on the trace (and gated by its sentinels)."""
+        trace = current()
+        if trace is not None:
+            trace.sending(engine.path, sent.body)
+        reply: Reply | None = None
+        try:
+            reply = await upstream.post(engine.path, sent.data)
+            payload = await reply.read_all()
+        except upstream.errors as exc:
+            raise upstream.failed(exc) from None
+        finally:
+            if reply is not None:
+                upstream.release(reply)
+        if trace is not None:  # read when the answer is gone, or now to enforce
+            trace.answered(payload, reply.status)
+            gate(reply.status)
+        return reply.status, payload
+
+    async def _exchange(
+        self,
+        request: web.Request,
+        ask: Ask,
+        plan: Plan,
+        engine: EngineRequest,
+        upstream: Upstream,
+        sent: Sent,
+        done: Done,
+    ) -> web.StreamResponse:
+        headers = {**ask.envelope.headers(request), **sent.headers}
+        if not engine.stream:
+            status, payload = await self._fetch(upstream, engine, sent)
+            return await self._whole(plan.answer(done), status, payload, headers)
+        trace = current()
+        if trace is not None:
+            trace.sending(engine.path, sent.body)
+        reply: Reply | None = None
+        try:
+            try:
+                reply = await upstream.post(engine.path, sent.data)
+                streamed = reply.status == 200 and reply.content_type.startswith(
+                    "text/event-stream"
+                )
+                payload = b"" if streamed else await reply.read_all()
+            except upstream.errors as exc:
+                raise upstream.failed(exc) from None
+            answer = plan.answer(done)
+            if not streamed:  # an error, or an engine that answered whole
+                if trace is not None:
+                    trace.answered(payload, reply.status)
+                    gate(reply.status)
+                return await self._whole(answer, reply.status, payload, headers)
+            return await self._stream(request, reply, upstream, answer, headers)
+        finally:
+            if reply is not None:  # kept if finished; else closed, and the child stops
+                upstream.release(reply)
+
+    async def _whole(
+        self, answer: Answer, status: int, payload: bytes, headers: dict[str, str]
+    ) -> web.Response:
+        if status != 200:
+            data = decode(payload)
+            raise answer.refusal(status, data) or refused(status, data)
+        out = await answer.whole(payload)
+        body = out if isinstance(out, bytes) else dumps(out)
+        return web.Response(body=body, headers={"Content-Type": "application/json", **headers})
+
+    async def _stream(
+        self,
+        request: web.Request,
+        reply: Reply,
+        upstream: Upstream,
+        answer: Answer,
+        headers: dict[str, str],
+    ) -> web.StreamResponse:
+        """Copy (or translate) the engine's stream as it arrives. A client that goes away
+        ends it here (the caller closes the engine's connection: the child stops); an
+        engine that breaks off gets the answer's error event."""
+        trace = current()
+        content_type = answer.content_type or reply.content_type
+        response = web.StreamResponse(
+            headers={"Content-Type": content_type, "Cache-Control": "no-cache", **headers}
+        )
+        await response.prepare(request)
+        decoder = None if answer.raw else SSEDecoder()
+        rewrite = answer.rewrites
+        try:
+            if decoder is not None and (first := answer.start()):
+                await response.write(first)
+            while True:
+                try:
+                    chunk = await reply.read()
+                except upstream.errors as exc:
+                    failed = upstream.failed(exc)
+                    if trace is not None:
+                        trace.failed(failed.status, failed.message, failed.code)
+                    await response.write(answer.error(failed))
+                    return response
+                if not chunk:
+                    break
+                if decoder is None:
+                    if trace is not None:
+                        trace.chunk(chunk)
+                    out = answer.feed_bytes(chunk) if rewrite else chunk
+                else:
+                    parts = []
+                    for event in decoder.feed(chunk):
+                        if trace is not None:
+                            trace.event(event.data)
+                        parts.append(answer.feed(event.data))
+                    out = b"".join(parts)
+                if out:
+                    await response.write(out)
+            tail = b""
+            if decoder is not None:
+                for event in decoder.close():
+                    if trace is not None:
+                        trace.event(event.data)
+                    tail += answer.feed(event.data)
+            tail += await answer.end()
+            if tail:
+                await response.write(tail)
+            await response.write_eof()
+        except ConnectionError:  # the client went away
+            pass
+        return response
+
+    # -- the rest -----------------------------------------------------------------------
+
+    async def _load_only(
+        self, request: web.Request, ask: Ask, load: LoadOnly, target: Target, seconds: float | None
+    ) -> web.StreamResponse:
+        """Nothing to generate: load the model (ollama's way to warm one), or with
+        keep_alive 0 unload it now, never loading a model just to unload it."""
+        if seconds == 0:
+            await self.scheduler.stop_model(ask.model)
+        else:
+            timed = await self.lease(request, target, keep_alive=seconds, started=ask.started)
+            if isinstance(timed, Forward):
+                return await self.forward(request, ask, timed)
+            self.scheduler.release(timed.lease, keep_alive=seconds)
+        body = ask.loaded(load, unloaded=seconds == 0)
+        return web.Response(
+            body=dumps(body),
+            headers={"Content-Type": "application/json", **ask.envelope.headers(request)},
+        )
+
+    async def _shared(
+        self, request: web.Request, ask: Ask, plan: Plan, target: Target, seconds: float | None
+    ) -> web.StreamResponse:
+        """Singleflight: one engine call for identical concurrent deterministic requests;
+        each client's trace notes the answer, and each after the first gets its own id."""
+        runtime = target.runtime
+
+        async def call() -> tuple[int, bytes] | Forward:
+            timed = await self.lease(request, target, keep_alive=seconds, started=ask.started)
+            if isinstance(timed, Forward):
+                return timed
+            try:
+                sent = await self._admitted(timed.lease, ask, plan.engine)
+                upstream = ChildUpstream(self.children, timed.lease.url, runtime.name)
+                return await self._fetch(upstream, plan.engine, sent)
+            finally:
+                self.scheduler.release(timed.lease, keep_alive=seconds)
+
+        key = (runtime.name, steps.adapters_text(target), target.replica, ask.path, ask.raw)
+        result, leader = await self.singleflight.share(key, call)
+        if isinstance(result, Forward):
+            return await self.forward(request, ask, result)
+        status, payload = result
+        if not leader and (trace := current()) is not None:
+            trace.sending(plan.engine.path, ask.body)
+            trace.answered(payload, status)
+            gate(status)
+        done = Done(ask.model, ask.started, shared=not leader)
+        return await self._whole(plan.answer(done), status, payload, ask.envelope.headers(request))
+
+    async def forward(
+        self, request: web.Request, ask: Ask | None, wanted: Forward
+    ) -> web.StreamResponse:
+        """Carry the request out on `wanted.remote`; on a remote that does not answer, the
+        model's chain's next usable member, until none is left. `ask` None: as it came."""
+        tried: list[str] = []
+        read_timeout = self.serving.upstream_timeout
+        while True:
+            forward.check(request, wanted)
+            remote = wanted.remote
+            try:
+                if ask is None or forward.raw_path(request, remote):
+                    return await forward.relay(self.fleet.client(), request, remote, read_timeout)
+                return await self._bridged(request, ask, wanted, read_timeout)
+            except ProtocolError as exc:
+                tried.append(remote.name)
+                nxt = self.fleet.member(wanted.model, tried) if forward.spills(exc) else None
+                if nxt is None:
+                    raise
+                wanted = Forward(
+                    nxt, f"failover: remote {remote.name}: {exc.message}", wanted.model
+                )
+
+    async def _bridged(
+        self, request: web.Request, ask: Ask, wanted: Forward, read_timeout: float
+    ) -> web.StreamResponse:
+        """The request translated for an OpenAI-only remote, and its answer back."""
+        plan = ask.openai(None)
+        done = Done(ask.model, ask.started)
+        if isinstance(plan, LoadOnly):  # nothing to generate: nothing to load there either
+            body = ask.loaded(plan, unloaded=False)
+            return web.Response(
+                body=dumps(body),
+                headers={"Content-Type": "application/json", **ask.envelope.headers(request)},
+            )
+        body = {**plan.engine.body, "model": str(ask.body.get("model") or wanted.model)}
+        sent = Sent(dumps(body), body, {})
+        upstream = forward.RemoteUpstream(
+            self.fleet.client(), request, wanted.remote, read_timeout, wanted.model
+        )
+        return await self._exchange(request, ask, plan, plan.engine, upstream, sent, done)

@@ -87,6 +87,20 @@ def fits(prompt: int, output: int, ctx: int) -> bool:
     return prompt + max(output, 1) <= ctx
 
 
+def output_cap(
+    model: str, prompt: int | None, output: int, ctx: int, *, strict: bool = False
+) -> int | None:
+    """Pure: the output limit a request is served with when its prompt fits the slot but
+    its requested output does not (None: it fits as asked, or its size is unknown); a
+    prompt that leaves no room to answer is `too_long`, and so is any overflow when
+    `strict`."""
+    if prompt is None or fits(prompt, output, ctx):
+        return None
+    if strict or not fits(prompt, 1, ctx):
+        raise too_long(model, prompt, output, ctx)
+    return ctx - prompt
+
+
 def too_long(model: str, prompt: int, output: int, ctx: int) -> ProtocolError:
     """The 400 a prompt that cannot fit gets: the sizes and the ways out."""
     total = prompt + output
@@ -212,22 +226,27 @@ class Prompts:
         body: Mapping[str, Any],
         size: int,
         tokens: list[int] | None = None,
-    ) -> None:
+        strict: bool = False,
+    ) -> int | None:
         """Raise `too_long` for a prompt that cannot fit; count only when the bound says
-        it might not. `tokens`: the prompt's ids when the caller has them already."""
+        it might not. `tokens`: the prompt's ids when the caller has them already.
+
+        A prompt that fits with room to spare but not with the output the request asks
+        for is served with the output capped: the limit to send is returned (None: the
+        request fits as it is). `strict` refuses it instead (serving.prompt_preflight =
+        "strict"): agent clients ask for tens of thousands of output tokens by default."""
         output = requested_output(body)
         try:
             probe = self._probes.get(instance_id(instance)) or await self.probe(instance, url, ctx)
             n = messages_of(kind, body)
             bounded = tokens is None and n is not None and (n == 0 or probe.overhead is not None)
             if bounded and fits(bound(size, n or 0, probe.overhead or 0), output, probe.slot_ctx):
-                return
+                return None
             exact = tokens is not None and kind != MESSAGES  # Anthropic's ids are approximate
             if exact and tokens is not None:
                 prompt: int | None = len(tokens)
             else:
                 prompt = await self.count(url, kind, body, output=output, ctx=probe.slot_ctx)
         except UpstreamError:
-            return  # the forward will meet the same failure and answer it
-        if prompt is not None and not fits(prompt, output, probe.slot_ctx):
-            raise too_long(model, prompt, output, probe.slot_ctx)
+            return None  # the call will meet the same failure and answer it
+        return output_cap(model, prompt, output, probe.slot_ctx, strict=strict)

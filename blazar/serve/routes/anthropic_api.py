@@ -1,145 +1,136 @@
 """Anthropic's Messages API on the gateway: `POST /v1/messages` and `/v1/messages/count_tokens`.
 
-As decided in docs/compatibility.md, requests pass through to the instance's
-native `/v1/messages` (llama-server speaks Anthropic's shapes there), except
-those with LoRA adapters on, which that endpoint would ignore: they go to its
-chat endpoint through `blazar.protocols.anthropic_chat`.
-`blazar.protocols.anthropic` validates them as Anthropic's API does (refusing
-what the engine would accept wrongly, such as a request without `max_tokens`)
-and normalizes what comes back, whole or event by event. Each request takes the
-gateway's one request path (`blazar.serve.request.pipeline`: slots, queue,
-`x-blazar-priority`; tools need a template that renders them); `count_tokens`
-too, since the model's own tokenizer and chat template count. `anthropic-version`
-is accepted; `x-api-key` is checked by the access middleware
-(`blazar.serve.gateway.access`) when keys are declared. `keep_alive` (a body field or the
-`x-blazar-keep-alive` header) is honoured as on ollama's routes, and
-`pipeline.admit` runs the prompt preflight and the sessions' slot routing.
-Failures are raised and answered as Anthropic's `{"type": "error", "error":
-{...}}` by the gateway's error middleware:
-404 not_found_error, 400 invalid_request_error, 503 overloaded_error with
-`Retry-After`, 502 api_error when a child fails.
+As decided in docs/compatibility.md, requests pass through to the instance's native
+`/v1/messages` (llama-server speaks Anthropic's shapes there), except those with LoRA
+adapters on or model defaults that endpoint would drop: they go to its chat endpoint
+through `blazar.protocols.anthropic_chat`, as they do for an engine or remote that
+speaks only OpenAI's API. `blazar.protocols.anthropic` validates them as Anthropic's
+API does (refusing what the engine would accept wrongly, such as a request without
+`max_tokens`) and normalizes what comes back, whole or event by event. Each request
+takes the gateway's one request path (`blazar.serve.request.pipeline`: slots, queue,
+`x-blazar-priority`, keep_alive, the preflight; tools need a template that renders
+them); `count_tokens` too, since the model's own tokenizer and chat template count.
+Failures are answered as Anthropic's `{"type": "error", "error": {...}}`: 404
+not_found_error, 400 invalid_request_error, 503 overloaded_error with `Retry-After`,
+502 api_error when a child fails.
 """
 
 from __future__ import annotations
 
-import contextlib
-import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from aiohttp import web
 
-from blazar.observe.trace import current
-from blazar.protocols import EngineRequest, anthropic, anthropic_chat
-from blazar.serve.http import read_json
-from blazar.serve.request import child_calls, pipeline
+from blazar.protocols import EngineRequest, LoadOnly, ProtocolError, anthropic, anthropic_chat
+from blazar.serve.http import parse_json_object
+from blazar.serve.request import images, steps
+from blazar.serve.request.asks import Answer, Ask, Done, Plan
 from blazar.serve.request.envelopes import ANTHROPIC
-from blazar.serve.request.pipeline import Timed
 from blazar.serve.routes.services import Services
-from blazar.serve.supervisor.child_http import UpstreamError
-
-SSE = "text/event-stream"
+from blazar.serve.supervisor.runtime import ModelRuntime
+from blazar.serve.supervisor.scheduler import Target
+from specs.serving import Serving
 
 
 def register(app: web.Application, services: Services) -> None:
     """Add the Anthropic routes to the gateway's app."""
-    api = AnthropicAPI(services)
-    app.router.add_post("/v1/messages", api.messages)
-    app.router.add_post("/v1/messages/count_tokens", api.count_tokens)
+    app.router.add_post("/v1/messages", services.route(_asker(count=False)))
+    app.router.add_post("/v1/messages/count_tokens", services.route(_asker(count=True)))
+
+
+def _asker(*, count: bool) -> Any:
+    path = "/v1/messages/count_tokens" if count else "/v1/messages"
+
+    async def ask(request: web.Request) -> Ask:
+        raw = await request.read()
+        body = parse_json_object(raw)
+        translate = anthropic.count_tokens_request if count else anthropic.messages_request
+        # Valid as Anthropic's API says, or a 400 before all; images are checked against
+        # the model once it is known (`resolved`).
+        req = translate(body, has_vision=True)
+        return MessagesAsk(
+            str(body["model"]), path, body, envelope=ANTHROPIC, req=req, images=b"image" in raw
+        )
+
+    return ask
 
 
 def message_id() -> str:
     return f"msg_{uuid.uuid4().hex[:24]}"
 
 
-class AnthropicAPI:
-    """The Messages handlers; one instance per gateway app."""
+class MessagesAnswer(Answer):
+    """The engine's answer as Anthropic's message, whole or as its events; `bridged`: the
+    engine answered a chat completion (its chat endpoint, or an OpenAI-only upstream)."""
 
-    def __init__(self, services: Services) -> None:
-        self.services = services
+    def __init__(self, done: Done, *, count: bool, bridged: bool) -> None:
+        super().__init__(done, ANTHROPIC)
+        self.count, self.bridged = count, bridged
+        self.message_id = message_id()
+        self.state = anthropic.StreamState(model=done.model, message_id=self.message_id)
+        self.events = anthropic_chat.ChatEvents() if bridged else None
 
-    async def messages(self, request: web.Request) -> web.StreamResponse:
-        return await self._handle(request, count=False)
+    async def whole(self, payload: bytes) -> dict[str, Any]:
+        data = orjson.loads(payload)
+        out: dict[str, Any] = anthropic_chat.message_from_chat(data) if self.bridged else data
+        if self.count:
+            return out
+        return anthropic.message_response(out, model=self.done.model, message_id=self.message_id)
 
-    async def count_tokens(self, request: web.Request) -> web.StreamResponse:
-        return await self._handle(request, count=True)
-
-    async def _handle(self, request: web.Request, *, count: bool) -> web.StreamResponse:
-        started = time.perf_counter_ns()
-        scheduler = self.services.scheduler
-        body = await read_json(request)
-        translate = anthropic.count_tokens_request if count else anthropic.messages_request
-        req = translate(body)
-        model = str(body["model"])
-        target = pipeline.resolve(scheduler, model, request)
-        pipeline.require(target.runtime, pipeline.CHAT)
-        for need in anthropic.needs(body):
-            pipeline.require(target.runtime, need, requested=model)
-        seconds = pipeline.keep_alive(request, body)
-        timed = await pipeline.lease(
-            scheduler, request, target, keep_alive=seconds, started=started
+    def feed(self, data: Any) -> bytes:
+        items = self.events.feed(data) if self.events is not None else [data]
+        return b"".join(
+            anthropic.sse(event)
+            for item in items
+            for event in anthropic.stream_events(item, self.state)
         )
+
+    async def end(self) -> bytes:
+        return b"".join(anthropic.sse(event) for event in anthropic.finish_stream(self.state))
+
+
+@dataclass
+class MessagesAsk(Ask):
+    """`/v1/messages` or `/v1/messages/count_tokens`, validated."""
+
+    req: EngineRequest | None = None
+
+    @property
+    def counting(self) -> bool:
+        return self.path.endswith("count_tokens")
+
+    def _plan(self, req: EngineRequest, bridged: bool) -> Plan:
+        count = self.counting
+        return Plan(
+            req,
+            lambda done: MessagesAnswer(done, count=count, bridged=bridged),
+            anthropic.needs(self.body),
+        )
+
+    async def resolved(self, runtime: ModelRuntime, serving: Serving) -> None:
+        assert self.req is not None
+        self.req = await images.anthropic_request(serving, runtime.has_vision, self.req)
+
+    def native(self, runtime: ModelRuntime, target: Target) -> Plan | LoadOnly:
+        assert self.req is not None
         # The engine's /v1/messages would drop a `lora` list and most sampling defaults:
         # requests that need them go to its chat endpoint instead (`anthropic_chat`).
-        bridged = not count and (
-            timed.lease.lora is not None
-            or any(k not in pipeline.MESSAGES_PARAMS for k in target.runtime.params)
+        bridged = not self.counting and (
+            runtime.lora_field(target.adapters) is not None
+            or any(k not in steps.MESSAGES_PARAMS for k in runtime.params)
         )
-        if bridged:
-            req = anthropic_chat.chat_request(req)
-        try:
-            req = await self.services.admit(timed.lease, req, request.content_length or 0)
-            return await self._answer(request, timed, req, model, count, bridged)
-        finally:
-            scheduler.release(timed.lease, keep_alive=seconds)
+        req = anthropic_chat.chat_request(self.req) if bridged else self.req
+        return self._plan(req, bridged)
 
-    async def _answer(
-        self,
-        request: web.Request,
-        timed: Timed,
-        req: EngineRequest,
-        model: str,
-        count: bool,
-        bridged: bool,
-    ) -> web.StreamResponse:
-        if req.stream:
-            return await self._stream(request, timed, req, model, bridged)
-        status, payload = await child_calls.call(self.services.children, timed.lease, req)
-        if status != 200 or not isinstance(payload, dict):
-            raise child_calls.refused(status, payload)
-        out: dict[str, Any] = anthropic_chat.message_from_chat(payload) if bridged else payload
-        if not count:
-            out = anthropic.message_response(out, model=model, message_id=message_id())
-        return web.json_response(out, headers=ANTHROPIC.headers(request))
-
-    async def _stream(
-        self, request: web.Request, timed: Timed, req: EngineRequest, model: str, bridged: bool
-    ) -> web.StreamResponse:
-        state = anthropic.StreamState(model=model, message_id=message_id())
-        bridge = anthropic_chat.ChatEvents() if bridged else None
-        async with child_calls.stream(self.services.children, timed.lease, req) as exchange:
-            if not child_calls.is_event_stream(exchange):
-                payload = await child_calls.error_body(exchange)
-                raise child_calls.refused(exchange.status, payload)
-            headers = {"Content-Type": SSE, "Cache-Control": "no-cache"}
-            response = web.StreamResponse(headers={**headers, **ANTHROPIC.headers(request)})
-            await response.prepare(request)
-            try:
-                async for data in child_calls.events(exchange):
-                    for item in bridge.feed(data) if bridge is not None else [data]:
-                        for event in anthropic.stream_events(item, state):
-                            await response.write(anthropic.sse(event))
-                for event in anthropic.finish_stream(state):
-                    await response.write(anthropic.sse(event))
-            except UpstreamError as exc:  # the engine failed mid-stream
-                failed = child_calls.child_failed(model, exc)
-                if (trace := current()) is not None:
-                    trace.failed(failed.status, failed.message, failed.code)
-                error = ANTHROPIC.body(failed.status, failed.message, None)
-                with contextlib.suppress(ConnectionError):
-                    await response.write(anthropic.sse(error))
-            except ConnectionError:  # the client went away; leaving closes the engine request
-                return response
-            with contextlib.suppress(ConnectionError):
-                await response.write_eof()
-            return response
+    def openai(self, runtime: ModelRuntime | None) -> Plan | LoadOnly:
+        if self.counting:
+            raise ProtocolError(
+                400,
+                f"{self.path} is not offered by an engine or remote that speaks only "
+                "OpenAI's API: count tokens on a Blazar or llama-server",
+            )
+        made = anthropic.messages_request(self.body, has_vision=True)
+        return self._plan(anthropic_chat.chat_request(made), bridged=True)

@@ -24,6 +24,7 @@ app's errors middleware; the request checks are pure (`protocols.openai_audio`).
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import BodyPartReader, web
@@ -32,15 +33,18 @@ from blazar.observe.trace import current
 from blazar.protocols import ProtocolError
 from blazar.protocols.openai_audio import (
     SPEECH_CONTENT_TYPES,
+    SpeechRequest,
     TranscriptionRequest,
     render,
     speech_request,
     transcription_request,
 )
 from blazar.serve.http import KEY_NAME, TRACE, parse_json_object, trace_id, wants_priority
-from blazar.serve.request import pipeline
+from blazar.serve.request import steps
+from blazar.serve.request.asks import Ask
 from blazar.serve.request.audio_jobs import AudioJobs
 from blazar.serve.request.grants import grant_of
+from blazar.serve.request.pipeline import Timed
 from blazar.serve.routes.services import Services
 from blazar.serve.state.audio_engine import synthesize, transcribe
 from blazar.serve.supervisor.runtime import resolve as resolve_name
@@ -51,12 +55,27 @@ FIELD_LIMIT = 64 * 1024  # bytes of one text field
 CHUNK = 1 << 16
 
 
+@dataclass
+class TranscriptionAsk(Ask):
+    """A transcription or translation: the form's fields and its audio."""
+
+    asked: TranscriptionRequest | None = None
+    audio: bytes = b""
+    filename: str = ""
+
+
+@dataclass
+class SpeechAsk(Ask):
+    asked: SpeechRequest | None = None
+
+
 def register(app: web.Application, services: Services) -> None:
     """Add the audio routes; under `blazar serve`, the async jobs too."""
     api = AudioAPI(services)
-    app.router.add_post("/v1/audio/transcriptions", api.transcriptions)
-    app.router.add_post("/v1/audio/translations", api.translations)
-    app.router.add_post("/v1/audio/speech", api.speech)
+    for path, task in (("/v1/audio/transcriptions", "transcribe"),
+                       ("/v1/audio/translations", "translate")):  # fmt: skip
+        app.router.add_post(path, services.route(api.transcription(path, task), api.transcribe))
+    app.router.add_post("/v1/audio/speech", services.route(api.speech_ask, api.speak))
     app.router.add_get("/v1/audio/jobs", api.list_jobs)
     app.router.add_get("/v1/audio/jobs/{id}", api.job)
     app.router.add_post("/v1/audio/jobs/{id}/cancel", api.cancel)
@@ -67,8 +86,7 @@ def register(app: web.Application, services: Services) -> None:
             db=paths.db,
             lock=paths.state / "apply.lock",
             audio_dir=paths.cache / "audio",
-            scheduler=services.scheduler,
-            children=services.children,
+            pipeline=services.pipeline,
             retention=lambda: services.serving.audio_job_retention,
         )
         jobs = api.jobs
@@ -98,39 +116,34 @@ class AudioAPI:
 
     # -- transcription --------------------------------------------------------------------
 
-    async def transcriptions(self, request: web.Request) -> web.StreamResponse:
-        return await self._transcribe(request, "transcribe")
+    def transcription(self, path: str, task: str) -> Any:
+        async def ask(request: web.Request) -> Ask:
+            fields, audio, filename = await self._form(request)
+            asked = transcription_request(fields, task)
+            if audio is None:
+                raise ProtocolError(
+                    400, "'file' is required: the audio to transcribe", "invalid_request_error"
+                )
+            if not audio:
+                raise ProtocolError(400, "the audio file is empty", "invalid_request_error")
+            return TranscriptionAsk(
+                asked.model, path, {}, need=steps.TRANSCRIPTION, deferred=asked.run_async,
+                asked=asked, audio=audio, filename=filename,
+            )  # fmt: skip
 
-    async def translations(self, request: web.Request) -> web.StreamResponse:
-        return await self._transcribe(request, "translate")
+        return ask
 
-    async def _transcribe(self, request: web.Request, task: str) -> web.StreamResponse:
-        fields, audio, filename = await self._form(request)
-        asked = transcription_request(fields, task)
-        if audio is None:
-            raise ProtocolError(
-                400, "'file' is required: the audio to transcribe", "invalid_request_error"
-            )
-        if not audio:
-            raise ProtocolError(400, "the audio file is empty", "invalid_request_error")
-        scheduler = self.services.scheduler
-        target = pipeline.resolve(scheduler, asked.model, request)
-        pipeline.require(target.runtime, pipeline.TRANSCRIPTION)
-        if target.runtime.refusal is not None:
-            raise ProtocolError(400, target.runtime.refusal, "invalid_request_error")
-        if asked.run_async:
-            return await self._submit(request, asked, audio, filename)
-        seconds = pipeline.keep_alive(request, {})
-        timed = await pipeline.lease(
-            scheduler, request, target, keep_alive=seconds, kind=pipeline.TRANSCRIPTION
+    async def transcribe(
+        self, request: web.Request, ask: Ask, timed: Timed | None
+    ) -> web.StreamResponse:
+        assert isinstance(ask, TranscriptionAsk) and ask.asked is not None
+        if timed is None:  # async: a job instead
+            return await self._submit(request, ask.asked, ask.audio, ask.filename)
+        lease = timed.lease
+        heard = await transcribe(
+            self.services.children, lease.url, lease.runtime.name, ask.audio, ask.asked
         )
-        try:
-            heard = await transcribe(
-                self.services.children, timed.lease.url, target.runtime.name, audio, asked
-            )
-        finally:
-            scheduler.release(timed.lease, keep_alive=seconds)
-        body, content_type = render(heard, asked)
+        body, content_type = render(heard, ask.asked)
         if (trace := current()) is not None:
             trace.answered(body.encode(), 200)
         return web.Response(
@@ -218,31 +231,24 @@ class AudioAPI:
 
     # -- speech ---------------------------------------------------------------------------
 
-    async def speech(self, request: web.Request) -> web.Response:
+    async def speech_ask(self, request: web.Request) -> Ask:
         asked = speech_request(parse_json_object(await request.read()))
-        scheduler = self.services.scheduler
         name = asked.model
         if asked.voice:  # a voice that is a served speech model chooses it
             try:
-                runtime = resolve_name(scheduler.runtimes, asked.voice)[0]
+                runtime = resolve_name(self.services.scheduler.runtimes, asked.voice)[0]
             except (KeyError, ValueError):
                 runtime = None
-            if runtime is not None and runtime.kind == pipeline.SPEECH:
+            if runtime is not None and runtime.kind == steps.SPEECH:
                 name = asked.voice
-        target = pipeline.resolve(scheduler, name, request)
-        pipeline.require(target.runtime, pipeline.SPEECH)
-        seconds = pipeline.keep_alive(request, {})
-        timed = await pipeline.lease(
-            scheduler, request, target, keep_alive=seconds, kind=pipeline.SPEECH
-        )
-        try:
-            audio = await synthesize(
-                self.services.children, timed.lease.url, target.runtime.name, asked
-            )
-        finally:
-            scheduler.release(timed.lease, keep_alive=seconds)
+        return SpeechAsk(name, "/v1/audio/speech", {}, need=steps.SPEECH, asked=asked)
+
+    async def speak(self, request: web.Request, ask: Ask, timed: Timed | None) -> web.Response:
+        assert isinstance(ask, SpeechAsk) and ask.asked is not None and timed is not None
+        lease = timed.lease
+        audio = await synthesize(self.services.children, lease.url, lease.runtime.name, ask.asked)
         headers: dict[str, Any] = {
-            "Content-Type": SPEECH_CONTENT_TYPES[asked.response_format],
+            "Content-Type": SPEECH_CONTENT_TYPES[ask.asked.response_format],
             TRACE: trace_id(request),
         }
         return web.Response(body=audio, headers=headers)

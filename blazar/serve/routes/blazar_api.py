@@ -12,7 +12,6 @@ from aiohttp import web
 from blazar import __version__
 from blazar.protocols import ProtocolError
 from blazar.serve.http import read_json
-from blazar.serve.request import pipeline
 from blazar.serve.request.grants import sees
 from blazar.serve.routes.services import Services
 from blazar.serve.state.remotes import Remote
@@ -98,6 +97,6 @@ class BlazarAPI:
         model = (await read_json(request)).get("model")
         if not isinstance(model, str) or not model:
             raise ProtocolError(400, 'send {"model": NAME}')
-        pipeline.resolve(self.services.scheduler, model, request)  # 404 as for any model route
+        self.services.pipeline.here(request, model)  # 404 as for any model route
         stopped = await self.services.scheduler.stop_model(model)
         return web.json_response({"model": model, "stopped": stopped})

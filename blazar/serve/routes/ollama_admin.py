@@ -26,10 +26,10 @@ from blazar import manifest_ops
 from blazar.errors import NotFound
 from blazar.protocols import ProtocolError, ollama
 from blazar.serve.http import TRACE, name_in, read_json, trace_id
-from blazar.serve.request import pipeline
 from blazar.serve.request.grants import sees
-from blazar.serve.request.pipeline import free_name
+from blazar.serve.request.steps import free_name
 from blazar.serve.routes.services import Services
+from blazar.serve.state.remotes import Forward
 from specs.names import parse_name
 
 if TYPE_CHECKING:
@@ -124,7 +124,10 @@ class OllamaAdmin:
 
     async def show(self, request: web.Request) -> web.StreamResponse:
         model = name_in(await read_json(request), "model", "name")
-        runtime = pipeline.resolve(self.services.scheduler, model, request).runtime
+        where = self.services.pipeline.where(request, model)
+        if isinstance(where, Forward):  # a remote's model: its details are the remote's
+            return await self.services.pipeline.forward(request, None, where)
+        runtime = where.runtime
         record = self.services.need_control().store.find_model(parse_name(runtime.name))
         if record is None:
             raise NotFound(f"model '{model}' not found")
@@ -132,7 +135,12 @@ class OllamaAdmin:
         if runtime.chat_template is not None or runtime.template_problem is not None:
             # The manifest's template is the one applied (none, when it cannot be read).
             info = replace(info, chat_template=runtime.chat_template)
-        body = ollama.show(info, context_length=runtime.ctx, embedding=runtime.embeddings)
+        body = ollama.show(
+            info,
+            context_length=runtime.ctx,
+            embedding=runtime.embeddings,
+            has_vision=runtime.has_vision,
+        )
         return web.json_response(body)
 
     async def version(self, request: web.Request) -> web.StreamResponse:
@@ -151,7 +159,7 @@ class OllamaAdmin:
         body = await read_json(request)
         source, destination = name_in(body, "source"), name_in(body, "destination")
         control = self.services.need_control()
-        target = pipeline.resolve(self.services.scheduler, source, request)
+        target = self.services.pipeline.here(request, source)
         alias = parse_name(destination).short
         if alias == target.runtime.name:
             raise ProtocolError(

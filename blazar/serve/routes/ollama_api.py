@@ -1,308 +1,285 @@
 """ollama's inference API on the gateway: `/api/chat`, `/api/generate`, `/api/embed(dings)`.
 
-`register` adds these routes (the model management routes are in
-`ollama_admin` and `ollama_pull`). A request is translated by
-`blazar.protocols.ollama` and then takes the gateway's one request path
-(`blazar.serve.request.pipeline`: resolve, require, lease; `blazar.serve.request.child_calls`: the
-call), and the engine's answer is translated back, whole or as NDJSON lines;
-the final object's statistics come from the engine's timings plus the load and
-total durations measured here.
+`register` adds these routes (the model management routes are in `ollama_admin` and
+`ollama_pull`). A request is translated by `blazar.protocols.ollama` into an `Ask`,
+which takes the gateway's one request path (`blazar.serve.request.pipeline`), and the
+engine's answer is translated back, whole or as NDJSON lines; the final object's
+statistics come from the engine's timings plus the load and total durations measured
+on the way.
 
-A templated `/api/generate` answers with `context`, the token ids of the
-conversation so far (the rendered prompt and the answer, from the child's
-`/apply-template` and `/tokenize`), as ollama does; a request that sends one back
-continues after those tokens. Tools and thinking need a template that has them
-(`pipeline.require`: `"<model>" does not support tools`); `suffix` on a model
-without fill-in-the-middle tokens is `"<model>" does not support insert`.
+A templated `/api/generate` answers with `context`, the token ids of the conversation
+so far (the rendered prompt and the answer, from the child's `/apply-template` and
+`/tokenize`, helper calls that are not traced as the request's exchange), as ollama
+does; a request that sends one back continues after those tokens. Tools and thinking
+need a template that has them (`"<model>" does not support tools`); `suffix` on a
+model without fill-in-the-middle tokens is `"<model>" does not support insert`.
 
-`keep_alive` goes to the scheduler when the lease is released (a negative value
-keeps the model loaded: -1). A request with nothing to generate loads the model,
-or with `keep_alive: 0` unloads it at once (as ollama does, without loading it
-first). Failures are raised and answered as ollama's `{"error": "..."}` by the
-gateway's error middleware; 503s carry `Retry-After`.
+`keep_alive` (the body's, or the `x-blazar-keep-alive` header) goes to the scheduler
+when the lease is released (-1 keeps the model loaded). A request with nothing to
+generate loads the model, or with `keep_alive: 0` unloads it at once (as ollama does,
+without loading it first). For an engine or remote that speaks only OpenAI's API,
+chat and generate go through `/v1/chat/completions` (`openai`). Failures are answered
+as ollama's `{"error": "..."}`; 503s carry `Retry-After`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import time
-from collections.abc import Awaitable, Callable
-from typing import Any, NoReturn
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
+import orjson
 from aiohttp import web
 
-from blazar.observe.trace import current
 from blazar.protocols import EngineRequest, LoadOnly, ProtocolError, ollama
-from blazar.serve.http import TRACE, name_in, now_rfc3339, read_json, trace_id
-from blazar.serve.request import child_calls, pipeline
+from blazar.serve.http import name_in, now_rfc3339, parse_json_object
+from blazar.serve.request import images, steps
+from blazar.serve.request.asks import Answer, Ask, Done, Helpers, Plan
 from blazar.serve.request.envelopes import OLLAMA
-from blazar.serve.request.pipeline import Timed
 from blazar.serve.routes.services import Services
-from blazar.serve.supervisor.child_http import UpstreamError
 from blazar.serve.supervisor.runtime import ModelRuntime
 from blazar.serve.supervisor.scheduler import Target
+from specs.serving import Serving
 
 NDJSON = "application/x-ndjson"
 RAW_HINT = "send raw: true with a fully formatted prompt, or "
-Feed = Callable[[Any, ollama.StreamState], list[dict[str, Any]]]
-Finish = Callable[[dict[str, Any], str], Awaitable[dict[str, Any]]]
-Build = Callable[[dict[str, Any], ModelRuntime], EngineRequest | LoadOnly]
-Answer = Callable[[web.Request, Timed, EngineRequest, str], Awaitable[web.StreamResponse]]
+BIG_CTX = 1 << 30  # an OpenAI-only upstream checks context sizes; nothing is refused here
+Translate = Callable[..., EngineRequest | LoadOnly]
 
 
 def register(app: web.Application, services: Services) -> None:
     """Add ollama's inference routes to the gateway's app."""
-    api = OllamaAPI(services)
-    app.router.add_post("/api/chat", api.chat)
-    app.router.add_post("/api/generate", api.generate)
-    app.router.add_post("/api/embed", api.embed)
-    app.router.add_post("/api/embeddings", api.embeddings)
+    for path, make in (
+        ("/api/chat", _chat),
+        ("/api/generate", _generate),
+        ("/api/embed", _embed),
+        ("/api/embeddings", _embeddings),
+    ):
+        app.router.add_post(path, services.route(_asker(path, make)))
 
 
-def keep_alive(body: dict[str, Any]) -> float | None:
-    """The request's keep_alive in seconds for the scheduler: None (the model's own), -1
-    (forever) or seconds (0: unload after this request)."""
-    value = body.get("keep_alive")
-    if value is None:
-        return None
-    seconds = ollama.keep_alive_seconds(value)
-    return -1.0 if seconds is None else seconds
+def _asker(path: str, make: Callable[[str, dict[str, Any]], Ask]) -> Any:
+    async def ask(request: web.Request) -> Ask:
+        raw = await request.read()
+        made = make(path, parse_json_object(raw))
+        made.images = b"image" in raw
+        return made
+
+    return ask
 
 
-def engine_error(status: int, payload: Any, req: EngineRequest | None = None) -> NoReturn:
-    """Raise what the engine answered with an error, for ollama's envelope."""
-    if req is not None and req.path == "/infill" and status == 501:
-        model = req.hints.get("model", "the model")
-        raise ProtocolError(
-            400,
-            f'"{model}" does not support insert: its GGUF has no fill-in-the-middle tokens '
-            "(suffix needs them); use a code model with FIM",
-        )
-    raise child_calls.refused(status, payload)
+def _chat(path: str, body: dict[str, Any]) -> Ask:
+    return GenerateAsk(name_in(body, "model"), path, body, envelope=OLLAMA, endpoint="chat")
 
 
-class OllamaAPI:
-    """The inference handlers; one instance per gateway app."""
+def _generate(path: str, body: dict[str, Any]) -> Ask:
+    return GenerateAsk(
+        name_in(body, "model"), path, body, envelope=OLLAMA, endpoint="generate", hint=RAW_HINT
+    )
 
-    def __init__(self, services: Services) -> None:
-        self.services = services
 
-    async def chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, "chat")
+def _embed(path: str, body: dict[str, Any]) -> Ask:
+    return EmbedAsk(name_in(body, "model"), path, body, envelope=OLLAMA, need=steps.EMBEDDINGS)
 
-    async def generate(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, "generate")
 
-    async def embed(self, request: web.Request) -> web.StreamResponse:
-        return await self._embed(request, legacy=False)
-
-    async def embeddings(self, request: web.Request) -> web.StreamResponse:
-        return await self._embed(request, legacy=True)
-
-    # -- the shared steps -------------------------------------------------------------
-
-    async def _load_only(
-        self,
-        request: web.Request,
-        load: LoadOnly,
-        target: Target,
-        model: str,
-        seconds: float | None,
-        started: int,
-    ) -> web.Response:
-        scheduler = self.services.scheduler
-        if seconds == 0:  # unload now; like ollama, never load a model just to unload it
-            await scheduler.stop_model(model)
-        else:
-            timed = await pipeline.lease(
-                scheduler, request, target, keep_alive=seconds, started=started
-            )
-            scheduler.release(timed.lease, keep_alive=seconds)
-        body = ollama.load_response(
-            load, model=model, created_at=now_rfc3339(), unloaded=seconds == 0
-        )
-        return web.json_response(body, headers={TRACE: trace_id(request)})
-
-    async def _run(
-        self, request: web.Request, build: Build, need: str, answer: Answer, hint: str = ""
-    ) -> web.StreamResponse:
-        """Translate, check, lease and answer one request."""
-        started = time.perf_counter_ns()
-        body = await read_json(request)
-        scheduler = self.services.scheduler
-        model = name_in(body, "model")  # ollama's own words when it is missing
-        target = pipeline.resolve(scheduler, model, request)
-        seconds = keep_alive(body)
-        req = build(body, target.runtime)
-        if isinstance(req, LoadOnly):
-            return await self._load_only(request, req, target, model, seconds, started)
-        templated = "messages" in req.hints or req.path == "/v1/chat/completions"
-        if need == pipeline.CHAT and templated:
-            pipeline.require(target.runtime, need, alternative=hint)  # raw and infill need none
-            for extra in ollama.needs(body):
-                pipeline.require(target.runtime, extra, requested=model)
-        if req.path == "/infill":
-            req = EngineRequest(req.path, req.body, req.stream, {**req.hints, "model": model})
-        timed = await pipeline.lease(
-            scheduler, request, target, keep_alive=seconds, started=started
-        )
-        try:
-            req = await self.services.admit(timed.lease, req, request.content_length or 0)
-            return await answer(request, timed, req, model)
-        finally:
-            scheduler.release(timed.lease, keep_alive=seconds)
-
-    # -- chat and generate ------------------------------------------------------------
-
-    async def _generate(self, request: web.Request, endpoint: str) -> web.StreamResponse:
-        def build(body: dict[str, Any], runtime: ModelRuntime) -> EngineRequest | LoadOnly:
-            translate = ollama.chat_request if endpoint == "chat" else ollama.generate_request
-            return translate(body, model_ctx=runtime.ctx)
-
-        async def answer(
-            request: web.Request, timed: Timed, req: EngineRequest, model: str
-        ) -> web.StreamResponse:
-            context = Context(self.services, timed, req) if "messages" in req.hints else None
-            if endpoint == "generate" and context is not None:
-                req = await context.request()
-            if req.stream:
-                state = ollama.StreamState(model, now_rfc3339(), endpoint)
-                state.load_duration = timed.load_ns
-                feed = ollama.chat_chunks if endpoint == "chat" else ollama.generate_chunks
-                finish = context.finish if endpoint == "generate" and context else None
-                return await self._stream(request, timed, req, state, feed, finish)
-            status, payload = await child_calls.call(self.services.children, timed.lease, req)
-            if status != 200 or not isinstance(payload, dict):
-                engine_error(status, payload, req)
-            translate = ollama.chat_response if endpoint == "chat" else ollama.generate_response
-            out = translate(
-                payload,
-                model=model,
-                created_at=now_rfc3339(),
-                total_duration=timed.total(),
-                load_duration=timed.load_ns,
-            )
-            if endpoint == "generate" and context is not None:
-                out = await context.finish(out, str(out.get("response", "")))
-            return web.json_response(out, headers={TRACE: trace_id(request)})
-
-        hint = RAW_HINT if endpoint == "generate" else ""
-        return await self._run(request, build, pipeline.CHAT, answer, hint)
-
-    async def _stream(
-        self,
-        request: web.Request,
-        timed: Timed,
-        req: EngineRequest,
-        state: ollama.StreamState,
-        feed: Feed,
-        finish: Finish | None = None,
-    ) -> web.StreamResponse:
-        """Stream the engine's answer as NDJSON; `finish` completes the final object (with
-        everything the answer said), as `Context.finish` adds the conversation's tokens."""
-        said: list[str] = []
-
-        async def write(response: web.StreamResponse, obj: dict[str, Any]) -> None:
-            if finish is not None:
-                if obj.get("done"):
-                    obj = await finish(obj, "".join(said))
-                elif isinstance(obj.get("response"), str):
-                    said.append(obj["response"])
-            await response.write(ollama.ndjson(obj))
-
-        async with child_calls.stream(self.services.children, timed.lease, req) as exchange:
-            if not child_calls.is_event_stream(exchange):
-                payload = await child_calls.error_body(exchange)
-                engine_error(exchange.status, payload, req)
-            response = web.StreamResponse(
-                headers={
-                    "Content-Type": NDJSON,
-                    "Cache-Control": "no-cache",
-                    TRACE: trace_id(request),
-                }
-            )
-            await response.prepare(request)
-            try:
-                async for data in child_calls.events(exchange):
-                    state.created_at = now_rfc3339()
-                    state.total_duration = timed.total()
-                    for obj in feed(data, state):
-                        await write(response, obj)
-                state.total_duration = timed.total()
-                for obj in ollama.finish_stream(state):
-                    await write(response, obj)
-            except UpstreamError as exc:  # the engine failed mid-stream
-                failed = child_calls.child_failed(state.model, exc)
-                if (trace := current()) is not None:
-                    trace.failed(failed.status, failed.message, failed.code)
-                with contextlib.suppress(ConnectionError):
-                    error = OLLAMA.body(failed.status, failed.message, None)
-                    await response.write(ollama.ndjson(error))
-            except ConnectionError:  # the client went away; leaving closes the engine request
-                return response
-            with contextlib.suppress(ConnectionError):
-                await response.write_eof()
-            return response
-
-    # -- embeddings -------------------------------------------------------------------
-
-    async def _embed(self, request: web.Request, *, legacy: bool) -> web.StreamResponse:
-        def build(body: dict[str, Any], runtime: ModelRuntime) -> EngineRequest | LoadOnly:
-            pipeline.require(runtime, pipeline.EMBEDDINGS)
-            translate = ollama.embeddings_request if legacy else ollama.embed_request
-            return translate(body, model_ctx=runtime.ctx)
-
-        async def answer(
-            request: web.Request, timed: Timed, req: EngineRequest, model: str
-        ) -> web.StreamResponse:
-            status, payload = await child_calls.call(self.services.children, timed.lease, req)
-            if status != 200 or not isinstance(payload, dict):
-                engine_error(status, payload)
-            if legacy:
-                out = ollama.embeddings_response(payload)
-            else:
-                out = ollama.embed_response(
-                    payload,
-                    model=model,
-                    total_duration=timed.total(),
-                    load_duration=timed.load_ns,
-                    dimensions=req.hints.get("dimensions"),
-                )
-            return web.json_response(out, headers={TRACE: trace_id(request)})
-
-        return await self._run(request, build, pipeline.EMBEDDINGS, answer)
+def _embeddings(path: str, body: dict[str, Any]) -> Ask:
+    return EmbedAsk(
+        name_in(body, "model"), path, body, envelope=OLLAMA, need=steps.EMBEDDINGS, legacy=True
+    )
 
 
 class Context:
     """A templated `/api/generate`'s `context`: the tokens of the conversation so far.
 
     `request` puts the tokens a client sent back in front of the newly rendered
-    messages (a `/completion` prompt may mix token ids and text); `finish` adds to
-    the final object the tokens of everything the model has now seen and said, as
-    ollama returns them (the prompt rendered by the template, then the answer)."""
+    messages (a `/completion` prompt may mix token ids and text); `finish` adds to the
+    final object the tokens of everything the model has now seen and said, as ollama
+    returns them (the prompt rendered by the template, then the answer)."""
 
-    def __init__(self, services: Services, timed: Timed, req: EngineRequest) -> None:
-        self.children, self.lease = services.children, timed.lease
+    def __init__(self, req: EngineRequest) -> None:
+        self.req = req
         self.messages = req.hints["messages"]
         self.earlier: list[int] = list(req.hints.get("context") or [])
-        self.req = req
         self.rendered: str | None = None
 
-    async def _rendered(self) -> str:
+    async def _rendered(self, child: Helpers) -> str:
         if self.rendered is None:
-            self.rendered = await child_calls.apply_template(
-                self.children, self.lease, self.messages
-            )
+            self.rendered = await child.apply_template(self.messages)
         return self.rendered
 
-    async def request(self) -> EngineRequest:
-        if not self.earlier:
+    async def request(self, done: Done) -> EngineRequest:
+        if not self.earlier or done.child is None:
             return self.req
-        prompt = [*self.earlier, await self._rendered()]
+        prompt = [*self.earlier, await self._rendered(done.child)]
         return EngineRequest(self.req.path, {**self.req.body, "prompt": prompt}, self.req.stream)
 
-    async def finish(self, final: dict[str, Any], said: str) -> dict[str, Any]:
-        tokens = await child_calls.tokenize(
-            self.children, self.lease, await self._rendered() + said
-        )
+    async def finish(self, final: dict[str, Any], said: str, child: Helpers) -> dict[str, Any]:
+        tokens = await child.tokenize(await self._rendered(child) + said)
         return {**final, "context": [*self.earlier, *tokens]}
+
+
+class GenerateAnswer(Answer):
+    """The engine's chat or completion answer as ollama's, whole or NDJSON lines."""
+
+    content_type = NDJSON
+
+    def __init__(
+        self, done: Done, endpoint: str, req: EngineRequest, context: Context | None
+    ) -> None:
+        super().__init__(done, OLLAMA)
+        self.endpoint, self.req, self.context = endpoint, req, context
+        self.state = ollama.StreamState(done.model, now_rfc3339(), endpoint)
+        self.state.load_duration = done.load_ns
+        self.chunks = ollama.chat_chunks if endpoint == "chat" else ollama.generate_chunks
+        self.said: list[str] = []
+        self.final: dict[str, Any] | None = None  # held until `end` completes it
+
+    async def whole(self, payload: bytes) -> dict[str, Any]:
+        data = orjson.loads(payload)
+        translate = ollama.chat_response if self.endpoint == "chat" else ollama.generate_response
+        out = translate(
+            data,
+            model=self.done.model,
+            created_at=now_rfc3339(),
+            total_duration=self.done.total(),
+            load_duration=self.done.load_ns,
+        )
+        if self.context is not None and self.done.child is not None:
+            out = await self.context.finish(out, str(out.get("response", "")), self.done.child)
+        return out
+
+    def _lines(self, objects: list[dict[str, Any]]) -> bytes:
+        out = []
+        for obj in objects:
+            if self.context is not None:
+                if obj.get("done"):
+                    self.final = obj
+                    continue
+                if isinstance(obj.get("response"), str):
+                    self.said.append(obj["response"])
+            out.append(ollama.ndjson(obj))
+        return b"".join(out)
+
+    def feed(self, data: Any) -> bytes:
+        state = self.state
+        state.created_at = now_rfc3339()
+        state.total_duration = self.done.total()
+        return self._lines(self.chunks(data, state))
+
+    async def end(self) -> bytes:
+        self.state.total_duration = self.done.total()
+        out = self._lines(ollama.finish_stream(self.state))
+        if self.final is not None and self.context is not None and self.done.child is not None:
+            final = await self.context.finish(self.final, "".join(self.said), self.done.child)
+            out += ollama.ndjson(final)
+        return out
+
+    def refusal(self, status: int, payload: Any) -> ProtocolError | None:
+        if self.req.path == "/infill" and status == 501:
+            return ProtocolError(
+                400,
+                f'"{self.done.model}" does not support insert: its GGUF has no '
+                "fill-in-the-middle tokens (suffix needs them); use a code model with FIM",
+            )
+        return None
+
+
+@dataclass
+class GenerateAsk(Ask):
+    """`/api/chat` or `/api/generate`."""
+
+    endpoint: str = "chat"
+
+    def _translate(self, model_ctx: int, *, has_vision: bool) -> EngineRequest | LoadOnly:
+        translate: Translate = (
+            ollama.chat_request if self.endpoint == "chat" else ollama.generate_request
+        )
+        return translate(self.body, model_ctx=model_ctx, has_vision=has_vision)
+
+    async def resolved(self, runtime: ModelRuntime, serving: Serving) -> None:
+        await images.ollama_images(serving, runtime.has_vision, self.body)
+
+    def native(self, runtime: ModelRuntime, target: Target) -> Plan | LoadOnly:
+        req = self._translate(runtime.ctx, has_vision=runtime.has_vision)
+        if isinstance(req, LoadOnly):
+            return req
+        templated = "messages" in req.hints or req.path == "/v1/chat/completions"
+        context = None
+        if self.endpoint == "generate" and "messages" in req.hints:
+            context = Context(req)
+        endpoint = self.endpoint
+        return Plan(
+            req,
+            lambda done: GenerateAnswer(done, endpoint, req, context),
+            ollama.needs(self.body) if templated else (),
+            need=steps.CHAT if templated else steps.ANY,
+            prepare=context.request if context is not None and context.earlier else None,
+        )
+
+    def openai(self, runtime: ModelRuntime | None) -> Plan | LoadOnly:
+        req = self._translate(runtime.ctx if runtime is not None else BIG_CTX, has_vision=True)
+        if isinstance(req, LoadOnly):
+            return req
+        if req.path != "/v1/chat/completions":
+            raise ProtocolError(
+                400,
+                "raw, suffix and context need llama-server's own endpoints, which an engine "
+                "or remote that speaks only OpenAI's API does not offer; send messages to "
+                "/api/chat instead",
+            )
+        endpoint = self.endpoint
+        return Plan(
+            req,
+            lambda done: GenerateAnswer(done, endpoint, req, None),
+            ollama.needs(self.body),
+        )
+
+    def loaded(self, load: LoadOnly, *, unloaded: bool) -> dict[str, Any]:
+        return ollama.load_response(
+            load, model=self.model, created_at=now_rfc3339(), unloaded=unloaded
+        )
+
+
+class EmbedAnswer(Answer):
+    def __init__(self, done: Done, legacy: bool, dimensions: Any) -> None:
+        super().__init__(done, OLLAMA)
+        self.legacy, self.dimensions = legacy, dimensions
+
+    async def whole(self, payload: bytes) -> dict[str, Any]:
+        data = orjson.loads(payload)
+        if self.legacy:
+            return ollama.embeddings_response(data)
+        return ollama.embed_response(
+            data,
+            model=self.done.model,
+            total_duration=self.done.total(),
+            load_duration=self.done.load_ns,
+            dimensions=self.dimensions,
+        )
+
+
+@dataclass
+class EmbedAsk(Ask):
+    """`/api/embed` (or the legacy `/api/embeddings`)."""
+
+    legacy: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def native(self, runtime: ModelRuntime, target: Target) -> Plan | LoadOnly:
+        return self._plan(runtime.ctx)
+
+    def openai(self, runtime: ModelRuntime | None) -> Plan | LoadOnly:
+        return self._plan(runtime.ctx if runtime is not None else BIG_CTX)
+
+    def _plan(self, model_ctx: int) -> Plan | LoadOnly:
+        translate = ollama.embeddings_request if self.legacy else ollama.embed_request
+        req = translate(self.body, model_ctx=model_ctx)
+        if isinstance(req, LoadOnly):
+            return req
+        legacy, dimensions = self.legacy, req.hints.get("dimensions")
+        return Plan(req, lambda done: EmbedAnswer(done, legacy, dimensions))
+
+    def loaded(self, load: LoadOnly, *, unloaded: bool) -> dict[str, Any]:
+        return ollama.load_response(
+            load, model=self.model, created_at=now_rfc3339(), unloaded=unloaded
+        )

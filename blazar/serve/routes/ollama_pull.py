@@ -36,8 +36,8 @@ from blazar.errors import NotFound
 from blazar.hashing import sha256_file
 from blazar.protocols import ProtocolError, ollama
 from blazar.serve.http import TRACE, name_in, read_json, trace_id
-from blazar.serve.request import pipeline, uploads
-from blazar.serve.request.pipeline import Failure, failure, free_name
+from blazar.serve.request import uploads
+from blazar.serve.request.steps import Failure, failure, free_name
 from blazar.serve.routes.services import Control, Services
 from blazar.sources import UnknownModelName, resolve_registry
 from reconcilers.plan import Action
@@ -291,7 +291,7 @@ class OllamaPull:
                     f"create: to serve '{origin}' with other settings as '{name}', declare "
                     f"[models.{name}] in the manifest with the same source and the settings",
                 )
-            target = pipeline.resolve(self.services.scheduler, origin, request)
+            target = self.services.pipeline.here(request, origin)
             free_name(self.services.scheduler, name, target)
             return None, target.runtime.name
         raise ProtocolError(400, "create: send `files` (an uploaded GGUF blob) or `from`")

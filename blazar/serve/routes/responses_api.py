@@ -12,8 +12,9 @@ The gateway keeps the newest responses in memory (`Recent`: at most
 RECENT_COUNT of them and RECENT_BYTES in all, until serve restarts), unless a
 request says `store: false`: `GET`/`DELETE /v1/responses/{id}` and its
 `input_items` read them, and `previous_response_id` continues one (its whole
-conversation is put before the new `input`). Each is readable only with the key
-that made it. `cancel` is for background responses, which Blazar refuses to
+conversation is put before the new `input`), and `POST /v1/responses/{id}`
+replaces its `metadata` (`blazar_sdk`'s `metadata_update`). Each is readable only
+with the key that made it. `cancel` is for background responses, which Blazar refuses to
 make. Failures are raised and answered in
 OpenAI's envelope by the gateway's error middleware; a child that fails
 mid-stream gets an `error` event.
@@ -21,27 +22,26 @@ mid-stream gets an `error` event.
 
 from __future__ import annotations
 
-import contextlib
 import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-from blazar.protocols import ProtocolError, openai_responses
+from blazar.protocols import LoadOnly, ProtocolError, openai_responses
 from blazar.protocols.openai_responses import ResponsesRequest, responses_request
 from blazar.protocols.openai_responses_stream import ResponseStream, response_object
 from blazar.protocols.sse import encode
-from blazar.serve.http import KEY_NAME, read_json
-from blazar.serve.request import child_calls, pipeline
+from blazar.serve.http import KEY_NAME, parse_json_object, read_json
+from blazar.serve.request.asks import Answer, Ask, Done, Plan
 from blazar.serve.request.envelopes import OPENAI
-from blazar.serve.request.pipeline import Timed
 from blazar.serve.routes.services import Services
-from blazar.serve.supervisor.child_http import UpstreamError
+from blazar.serve.supervisor.runtime import ModelRuntime
+from blazar.serve.supervisor.scheduler import Target
 
 NO_TEMPLATE_HINT = "use /v1/completions, or "
 RECENT_COUNT = 1000
@@ -100,6 +100,17 @@ class Recent:
         kept = self._kept.get(response_id)
         return kept if kept is not None and kept.owner == owner else None
 
+    def set_metadata(self, kept: Kept, metadata: dict[str, str]) -> None:
+        """Replace a kept response's metadata; it counts as the newest, at its new size."""
+        kept.response["metadata"] = metadata
+        size = len(orjson.dumps([kept.response, kept.history], default=str))
+        self._bytes += size - kept.size
+        kept.size = size
+        self._kept.move_to_end(kept.response["id"])
+        while self._bytes > self.size and len(self._kept) > 1:
+            _, gone = self._kept.popitem(last=False)
+            self._bytes -= gone.size
+
     def drop(self, response_id: str, owner: str | None) -> bool:
         if self.find(response_id, owner) is None:
             return False
@@ -110,8 +121,9 @@ class Recent:
 def register(app: web.Application, services: Services) -> None:
     """Add the Responses routes to the gateway's app."""
     api = ResponsesAPI(services)
-    app.router.add_post("/v1/responses", api.create)
+    app.router.add_post("/v1/responses", services.route(api.asker()))
     app.router.add_get("/v1/responses/{id}", api.retrieve)
+    app.router.add_post("/v1/responses/{id}", api.update)
     app.router.add_delete("/v1/responses/{id}", api.delete)
     app.router.add_get("/v1/responses/{id}/input_items", api.input_items)
     app.router.add_post("/v1/responses/{id}/cancel", api.cancel)
@@ -156,6 +168,18 @@ class ResponsesAPI:
         body = {"id": rid, "object": "response", "deleted": True}
         return web.json_response(body, headers=OPENAI.headers(request))
 
+    async def update(self, request: web.Request) -> web.StreamResponse:
+        """`{"metadata": {...}}` replaces a stored response's metadata (OpenAI's bounds)."""
+        kept = self._kept(request, "update")
+        body = await read_json(request)
+        if set(body) != {"metadata"}:
+            raise ProtocolError(
+                400, 'send {"metadata": {KEY: VALUE, ...}}: only metadata can be updated',
+                "invalid_request_error",
+            )  # fmt: skip
+        self.recent.set_metadata(kept, openai_responses.check_metadata(body["metadata"]))
+        return web.json_response(kept.response, headers=OPENAI.headers(request))
+
     async def input_items(self, request: web.Request) -> web.StreamResponse:
         kept = self._kept(request, "list the input items of")
         query = request.query
@@ -194,89 +218,80 @@ class ResponsesAPI:
             "one has finished", "invalid_request_error",
         )  # fmt: skip
 
-    async def create(self, request: web.Request) -> web.StreamResponse:
-        started = time.perf_counter_ns()
-        body = await read_json(request)
-        req = responses_request(body)  # the request as sent is valid, or a 400 before all
-        items = openai_responses.input_items(body, _item_id)
-        history = items
-        previous = body.get("previous_response_id")
-        if isinstance(previous, str):
-            earlier = self._kept(request, "continue", previous).conversation()
-            history = [*earlier, *items]
-            req = responses_request({**body, "input": history})
-        model = str(body["model"])
-        owner = request.get(KEY_NAME)
+    def asker(self) -> Any:
+        async def ask(request: web.Request) -> Ask:
+            body = parse_json_object(await request.read())
+            req = responses_request(body)  # the request as sent is valid, or a 400 before all
+            items = openai_responses.input_items(body, _item_id)
+            history = items
+            previous = body.get("previous_response_id")
+            if isinstance(previous, str):
+                earlier = self._kept(request, "continue", previous).conversation()
+                history = [*earlier, *items]
+                req = responses_request({**body, "input": history})
+            owner = request.get(KEY_NAME)
 
-        def keep(response: dict[str, Any]) -> None:  # before the client can see it ends
-            if response.get("store"):
-                self.recent.keep(owner, response, items, history)
+            def keep(response: dict[str, Any]) -> None:  # before the client can see it ends
+                if response.get("store"):
+                    self.recent.keep(owner, response, items, history)
 
-        scheduler = self.services.scheduler
-        target = pipeline.resolve(scheduler, model, request)
-        pipeline.require(target.runtime, pipeline.CHAT, alternative=NO_TEMPLATE_HINT)
-        for need in req.needs:
-            pipeline.require(target.runtime, need, requested=model)
-        timed = await pipeline.lease(scheduler, request, target, started=started)
-        try:
-            return await self._answer(request, timed, req, model, keep)
-        finally:
-            scheduler.release(timed.lease)
+            return ResponsesAsk(
+                str(body["model"]), "/v1/responses", body, hint=NO_TEMPLATE_HINT, req=req,
+                keep=keep,
+            )  # fmt: skip
 
-    async def _answer(
-        self,
-        request: web.Request,
-        timed: Timed,
-        req: ResponsesRequest,
-        model: str,
-        keep: Callable[[dict[str, Any]], None],
-    ) -> web.StreamResponse:
-        response_id, created_at = f"resp_{uuid.uuid4().hex}", int(time.time())
-        if req.engine.stream:
-            stream = ResponseStream(response_id, created_at, model, req.echo)
-            return await self._stream(request, timed, req, stream, keep)
-        status, payload = await child_calls.call(self.services.children, timed.lease, req.engine)
-        if status != 200 or not isinstance(payload, dict):
-            raise child_calls.refused(status, payload)
+        return ask
+
+
+class ResponsesAnswer(Answer):
+    """The engine's chat answer built into a Response, whole or as its event stream."""
+
+    def __init__(
+        self, done: Done, req: ResponsesRequest, keep: Callable[[dict[str, Any]], None]
+    ) -> None:
+        super().__init__(done)
+        self.req, self.keep = req, keep
+        self.response_id, self.created_at = f"resp_{uuid.uuid4().hex}", int(time.time())
+        self.state = ResponseStream(self.response_id, self.created_at, done.model, req.echo)
+
+    async def whole(self, payload: bytes) -> dict[str, Any]:
         out = response_object(
-            payload, response_id=response_id, created_at=created_at, model=model, echo=req.echo
-        )
-        keep(out)
-        return web.json_response(out, headers=OPENAI.headers(request))
+            orjson.loads(payload), response_id=self.response_id, created_at=self.created_at,
+            model=self.done.model, echo=self.req.echo,
+        )  # fmt: skip
+        self.keep(out)
+        return out
 
-    async def _stream(
-        self,
-        request: web.Request,
-        timed: Timed,
-        req: ResponsesRequest,
-        state: ResponseStream,
-        keep: Callable[[dict[str, Any]], None],
-    ) -> web.StreamResponse:
-        async with child_calls.stream(self.services.children, timed.lease, req.engine) as exchange:
-            if not child_calls.is_event_stream(exchange):
-                raise child_calls.refused(exchange.status, await child_calls.error_body(exchange))
-            headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-            response = web.StreamResponse(headers={**headers, **OPENAI.headers(request)})
-            await response.prepare(request)
+    def _send(self, events: list[dict[str, Any]]) -> bytes:
+        for event in events:
+            if event["type"] in FINAL:  # kept before the client sees the end
+                self.keep(event["response"])
+        return b"".join(_event(e) for e in events)
 
-            async def send(events: list[dict[str, Any]]) -> None:
-                for event in events:
-                    if event["type"] in FINAL:  # kept before the client sees the end
-                        keep(event["response"])
-                    await response.write(_event(event))
+    def start(self) -> bytes:
+        return self._send(self.state.start())
 
-            try:
-                await send(state.start())
-                async for data in child_calls.events(exchange):
-                    await send(state.feed(data))
-                await send(state.finish())
-            except UpstreamError as exc:  # the engine failed mid-stream
-                failed = child_calls.child_failed(state.model, exc)
-                error = state.error(failed.code or "server_error", failed.message)
-                with contextlib.suppress(ConnectionError):
-                    await response.write(_event(error))
-            except ConnectionError:  # the client went away; leaving closes the engine request
-                return response
-            with contextlib.suppress(ConnectionError):
-                await response.write_eof()
-            return response
+    def feed(self, data: Any) -> bytes:
+        return self._send(self.state.feed(data))
+
+    async def end(self) -> bytes:
+        return self._send(self.state.finish())
+
+    def error(self, failed: ProtocolError) -> bytes:
+        return _event(self.state.error(failed.code or "server_error", failed.message))
+
+
+@dataclass
+class ResponsesAsk(Ask):
+    """`POST /v1/responses`, translated onto the engine's chat endpoint."""
+
+    req: ResponsesRequest | None = None
+    keep: Callable[[dict[str, Any]], None] = field(default=lambda _: None)
+
+    def native(self, runtime: ModelRuntime, target: Target) -> Plan | LoadOnly:
+        return self.openai(runtime)
+
+    def openai(self, runtime: ModelRuntime | None) -> Plan | LoadOnly:
+        req, keep = self.req, self.keep
+        assert req is not None
+        return Plan(req.engine, lambda done: ResponsesAnswer(done, req, keep), req.needs)

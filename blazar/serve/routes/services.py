@@ -1,35 +1,42 @@
 """What the gateway's routes work with, as one small value the daemon builds.
 
-`Services` holds the scheduler, the one HTTP client to the children, the
-prompt counter, the sessions and singleflight (docs/sessions.md), the fleet
-(remotes and failover chains, `blazar.serve.state.remotes`), the daemon's hooks for
-routes that edit the manifest (`Control`), the observer
-(traces and metrics, `blazar.serve.state.tracing`), and the manifest's current
-`[serving]` settings (the daemon replaces them on reload). Route modules
-(`openai_api`, `ollama_api`, `ollama_admin`, `ollama_pull`, `anthropic_api`,
-`blazar_api`) receive it from `blazar.serve.gateway.app` and import nothing of the
-daemon; the daemon (`blazar.serve.daemon`) assembles both.
+`Services` holds the one request path (`pipeline`: the scheduler, the child client,
+the prompt counter, the sessions, singleflight and the fleet), the daemon's hooks for
+routes that edit the manifest (`Control`), the observer (traces and metrics,
+`blazar.serve.state.tracing`), and the manifest's current `[serving]` settings (the
+daemon replaces them on reload). Route modules receive it from
+`blazar.serve.gateway.app` and import nothing of the daemon; the daemon
+(`blazar.serve.daemon`) assembles both.
+
+A model route is registered with `Services.route(ask)`: `ask` parses the client's
+request into an `Ask`, and the handler hands it to `Pipeline.serve`. Every model route
+is such a `PipelineRoute` (tests/test_pipeline_routes.py walks the router to prove it).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from aiohttp import web
+
 from blazar.paths import Paths
-from blazar.protocols import EngineRequest, ProtocolError
-from blazar.serve.request import pipeline
-from blazar.serve.request.prompts import Prompts
-from blazar.serve.request.singleflight import SingleFlight
+from blazar.protocols import ProtocolError
+from blazar.serve.http import Handler
+from blazar.serve.request.asks import Ask
+from blazar.serve.request.pipeline import Pipeline, Timed
 from blazar.serve.state.remotes import Fleet
 from blazar.serve.state.sessions import Sessions
 from blazar.serve.state.tracing import Observer
 from blazar.serve.supervisor.child_http import ChildConnections
-from blazar.serve.supervisor.scheduler import Lease, Scheduler
+from blazar.serve.supervisor.scheduler import Scheduler
 from blazar.store import Store
 from specs.serving import Serving
+
+Asker = Callable[[web.Request], Awaitable[Ask]]
+Call = Callable[[web.Request, Ask, Timed | None], Awaitable[web.StreamResponse]]
 
 
 @dataclass(frozen=True)
@@ -47,11 +54,31 @@ class Control:
     refresh: Callable[[str], Awaitable[None]]
 
 
+class PipelineRoute:
+    """A model route's handler: the route's parser, then the pipeline. `call` is for a
+    route whose engine call is its own (audio): the pipeline holds the slot around it
+    (`Pipeline.held`), or for an `Ask` that is `deferred` (an async job) only checks it
+    (`Pipeline.local`) and `call` gets no slot."""
+
+    def __init__(self, pipeline: Pipeline, ask: Asker, call: Call | None = None) -> None:
+        self.pipeline, self.ask, self.call = pipeline, ask, call
+
+    async def __call__(self, request: web.Request) -> web.StreamResponse:
+        ask = await self.ask(request)
+        if self.call is None:
+            return await self.pipeline.serve(request, ask)
+        if ask.deferred:
+            self.pipeline.local(request, ask)
+            return await self.call(request, ask, None)
+        async with self.pipeline.held(request, ask) as timed:
+            return await self.call(request, ask, timed)
+
+
 @dataclass
 class Services:
-    """The scheduler, the child client, what counts prompts, the observer, (under `blazar
-    serve`) the sessions and the daemon's hooks, and the `[serving]` settings routes read
-    (upload limits, import roots)."""
+    """The request path, the observer, (under `blazar serve`) the sessions and the
+    daemon's hooks, and the `[serving]` settings routes read (upload limits, import
+    roots)."""
 
     scheduler: Scheduler
     children: ChildConnections = field(default_factory=ChildConnections)
@@ -60,22 +87,34 @@ class Services:
     observer: Observer = field(default_factory=Observer)  # traces and metrics
     sessions: Sessions | None = None  # None: sessions and the bank are off (no daemon)
     serving: Serving = field(default_factory=Serving)
-    prompts: Prompts = field(init=False)
-    singleflight: SingleFlight = field(default_factory=SingleFlight)
     # Awaited by serve as it stops, before the scheduler stops the children (the audio
     # jobs keep a queued job queued for the next serve).
     closing: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     fleet: Fleet = field(default_factory=Fleet)  # remotes and failover chains (docs/fleet.md)
+    pipeline: Pipeline = field(init=False)
 
     def __post_init__(self) -> None:
         self.observer.bind(self.scheduler)
-        self.prompts = Prompts(self.children)
+        self.pipeline = Pipeline(
+            self.scheduler, self.children, sessions=self.sessions, fleet=self.fleet,
+            serving=self.serving,
+        )  # fmt: skip
 
-    async def admit(self, lease: Lease, req: EngineRequest, size: int) -> EngineRequest:
-        """A translated request after `pipeline.admit` (the preflight, the sessions' slot
-        routing): with `id_slot` when a slot must be named; `size` bounds its tokens."""
-        slot = await pipeline.admit(self.prompts, self.sessions, lease, req.path, req.body, size)
-        return req if slot is None else replace(req, body={**req.body, "id_slot": slot})
+    def configure(self, serving: Serving) -> None:
+        """The manifest's `[serving]` settings from now on (the daemon, on every pass)."""
+        self.serving = self.pipeline.serving = serving
+
+    def route(self, ask: Asker, call: Call | None = None) -> Handler:
+        """The handler of a model route whose requests `ask` parses (and, for a route
+        whose engine call is its own, `call` makes); `handler.pipeline_route` is its
+        `PipelineRoute`, for the test that walks the router."""
+        owner = PipelineRoute(self.pipeline, ask, call)
+
+        async def handler(request: web.Request) -> web.StreamResponse:
+            return await owner(request)
+
+        handler.pipeline_route = owner  # type: ignore[attr-defined]
+        return handler
 
     def need_control(self) -> Control:
         """The daemon's hooks; routes that edit the manifest need `blazar serve`."""

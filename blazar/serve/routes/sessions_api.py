@@ -21,8 +21,8 @@ from aiohttp import web
 
 from blazar.protocols import ProtocolError
 from blazar.serve.http import read_json
-from blazar.serve.request import pipeline
 from blazar.serve.routes.services import Services
+from blazar.serve.state.remotes import Forward
 from blazar.serve.state.sessions import Sessions, incompatibility
 from blazar.store import SessionRecord
 
@@ -70,7 +70,7 @@ class SessionsAPI:
         name = body.get("name")
         if not isinstance(name, str) or not name:
             raise ProtocolError(400, 'send {"model": MODEL, "name": NAME} (and "slot": N)')
-        target = pipeline.resolve(self.services.scheduler, body.get("model"), request)
+        target = self.services.pipeline.here(request, body.get("model"))
         replica = optional_int(body, "replica") or 0
         slot = optional_int(body, "slot")
         record = await sessions.save(target.pool, name, slot=slot, replica=replica)
@@ -80,11 +80,13 @@ class SessionsAPI:
         sessions = self._sessions()
         body = await read_json(request)
         record = sessions.find(request.match_info["name"])
-        scheduler = self.services.scheduler
-        target = pipeline.resolve(scheduler, body.get("model") or record.model, request)
+        scheduler, pipeline = self.services.scheduler, self.services.pipeline
+        target = pipeline.here(request, body.get("model") or record.model)
         if (problem := incompatibility(record, target.runtime)) is not None:
             raise ProtocolError(400, problem)  # before loading anything
-        timed = await pipeline.lease(scheduler, request, target)
+        timed = await pipeline.lease(request, target)
+        if isinstance(timed, Forward):  # a session is this host's: never restored elsewhere
+            raise ProtocolError(503, f"model '{target.runtime.name}' cannot load here now")
         try:
             slot = await sessions.restore(timed.lease, record)
         finally:

@@ -13,8 +13,8 @@ The request path asks two things (`blazar.serve.request.pipeline`): which remote
 serves a name this host does not (`remote_for`), and, when this host cannot
 serve a model (busy with its queue full, a failed load, a crash before any
 byte went out), the next usable member of its `failover` chain (`member`).
-Either is answered by raising `Forward`, which `blazar.serve.gateway.relay` catches
-and carries out. `snapshot` is `GET /api/failover` and `blazar remotes`;
+Either is answered with a `Forward` value, which the pipeline carries out
+(`blazar.serve.request.forward`). `snapshot` is `GET /api/failover` and `blazar remotes`;
 `drain` is `POST /api/failover`.
 
 A request a Blazar forwarded carries `x-blazar-forwarded`: it is never
@@ -155,16 +155,14 @@ class Remote:
         }
 
 
-class Forward(Exception):  # a request to carry out elsewhere, not an error
-    """Raised on the request path: carry this request out on `remote` instead; `reason`
+@dataclass(frozen=True)
+class Forward:
+    """The request path's answer "carry this request out on `remote` instead": `reason`
     says why (for the trace), `model` names the model it is for."""
 
-    def __init__(self, remote: Remote, reason: str, model: str) -> None:
-        super().__init__(f"forward to remote {remote.name}: {reason}")
-        self.remote, self.reason, self.model = remote, reason, model
-
-
-FAILOVER = web.RequestKey("failover", str)  # the model whose chain a request may use
+    remote: Remote
+    reason: str
+    model: str
 
 
 @dataclass

@@ -111,6 +111,10 @@ class Observer:
         self._exporter: SpanExporter | None = None
         self._starting: dict[str, int] = {}
         self._scraped: list[Metric] = []
+        # Told of each trace as it starts (record None) and once it is finished (its record):
+        # the dashboard's event bus (`blazar.serve.state.events`). Each must be cheap and
+        # must not raise.
+        self.listeners: list[Callable[[Trace, dict[str, Any] | None], None]] = []
         self.metrics.registry.register(live.StateCollector(self._scheduler, self._children))
         self.configure(settings or Settings())
 
@@ -154,6 +158,8 @@ class Observer:
                 logger.exception("tracing %s failed", request.path)
                 return await handler(request)
             trace.enforce = self.settings.sentinel_enforce
+            for listener in self.listeners:
+                listener(trace, None)
             token = CURRENT.set(trace)
             try:
                 response = await handler(request)
@@ -222,6 +228,8 @@ class Observer:
             }
         self.metrics.observe(trace, busted)
         self.ring.append(record)
+        for listener in self.listeners:
+            listener(trace, record)
         if self._executor is not None:
             self._pending.append(record)
         if self._exporter is not None:

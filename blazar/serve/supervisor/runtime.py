@@ -77,13 +77,20 @@ class ModelRuntime:
     settings_problem: str | None = None  # why `cache` cannot serve this GGUF: never spawned
     slot_dir: str | None = None  # --slot-save-path: where sessions are saved and restored
     session_bank: bool = False
-    preflight: bool = True
+    preflight: str = "on"  # on | strict | off (serving.prompt_preflight)
+    dialect: str = "llama-server"  # what its engine's HTTP API speaks: llama-server | openai
     singleflight: bool = False
     facts: dict[str, object] = field(default_factory=dict, compare=False, hash=False)
     # -- engine routing (fork lanes) --
     engine_lane: str = ""  # the lane serving it: llamacpp, or a fork's id
     refusal: str | None = None  # no engine supports it: what its requests are told (400)
     kind: str = "chat"  # chat | transcription (a whisper lane) | speech (a piper lane)
+    projector: str | None = None  # the vision projector's path (--mmproj): it reads images
+
+    @property
+    def has_vision(self) -> bool:
+        """Images reach it (a projector is loaded); without one they are refused (400)."""
+        return self.projector is not None
 
     @property
     def instances(self) -> int:
@@ -139,6 +146,7 @@ class ModelRuntime:
             return ("--model", self.path, "--parallel", str(self.slots), *count, *self.extra_args)
         out = [
             "--model", self.path,
+            *(("--mmproj", self.projector) if self.projector is not None else ()),
             "--ctx-size", str(self.ctx * self.slots),  # llama-server divides it among slots
             "--parallel", str(self.slots),
             "--alias", self.name,
@@ -226,6 +234,7 @@ def build_runtimes(
     engines = EngineStore(store)
     declared = {parse_name(k).short: k for k in manifest.models}
     loras = store.list_loras()
+    projectors = {p.model: p for p in store.list_projectors() if p.vision}
     lanes, routing = observe_lanes(store), routing_of(manifest)
     runtimes: dict[str, ModelRuntime] = {}
     for record in store.list_models():
@@ -248,6 +257,11 @@ def build_runtimes(
             name, record.path, record.facts, spec, serving, engine, loras, template,
             decided.refusal,
         )  # fmt: skip
+        held = projectors.get(name)
+        if held is not None and (spec is None or spec.mmproj is not None):
+            # With its projector while the manifest declares one (or does not declare the
+            # model at all): a projector left from an earlier mmproj is not loaded.
+            runtime = replace(runtime, projector=held.path)
         runtimes[name] = _with_sessions(runtime, record.sha256, spec, serving, slot_dir)
     return runtimes
 
@@ -291,7 +305,7 @@ def audio_runtime(
         )
         + (tuple(model.args) if model else ()),
         sha256=record.sha256,
-        preflight=False,
+        preflight="off",
         facts={**record.facts, "size": record.size},
         engine_lane=lane if engine else "",
         refusal=refusal,
@@ -399,10 +413,17 @@ def _with_sessions(
         settings_problem="; ".join(found) or None,
         slot_dir=str(slot_dir) if slot_dir is not None else None,
         session_bank=bank,
-        preflight=serving.prompt_preflight,
+        preflight=preflight_mode(serving.prompt_preflight),
         singleflight=serving.singleflight,
         facts=facts,
     )
+
+
+def preflight_mode(setting: bool | str) -> str:
+    """serving.prompt_preflight as the runtime keeps it: on, strict or off."""
+    if setting == "strict":
+        return "strict"
+    return "on" if setting else "off"
 
 
 def _rope_facts(path: str) -> dict[str, Any]:

@@ -169,11 +169,18 @@ class Scheduler:
 
     # -- acquiring a slot -----------------------------------------------------------------
 
-    def resolve(self, requested: str) -> Target:
+    def resolve(
+        self, requested: str, visible: Callable[[ModelRuntime], bool] | None = None
+    ) -> Target:
         """The model, adapters and replica a requested name means; ModelNotFound (404) for
-        an unknown model, adapter or replica, InvalidName (400) for a malformed name."""
+        an unknown model, adapter or replica, InvalidName (400) for a malformed name.
+        `visible` (an API key's view) answers a model it does not see as if it were absent,
+        naming only the models it sees, before anything of the model is told."""
         try:
             runtime, asked = resolve(self.runtimes, requested)
+            if visible is not None and not visible(runtime):
+                served = (r.name for r in self.runtimes.values() if visible(r))
+                raise model_not_found(requested, served)
         except KeyError:
             if self.starting:  # the first pass has not said yet what is served
                 raise Starting(
@@ -181,7 +188,8 @@ class Scheduler:
                     "pass over the manifest is still running; retry",
                     retry_after=1,
                 ) from None
-            raise model_not_found(requested, self.runtimes) from None
+            served = (r.name for r in self.runtimes.values() if visible is None or visible(r))
+            raise model_not_found(requested, served) from None
         return self._target(self.pools[runtime.name], asked.adapters, asked.replica)
 
     @staticmethod
