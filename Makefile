@@ -22,8 +22,9 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	@touch $@
 
 # The engine wheels the tests install (tests/test_engines.py, test_serve.py, ...), fetched
-# here so that the suite itself runs offline (tests/offline.py); tests/conftest.py reads
-# the same cache. A version already cached is not fetched again.
+# here so that the suite itself runs offline (tests/offline.py); tests/fixtures.py pins the
+# same versions (ENGINE_VERSIONS: tests/test_fixtures.py checks they agree) and reads the
+# same cache. A version already cached is not fetched again.
 TEST_ENGINE_VERSIONS := 2026.10.11549 2026.9.11063
 WHEEL_CACHE := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/blazar-tests/wheels
 

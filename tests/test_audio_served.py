@@ -26,7 +26,8 @@ import openai
 import pytest
 
 from blazar.testing.tiny import write_tiny_model
-from tests.conftest import WHEEL_CACHE, Blazar
+from tests.conftest import Blazar
+from tests.fixtures import ENGINE_VERSION, WHEELS
 from tests.serving import Served
 
 SENTENCE = "The quick brown fox jumps over the lazy dog."
@@ -119,7 +120,7 @@ max_audio_upload = "8MiB"
 max_loaded_models = 4
 
 [engines.llamacpp]
-version = "2026.10.11549"
+version = "{ENGINE_VERSION}"
 
 [engines.whisper]
 kind = "whisper"
@@ -145,9 +146,9 @@ deterministic = true  # the same audio each time: what whisper hears is not left
     )
     with pytest.MonkeyPatch.context() as env:
         env.setenv("BLAZAR_HOME", str(home))
-        env.setenv("BLAZAR_WHEEL_CACHE", str(WHEEL_CACHE / "wheels"))
+        env.setenv("BLAZAR_WHEEL_CACHE", str(WHEELS))
         env.setenv("PIP_NO_INDEX", "1")
-        env.setenv("PIP_FIND_LINKS", str(WHEEL_CACHE / "wheels"))
+        env.setenv("PIP_FIND_LINKS", str(WHEELS))
         served = Served(manifest, home)
         with served:
             found = Host(served, manifest, home)

@@ -31,10 +31,9 @@ import openai
 import pytest
 
 from blazar.testing.tiny import write_tiny_lora, write_tiny_model
-from tests.conftest import WHEEL_CACHE
+from tests.fixtures import ENGINE, WHEELS
 from tests.serving import Served
 
-ENGINE = '[engines.llamacpp]\nversion = "2026.10.11549"\n\n'
 HI = [{"role": "user", "content": "hello"}]
 
 
@@ -66,7 +65,7 @@ class Host:
 
 
 def _env(home: Path) -> dict[str, str]:
-    return {"BLAZAR_HOME": str(home), "BLAZAR_WHEEL_CACHE": str(WHEEL_CACHE / "wheels")}
+    return {"BLAZAR_HOME": str(home), "BLAZAR_WHEEL_CACHE": str(WHEELS)}
 
 
 def _serve(root: Path, serving: str) -> Iterator[Host]:

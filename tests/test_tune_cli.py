@@ -11,9 +11,8 @@ from blazar.profiles import ProfileStore
 from blazar.store import Store
 from blazar.testing.tiny import is_tiny_text
 from tests.conftest import Blazar
+from tests.fixtures import ENGINE
 from tests.serving import Served
-
-ENGINE = '[engines.llamacpp]\nversion = "2026.10.11549"\n\n'
 
 
 def cmdline(pid: int) -> list[str]:

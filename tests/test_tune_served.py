@@ -25,9 +25,9 @@ from blazar.serve.supervisor.runtime import build_runtimes
 from blazar.store import Store
 from blazar.tune.race import Figures, decide
 from tests.conftest import Blazar
+from tests.fixtures import ENGINE
 from tests.serving import Served
 
-ENGINE = '[engines.llamacpp]\nversion = "2026.10.11549"\n\n'
 QUICK = ("--requests", "1", "--tokens", "32", "--runs", "3")
 FACTS = "The capital of France is Paris. The capital of Germany is"
 

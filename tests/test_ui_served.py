@@ -17,9 +17,8 @@ import pytest
 
 from blazar.testing.tiny import write_tiny_model
 from tests.conftest import run_blazar
+from tests.fixtures import ENGINE
 from tests.serving import Served
-
-ENGINE = '[engines.llamacpp]\nversion = "2026.10.11549"\n\n'
 
 
 def manifest(tmp_path: Path) -> Path:
