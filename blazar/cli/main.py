@@ -57,6 +57,7 @@ COMMANDS: dict[str, str] = {
     "serve": "blazar.cli.serve:serve",
     "session": "blazar.cli.sessions:session",
     "show": "blazar.cli.models:show",
+    "snapshot": "blazar.cli.snapshot:snapshot",
     "signin": "blazar.cli.shell:signin",
     "signout": "blazar.cli.shell:signout",
     "status": "blazar.cli.manifest:status",
