@@ -44,6 +44,7 @@ COMMANDS: dict[str, str] = {
     "login": "blazar.cli.shell:login",
     "logout": "blazar.cli.shell:logout",
     "lora": "blazar.cli.lora:lora",
+    "migrate": "blazar.cli.migrate:migrate",
     "mmproj": "blazar.cli.vision:mmproj",
     "ps": "blazar.cli.serve:ps",
     "pull": "blazar.cli.imperative:pull",
