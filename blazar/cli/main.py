@@ -49,6 +49,7 @@ COMMANDS: dict[str, str] = {
     "ps": "blazar.cli.serve:ps",
     "pull": "blazar.cli.imperative:pull",
     "push": "blazar.cli.shell:push",
+    "quantize": "blazar.cli.quantize:quantize",
     "remotes": "blazar.cli.fleet:remotes",
     "render": "blazar.cli.fleet:render",
     "rm": "blazar.cli.imperative:rm",
