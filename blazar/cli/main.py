@@ -66,6 +66,7 @@ COMMANDS: dict[str, str] = {
     "stop": "blazar.cli.serve:stop",
     "tts": "blazar.cli.audio:tts",
     "ui": "blazar.cli.ui:ui",
+    "upgrade": "blazar.cli.upgrade:upgrade",
     "watch": "blazar.cli.observe:watch",
     "whisper": "blazar.cli.audio:whisper",
     "why": "blazar.cli.observe:why",
