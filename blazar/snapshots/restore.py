@@ -58,8 +58,7 @@ def daemon_pid(paths: Paths) -> int | None:
 def _holds_something(db: Path) -> bool:
     if not db.exists():
         return False
-    counts = table_counts(db)
-    return any(counts.get(t, 0) for t in ("models", "loras", "keys", "sessions", "engines"))
+    return any(table_counts(db).values())  # any record, trace or event is something to lose
 
 
 def conflicts(paths: Paths, staged: Path) -> list[str]:
