@@ -143,7 +143,7 @@ def offline_env(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     index = tmp_path / "index"
     index.mkdir()
     env = {**os.environ, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": f"{index} {WHEEL_CACHE / 'wheels'}",
-           "PIP_DISABLE_PIP_VERSION_CHECK": "1"}  # fmt: skip
+           "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_COMPILE": "1"}  # fmt: skip
     env.pop("BLAZAR_HOME", None)
     env["BLAZAR_HOME"] = str(tmp_path / "home")
     return index, env
