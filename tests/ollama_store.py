@@ -43,16 +43,20 @@ def write_ollama_model(
     params: dict[str, object] | None = None,
     system: str | None = None,
     adapter: bytes | None = None,
+    projector: bytes | None = None,
     host: str = HOST,
 ) -> Path:
     """Store a model as `ollama pull name:tag` (or `ollama create` from a Modelfile with
-    PARAMETER, SYSTEM and ADAPTER lines) would; return the GGUF blob's path."""
+    PARAMETER, SYSTEM and ADAPTER lines; a vision model with its projector) would; return
+    the GGUF blob's path."""
     media = "application/vnd.ollama.image."
     layers = []
     if model_layer:
         layers.append(_layer(store, media + "model", gguf))
     if adapter is not None:
         layers.append(_layer(store, media + "adapter", adapter))
+    if projector is not None:  # a vision model: its mmproj
+        layers.append(_layer(store, media + "projector", projector))
     if system is not None:
         layers.append(_layer(store, media + "system", system.encode()))
     layers += [

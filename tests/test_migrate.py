@@ -15,6 +15,7 @@ from blazar.migrate.server_flags import map_command
 from blazar.paths import Paths
 from blazar.store import Store
 from blazar.testing.tiny import write_tiny_lora, write_tiny_model
+from blazar.testing.tiny_vision import write_tiny_projector
 from specs.loader import load_manifest
 from specs.names import parse_name
 from tests.conftest import Blazar
@@ -32,6 +33,7 @@ def ollama(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
     tiny = write_tiny_model(src / "tiny.gguf")
     other = write_tiny_model(src / "other.gguf", seed=3)
     lora = write_tiny_lora(src / "fox.gguf", tiny)
+    projector = write_tiny_projector(src / "mmproj.gguf")
     params = {"num_ctx": 1024, "temperature": 0.3, "stop": ["<|im_end|>"], "num_gpu": 99}
     return {
         "qwen": write_ollama_model(
@@ -42,10 +44,12 @@ def ollama(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
             store, "me/fox", "v1", gguf=tiny.read_bytes(), adapter=lora.read_bytes()
         ),
         "hf": write_ollama_model(
-            store, "owner/repo", "Q4_K_M", gguf=other.read_bytes(), host="hf.co"
+            store, "owner/repo", "Q4_K_M", gguf=other.read_bytes(), host="hf.co",
+            projector=projector.read_bytes(),
         ),
         "store": store,
         "lora": lora,
+        "projector": projector,
     }  # fmt: skip
 
 
@@ -66,6 +70,9 @@ def test_migrate_ollama_writes_a_manifest_that_diff_and_apply_take(
     assert manifest.models["fox:v1"].source == "ollama://me/fox:v1"
     hf = manifest.models["repo:q4_k_m"]  # not ollama's registry: named by its blob's path
     assert hf.source == ollama["hf"].as_uri()
+    mmproj_digest = hashlib.sha256(ollama["projector"].read_bytes()).hexdigest()
+    assert hf.mmproj == (ollama["store"] / "blobs" / f"sha256-{mmproj_digest}").as_uri()
+    assert hf.mmproj_sha256 == mmproj_digest  # a vision model keeps its projector
     (adapter,) = manifest.loras.values()
     assert adapter.model == "fox:v1" and adapter.always_on
     assert adapter.sha256 == hashlib.sha256(ollama["lora"].read_bytes()).hexdigest()
@@ -244,6 +251,12 @@ BASE = Path("/models")
         ("-ctk q8_0 -ctv f16", {}, [], ["-ctk/-ctv"]),
         ("--api-key sk-x --slot-save-path /tmp", {}, [], ["--api-key", "--slot-save-path"]),
         ("-mu https://x/m.gguf", {}, [], ["--model-url"]),
+        ("--mmproj vision/mmproj.gguf", {"mmproj": "file:///models/vision/mmproj.gguf"}, [], []),
+        ("-mmu https://x/mm.gguf --no-mmproj-offload", {}, ["--no-mmproj-offload"],
+         ["--mmproj-url"]),
+        ("--chat-template-kwargs {} -lm none", {"load_mode": "none"},
+         ["--chat-template-kwargs", "{}"], []),
+        ("--slot-save-path /x --chat-template-file", {}, [], ["--slot-save-path"]),
         ("--temp warm", {}, [], ["--temp"]),
     ],
 )  # fmt: skip

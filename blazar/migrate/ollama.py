@@ -9,7 +9,8 @@ Mapped: the model as `ollama://name:tag` (models of other hosts, such as
 `hf.co/...`, as the blob's `file://` path) with the layer's sha256, so applying
 it hardlinks ollama's blob into Blazar's store (never copies, moves or changes
 it); `num_ctx` as `ctx`, the sampling parameters Blazar keeps as `params`;
-SYSTEM as `system`; each ADAPTER as an always-on `[loras]` entry of its blob.
+SYSTEM as `system`; each ADAPTER as an always-on `[loras]` entry of its blob; a
+projector as the model's `mmproj` (its blob, with `mmproj_sha256`).
 The rest is listed with why (`blazar.migrate.Unmapped`). Reads only; pure apart
 from reading the store's small JSON and text layers.
 """
@@ -33,8 +34,6 @@ TEXT_LIMIT = 1 << 20  # a params, system or template layer is small text
 WHY = {
     "template": "a Go template; Blazar applies the GGUF's own Jinja chat template (or set "
     "chat_template: a template Blazar ships such as chatml, Jinja text or a .jinja file)",
-    "projector": "a vision projector: Blazar serves this model's text; declare the projector "
-    "by hand once vision is supported for the model",
     "messages": "Blazar keeps no conversation with a model: send the messages with each request",
     "license": "Blazar keeps no license text with a model (the GGUF's general.license stays)",
 }
@@ -129,6 +128,9 @@ def _one(
             system = _text(store, layer_digest)
             if system and system.strip():
                 fields["system"] = system
+        elif kind == "projector":  # a vision projector: the model's mmproj
+            fields["mmproj"] = (store / "blobs" / f"sha256-{layer_digest}").as_uri()
+            fields["mmproj_sha256"] = layer_digest
         elif kind == "adapter":
             lora = unique(clean_name(f"{name.replace(':', '-')}-adapter"), taken)
             adapter = store / "blobs" / f"sha256-{layer_digest}"

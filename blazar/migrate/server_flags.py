@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from specs.fields import MODEL_PARAMS
+from specs.models import _RESERVED_ARGS  # flags `args` may not carry: each has a field
 
 # Flags that take a value: llama-server's vocabulary (a flag not here that is followed
 # by a word not starting with '-' is taken to take it, and kept as args).
@@ -122,6 +123,10 @@ def map_command(words: list[str], base: Path) -> Mapped:
             rope[flag] = value
         elif handler is not None:
             handler(out, value, base)
+        elif flag in _RESERVED_ARGS:  # a field covers it, but not this use of it
+            out.unmapped.append(
+                (flag, value or "", f"Blazar sets it itself: {_RESERVED_ARGS[flag]}")
+            )
         elif flag.startswith("-"):
             out.args += [flag, value] if value is not None else [flag]
         else:
@@ -269,6 +274,26 @@ def _model_url(out: Mapped, value: str | None, base: Path) -> None:
     )  # fmt: skip
 
 
+def _load_mode(out: Mapped, value: str | None, base: Path) -> None:
+    if value in ("mmap", "none", "mlock", "mmap+mlock"):
+        out.fields["load_mode"] = value
+    else:
+        out.unmapped.append(("--load-mode", value or "", "load_mode is mmap, none, mlock or "
+                             "mmap+mlock"))  # fmt: skip
+
+
+def _mmproj(out: Mapped, value: str | None, base: Path) -> None:
+    if value:
+        out.fields["mmproj"] = _path(value, base).as_uri()
+
+
+def _mmproj_url(out: Mapped, value: str | None, base: Path) -> None:
+    out.unmapped.append(
+        ("--mmproj-url", value or "", "an https:// projector needs its sha256: set mmproj and "
+         "mmproj_sha256 by hand"),
+    )  # fmt: skip
+
+
 def _jinja(out: Mapped, value: str | None, base: Path) -> None:
     """On by default: nothing to declare."""
 
@@ -289,4 +314,6 @@ _HANDLERS: dict[str, Callable[[Mapped, str | None, Path], None]] = {
     "--cache-ram": _int_field("cache_ram_mb", minimum=-1),
     "--cache-reuse": _int_field("cache_reuse"),
     "--lora": _lora, "--lora-scaled": _lora_scaled,
+    "-lm": _load_mode, "--load-mode": _load_mode,
+    "-mm": _mmproj, "--mmproj": _mmproj, "-mmu": _mmproj_url, "--mmproj-url": _mmproj_url,
 }  # fmt: skip

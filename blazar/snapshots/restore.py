@@ -188,14 +188,14 @@ def restore_store(snapshot_db: Path, db: Path) -> None:
 
 
 def rebase(db: Path, old: Path, new: Path) -> None:
-    """Point model and adapter records at this home's blob store when the snapshot came from
-    another one (its blobs, when it has them, were restored here)."""
+    """Point model, adapter and projector records at this home's blob store when the
+    snapshot came from another one (its blobs, when it has them, were restored here)."""
     if old == new:
         return
     conn = sqlite3.connect(str(db), timeout=30)
     try:
         with conn:
-            for table in ("models", "loras"):
+            for table in ("models", "loras", "projectors"):
                 conn.execute(
                     f"UPDATE {table} SET path = ? || substr(path, ?) WHERE substr(path, 1, ?) = ?",
                     [str(new), len(str(old)) + 1, len(str(old)) + 1, f"{old}/"],
@@ -219,6 +219,7 @@ def drop_orphans(paths: Paths) -> dict[str, list[str]]:
             checks: list[tuple[str, str, str, Callable[[Any], bool]]] = [
                 ("models", "name || ':' || tag", "path", _exists),
                 ("loras", "name", "path", _exists),
+                ("projectors", "model", "path", _exists),
                 ("sessions", "name", "file", lambda f: (paths.sessions / str(f)).is_file()),
                 ("engines", "kind || ' ' || tag", "path", _exists),
             ]

@@ -247,7 +247,7 @@ class OllamaPull:
                 "create: quantize needs `from` naming a model Blazar serves (create the model "
                 "from its files first, then quantize it)",
             )
-        target = pipeline.resolve(self.services.scheduler, origin, request)
+        target = self.services.pipeline.here(request, origin)
         free_name(self.services.scheduler, name, target)
         tool, method = quantize.locate_tool(control.paths, control.store)
         if tool is None:
