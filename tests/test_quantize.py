@@ -148,6 +148,7 @@ def test_api_create_with_quantize_serves_the_quantized_model(
 
 @pytest.mark.slow  # about 12 minutes of cmake on two cores
 @pytest.mark.network  # pip downloads the llama-cpp-python sdist
+@pytest.mark.timeout(3600)
 def test_build_quantize_from_the_pypi_sdist(tmp_path: Path) -> None:
     pip = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:"]
     subprocess.run([*pip, SDIST, "-d", str(tmp_path)], check=True)
