@@ -21,7 +21,14 @@ import ollama
 import openai
 import pytest
 
-from blazar.engines.tools import QUANTIZE, build_quantize, check_quantize, tools_root
+from blazar.engines.records import EngineRecord
+from blazar.engines.tools import (
+    QUANTIZE,
+    build_quantize,
+    check_quantize,
+    find_quantize,
+    tools_root,
+)
 from blazar.gguf_info import inspect_gguf
 from blazar.paths import Paths
 from blazar.store import Store
@@ -144,6 +151,28 @@ def test_api_create_with_quantize_serves_the_quantized_model(
         with pytest.raises(ollama.ResponseError) as taken:
             client.create(model="small", from_="tiny", quantize="q8_0")
         assert taken.value.status_code == 400 and "already names model" in taken.value.error
+
+
+def test_llama_quantize_is_found_beside_a_release_engine_first(tmp_path: Path) -> None:
+    """A release archive ships llama-quantize beside llama-server; the wheel ships neither."""
+    root = tmp_path / "engines"
+    release = root / "llamacpp" / "b11549-cpu" / "build" / "bin"
+    release.mkdir(parents=True)
+    for name in ("llama-server", QUANTIZE):
+        (release / name).write_text("#!/bin/sh\n")
+    built = tools_root(root) / "b0-cpu-0c1e570" / QUANTIZE
+    built.parent.mkdir(parents=True)
+    built.write_text("#!/bin/sh\n")
+
+    def engine(method: str) -> EngineRecord:
+        return EngineRecord("llamacpp", "b11549-cpu", method, "b11549", str(release.parent.parent),
+                            [str(release / "llama-server")], True, "now")  # fmt: skip
+
+    assert find_quantize(root, engine("release")) == release / QUANTIZE
+    assert find_quantize(root, engine("wheel")) == built  # the wheel has none: Blazar's own
+    assert find_quantize(root, None) == built
+    built.unlink()
+    assert find_quantize(root, engine("wheel")) is None
 
 
 @pytest.mark.slow  # about 12 minutes of cmake on two cores
