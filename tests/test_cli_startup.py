@@ -72,6 +72,9 @@ def test_version_imports_no_command_and_no_heavy_library() -> None:
         pytest.param(("config", "path"), set(), id="config-path"),
         pytest.param(("completions", "bash"), set(), id="completions"),
         pytest.param(("push", "x"), set(), id="push-refused"),
+        # an upgrade runs even when the other dependencies are broken: stdlib and click only
+        pytest.param(("upgrade", "--rollback"), set(), id="upgrade-refused"),
+        pytest.param(("snapshot", "list"), set(), id="snapshot-list"),
         # the catalogs: the store (whether each is pulled), no hub client
         pytest.param(("whisper", "--search", "base"), {"sqlite_utils"}, id="whisper-search"),
         pytest.param(("tts", "--search", "joe"), {"sqlite_utils"}, id="tts-search"),

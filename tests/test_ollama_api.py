@@ -312,7 +312,7 @@ def check_create(client: ollama.Client, url: str, manifest: Path, gguf: Path) ->
     refused(partial(client.create, model="made", from_="tiny"), 400, "already names model")
     create = partial(client.create, model="x", from_="tiny")
     refused(partial(create, system="be nice"), 400, "system message with each request")
-    refused(partial(create, quantize="q4_K_M"), 400, "does not quantize")
+    refused(partial(create, quantize="q4_K_M"), 400, "no llama-quantize here", "--build")
     refused(partial(create, template="{{ .Prompt }}"), 400, "Go templates")
     refused(partial(create, parameters={"temperature": 0.1}), 400, "send them as options")
     missing = {"m.gguf": f"sha256:{'1' * 64}"}
