@@ -31,7 +31,7 @@ import signal
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -77,8 +77,10 @@ class LogFile:
     Buffered and flushed at most every FLUSH_EVERY seconds (and when the child
     exits or the log closes): llama-server writes several lines per request,
     and logging's RotatingFileHandler, which seeks and flushes on every line,
-    cost serve about 190 us of CPU per request. Errors quote the in-memory
-    tail, which is always current.
+    cost serve about 190 us of CPU per request. Lines held back are flushed
+    FLUSH_EVERY later by the event loop (when one runs), so a reader of the file
+    (the dashboard's Logs page) sees every line within that time. Errors quote
+    the in-memory tail, which is always current.
     """
 
     FLUSH_EVERY = 0.5
@@ -88,6 +90,7 @@ class LogFile:
         self._fh: BinaryIO | None = None
         self._size = 0
         self._flushed = 0.0
+        self._later: asyncio.TimerHandle | None = None
 
     def write(self, line: str) -> None:
         data = (line + "\n").encode("utf-8", "replace")
@@ -104,6 +107,19 @@ class LogFile:
         if now - self._flushed >= self.FLUSH_EVERY:
             self._fh.flush()
             self._flushed = now
+        elif self._later is None:
+            self._flush_later()
+
+    def _flush_later(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no event loop: the next write or close flushes
+            return
+        self._later = loop.call_later(self.FLUSH_EVERY, self._deferred)
+
+    def _deferred(self) -> None:
+        self._later = None
+        self.flush()
 
     def _rotate(self) -> None:
         self.close()
@@ -124,6 +140,9 @@ class LogFile:
             self._flushed = time.monotonic()
 
     def close(self) -> None:
+        if self._later is not None:
+            self._later.cancel()
+            self._later = None
         if self._fh is not None:
             self._fh.close()
             self._fh = None
@@ -310,8 +329,15 @@ async def probe_health(host: str, port: int, timeout: float = 2.0) -> int | None
     return int(parts[1]) if len(parts) >= 2 and parts[1].isdigit() else None
 
 
-async def poll_health(host: str, port: int) -> None:
-    """Return once GET /health answers 200; the caller enforces the deadline."""
-    started = time.monotonic()
+async def poll_health(
+    host: str,
+    port: int,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> None:
+    """Return once GET /health answers 200; the caller enforces the deadline. (`clock`
+    and `sleep` are injected by a test that plays the poll's time.)"""
+    started = clock()
     while await probe_health(host, port) != 200:
-        await asyncio.sleep(health_delay(time.monotonic() - started))
+        await sleep(health_delay(clock() - started))

@@ -13,6 +13,7 @@ import asyncio
 import gc
 import hashlib
 import json
+import logging
 import os
 import threading
 import time
@@ -73,7 +74,11 @@ def app_with_keys() -> tuple[web.Application, Access]:
 
 
 def concrete(pattern: str) -> str:
-    return pattern.replace("{digest}", "sha256:" + "0" * 64).replace("{name}", "someone")
+    return (
+        pattern.replace("{digest}", "sha256:" + "0" * 64)
+        .replace("{name}", "someone")
+        .replace("{file}", "app.js")  # the dashboard's files (public)
+    )
 
 
 def routes(app: web.Application) -> list[tuple[str, str]]:
@@ -276,7 +281,8 @@ def test_body_budget_waits_for_room_then_gives_up() -> None:
         assert await budget.reserve(40, timeout=1)
         assert not await budget.reserve(1, timeout=0.05)  # full: waits, then no
         waiting = asyncio.ensure_future(budget.reserve(50, timeout=5))
-        await asyncio.sleep(0.05)
+        for _ in range(20):  # it has every chance to go on, and does not: no room
+            await asyncio.sleep(0)
         assert not waiting.done()
         budget.release(60)
         assert await waiting and budget.used == 90
@@ -385,8 +391,9 @@ def test_bodies_held_at_once_are_capped_and_the_next_waits_then_gets_a_503() -> 
 
 
 def test_beyond_loopback_a_key_or_consent_is_needed(
-    paths: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    paths: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="blazar.serve")  # serve's log (`blazar.serve.logs`)
     keyed = Manifest(keys={"ops": Key(sha256="a" * 64, scope="admin")})
     consenting = Manifest(serving=Serving(allow_unauthenticated=True))
     assert exposure("127.0.0.1", Manifest()) is None and exposure("::1", Manifest()) is None
@@ -401,14 +408,14 @@ def test_beyond_loopback_a_key_or_consent_is_needed(
         assert daemon.access.keyed
         daemon._guard(Manifest())  # a reload that drops every key, while exposed
         assert daemon.access.keyed
-        assert "keys not changed: the manifest declares none" in capsys.readouterr().err
+        assert "keys not changed: the manifest declares none" in caplog.text
     finally:
         daemon.store.close()
     path.write_text("[serving]\nallow_unauthenticated = true\n")
     daemon = Daemon(paths, ServeOptions(path, host="0.0.0.0"))
     try:
         daemon._start_checks()  # the user means it: serve starts, and says so loudly
-        assert "WARNING: serving on 0.0.0.0 with NO API KEY" in capsys.readouterr().err
+        assert "WARNING: serving on 0.0.0.0 with NO API KEY" in caplog.text
     finally:
         daemon.store.close()
     path.write_text("")

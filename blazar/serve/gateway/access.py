@@ -1,7 +1,7 @@
 """The access layer: the one middleware every request passes, and the scope of every route.
 
-`build_app` installs `Access.middleware` on the gateway, inside the errors
-middleware, so each route is covered by construction; the daemon hands it the
+The gateway's one middleware (`blazar.serve.gateway.app`) runs `Access.guard` around
+every request, so each route is covered by construction; the daemon hands it the
 manifest's keys and `[serving]` settings on every pass (`configure`), so key
 changes apply without a restart. For each request, in this order:
 
@@ -107,6 +107,17 @@ SCOPES: dict[tuple[str, str], str] = {
     ("GET", "/api/blazar/stats"): ADMIN,  # `blazar watch`: the operator's live view
     ("GET", "/api/failover"): ADMIN,  # remotes' URLs and health: `blazar remotes`
     ("POST", "/api/failover"): ADMIN,  # drain or undrain a remote
+    # The dashboard (ui_api, ui_admin): its files hold no data, and must load to ask for a key
+    ("GET", "/ui"): PUBLIC,
+    ("GET", "/ui/"): PUBLIC,
+    ("GET", "/ui/{file}"): PUBLIC,
+    ("GET", "/api/ui/events"): INFERENCE,  # an inference key gets only its models' view
+    ("GET", "/api/ui/trail/{trace}"): ADMIN,
+    ("GET", "/api/ui/health"): ADMIN,
+    ("GET", "/api/ui/logs"): ADMIN,
+    ("GET", "/api/ui/logs/{name}"): ADMIN,
+    ("POST", "/api/blazar/load"): ADMIN,
+    ("POST", "/api/blazar/pin"): ADMIN,
 }
 # Route families, by path prefix, any method: for routes other modules add.
 PREFIXES: tuple[tuple[str, str], ...] = (
@@ -269,8 +280,9 @@ class Access:
             )  # fmt: skip
         return for_path(request.path).response(request, status, message, code, retry_after)
 
-    @web.middleware
-    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+    async def guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """The checks above, then `handler`; a refusal is answered here, in the path's
+        envelope. The gateway's one middleware (`blazar.serve.gateway.app`) calls it."""
         host = request.headers.get("Host")
         allowed = self._hosts.get(host) if host is not None else True
         if allowed is None:

@@ -32,6 +32,7 @@ envelope by the gateway's middleware (`steps.failure`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -42,6 +43,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from blazar.observe.speculation import HEADER, spec_header
 from blazar.observe.trace import current
 from blazar.protocols import EngineRequest, LoadOnly, ProtocolError
 from blazar.protocols.sse import SSEDecoder
@@ -464,6 +466,9 @@ class Pipeline:
         done = self._done(ask, timed)
         engine = plan.engine if plan.prepare is None else await plan.prepare(done)
         sent = await self._admitted(lease, ask, engine)
+        # Which speculative decoding mode answers (docs/tune.md); a whole answer adds its
+        # acceptance rate from the engine's timings (`_whole`).
+        sent.headers[HEADER] = lease.runtime.tuning.describe()
         upstream = ChildUpstream(self.children, lease.url, lease.runtime.name)
         return await self._exchange(request, ask, plan, engine, upstream, sent, done)
 
@@ -532,6 +537,10 @@ class Pipeline:
         if status != 200:
             data = decode(payload)
             raise answer.refusal(status, data) or refused(status, data)
+        mode = headers.get(HEADER)
+        if mode is not None and mode != "off":
+            with contextlib.suppress(orjson.JSONDecodeError, AttributeError):
+                headers[HEADER] = spec_header(mode, orjson.loads(payload).get("timings"))
         out = await answer.whole(payload)
         body = out if isinstance(out, bytes) else dumps(out)
         return web.Response(body=body, headers={"Content-Type": "application/json", **headers})

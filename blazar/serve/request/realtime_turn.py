@@ -218,7 +218,8 @@ class Turn:
             body["max_tokens"] = settings.max_tokens
         sentences = Sentences() if queue is not None else None
         kind = "response.audio_transcript.delta" if self.audio else "response.text.delta"
-        trace = Trace(self.id, "openai", PATH, enforce=s.observer.settings.sentinel_enforce)
+        trace = Trace(self.id, "openai", PATH)
+        s.observer.started(trace)
         token = CURRENT.set(trace)
         try:
             chat = s.pipeline.events(ChatAsk(settings.model, PATH, body), priority=s.priority)

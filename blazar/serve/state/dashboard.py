@@ -1,0 +1,162 @@
+"""What the dashboard (`/ui`) shows, as plain JSON values: the models view and request rows.
+
+`models_view` joins what is declared (the reconcile conditions the last apply left in
+the store, kind "model") with what is served (the scheduler's runtimes and its
+`snapshot` of instances, each with its resident memory) and the models remotes serve
+(`remote_row`, made by the caller from the fleet);
+`for_grant` cuts it down to what an inference key may see (its models only; no pids,
+ports or condition messages, as `/api/ps` shows). `request_row` is a finished
+request's trace record reduced to one row of the Requests page, `running_row` one still
+in flight. Called by `blazar.serve.state.events.EventBus`; pure but for the
+`rss` function it is given.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from blazar.serve.supervisor.scheduler import Scheduler
+from blazar.store import Condition
+from specs.names import InvalidName, parse_name
+
+Sees = Callable[[str, Iterable[str]], bool]
+ADMIN_ONLY_INSTANCE = ("pid", "port")
+
+
+def _short(name: str) -> str:
+    try:
+        return parse_name(name).short
+    except InvalidName:
+        return name
+
+
+def condition_json(c: Condition) -> dict[str, Any]:
+    return {"type": c.type, "status": c.status, "reason": c.reason, "message": c.message,
+            "since": c.last_transition}  # fmt: skip
+
+
+def models_view(
+    scheduler: Scheduler | None,
+    conditions: Sequence[Condition],
+    remote_rows: Sequence[dict[str, Any]] = (),
+    rss: Callable[[int | None], int | None] = lambda pid: None,
+) -> list[dict[str, Any]]:
+    """Every model declared or served, with its conditions and its instances; then
+    `remote_rows` (`remote_row` of each model only a remote serves)."""
+    declared: dict[str, list[dict[str, Any]]] = {}
+    for c in conditions:
+        if c.kind == "model":
+            declared.setdefault(_short(c.name), []).append(condition_json(c))
+    runtimes = scheduler.runtimes if scheduler is not None else {}
+    instances: dict[str, list[dict[str, Any]]] = {}
+    for inst in scheduler.snapshot() if scheduler is not None else []:
+        inst = {**inst, "memory_bytes": rss(inst.get("pid"))}
+        instances.setdefault(inst["model"], []).append(inst)
+    rows = []
+    for name in sorted(set(runtimes) | set(declared)):
+        runtime = runtimes.get(name)
+        pool = scheduler.pools.get(name) if scheduler is not None else None
+        conds = declared.get(name, [])
+        ready = next((c for c in conds if c["type"] == "Ready"), None)
+        row: dict[str, Any] = {
+            "name": name,
+            "declared": bool(conds),
+            "served": runtime is not None,
+            "ready": ready,
+            "conditions": conds,
+            "instances": instances.get(name, []),
+            "loaded": bool(pool and pool.loaded),
+            "remote": None,
+        }
+        if runtime is not None:
+            row.update(
+                kind=runtime.kind, aliases=list(runtime.aliases), variants=list(runtime.variants),
+                can_chat=runtime.kind == "chat" and runtime.can_chat, engine=runtime.engine_tag,
+                lane=runtime.engine_lane, slots=runtime.slots, ctx=runtime.ctx,
+                replicas=runtime.replicas, pin=runtime.pin, keep_alive=runtime.keep_alive,
+                size=runtime.facts.get("size"),
+                problem=runtime.refusal or runtime.settings_problem or runtime.template_problem,
+            )  # fmt: skip
+        rows.append(row)
+    rows.extend(remote_rows)
+    return rows
+
+
+def remote_row(name: str, remote: str, state: str) -> dict[str, Any]:
+    """A model served by a remote only (`state`: its health, or drained)."""
+    return {"name": name, "declared": False, "served": True, "ready": None, "conditions": [],
+            "instances": [], "loaded": False, "kind": "chat", "aliases": [], "variants": [],
+            "can_chat": True, "pin": False, "remote": remote, "remote_state": state}  # fmt: skip
+
+
+def for_grant(rows: list[dict[str, Any]], admin: bool, sees: Sees) -> list[dict[str, Any]]:
+    """The rows a key may see: its models; for an inference key without admin details."""
+    out = []
+    for row in rows:
+        if not sees(row["name"], row.get("aliases") or ()):
+            continue
+        if not admin:
+            instances = [
+                {k: v for k, v in inst.items() if k not in ADMIN_ONLY_INSTANCE}
+                for inst in row["instances"]
+            ]
+            ready = row["ready"] and {"type": "Ready", "status": row["ready"]["status"]}
+            row = {**row, "instances": instances, "conditions": [], "ready": ready}
+        out.append(row)
+    return out
+
+
+def row_key(trace_id: str, wall: float) -> str:
+    """One request's key on the page: its id and start (a client may repeat an id)."""
+    return f"{trace_id}@{wall:.6f}"
+
+
+def request_row(record: dict[str, Any]) -> dict[str, Any]:
+    """A finished request's row on the Requests page."""
+    prompt, cached = record.get("prompt_tokens"), record.get("cached_tokens")
+    ratio = cached / prompt if prompt and cached is not None else None
+    return {
+        "key": row_key(record["id"], record["time"]),
+        "id": record["id"],
+        "time": record["time"],
+        "done": True,
+        "protocol": record.get("protocol"),
+        "route": record.get("route"),
+        "stream": record.get("stream"),
+        "model": record.get("model") or record.get("requested"),
+        "adapter": record.get("adapter"),
+        "instance": record.get("instance"),
+        "decision": record.get("decision"),
+        "key_name": record.get("key"),
+        "status": record.get("status"),
+        "error": record.get("error"),
+        "ttft_ms": record.get("ttft_ms"),
+        "duration_ms": record.get("duration_ms"),
+        "tokens_per_second": record.get("tokens_per_second"),
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "generated_tokens": record.get("generated_tokens"),
+        "cache_hit_ratio": None if ratio is None else round(ratio, 4),
+        "sentinels": [s.get("check") for s in record.get("sentinels") or []],
+        "cache_finding": (record.get("cache") or {}).get("finding"),
+        "remote": record.get("remote"),
+    }
+
+
+def running_row(trace: Any, now: float | None = None) -> dict[str, Any]:
+    """A request still in flight (a `blazar.observe.trace.Trace`), as far as it has got."""
+    now = time.time() if now is None else now
+    return {
+        "key": row_key(trace.id, trace.wall),
+        "id": trace.id,
+        "time": trace.wall,
+        "done": False,
+        "protocol": trace.protocol,
+        "route": trace.route,
+        "model": trace.model or trace.requested,
+        "adapter": trace.adapter,
+        "instance": trace.instance,
+        "elapsed_ms": round(max(0.0, now - trace.wall) * 1000, 1),
+    }
