@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test test-ui ui-screenshots chromium lint engine-wheels check-python clean
+.PHONY: run test test-ui ui-screenshots chromium lint engine-wheels quantize-tool check-python clean
 
 check-python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Blazar needs Python >= 3.11; set PYTHON=python3.11 (or newer)")'
@@ -22,8 +22,9 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	@touch $@
 
 # The engine wheels the tests install (tests/test_engines.py, test_serve.py, ...), fetched
-# here so that the suite itself runs offline (tests/offline.py); tests/conftest.py reads
-# the same cache. A version already cached is not fetched again.
+# here so that the suite itself runs offline (tests/offline.py); tests/fixtures.py pins the
+# same versions (ENGINE_VERSIONS: tests/test_fixtures.py checks they agree) and reads the
+# same cache. A version already cached is not fetched again.
 TEST_ENGINE_VERSIONS := 2026.10.11549 2026.9.11063
 WHEEL_CACHE := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/blazar-tests/wheels
 
@@ -49,6 +50,23 @@ engine-wheels: $(VENV)/.installed-test
 			-d "$(WHEEL_CACHE)" "$$(echo $$name | tr _ -)==$$v" || exit 1; \
 	done
 
+# llama-quantize for tests/test_quantize.py, built once into the same cache by the code that
+# `blazar quantize --build` runs, from the llama.cpp tree (commit 0c1e570) that the
+# llama-cpp-python sdist vendors: about 12 minutes of cmake on two cores the first time.
+TEST_CACHE := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/blazar-tests
+QUANTIZE_SDIST := llama_cpp_python-0.3.36.tar.gz
+
+quantize-tool: $(VENV)/.installed-test
+	@ls "$(TEST_CACHE)"/engines/tools/llama-quantize/*/llama-quantize >/dev/null 2>&1 || { \
+		mkdir -p "$(TEST_CACHE)/src" && \
+		{ test -f "$(TEST_CACHE)/src/$(QUANTIZE_SDIST)" || \
+		  $(BIN)/python -m pip download --quiet --no-deps --no-binary :all: \
+			-d "$(TEST_CACHE)/src" llama-cpp-python==0.3.36; } && \
+		work=$$(mktemp -d) && \
+		$(BIN)/python -c 'import sys; from pathlib import Path; from blazar.engines.tools import build_quantize; build_quantize(Path(sys.argv[1]), sys.argv[2], work_dir=Path(sys.argv[3]), log=print)' \
+			"$(TEST_CACHE)/engines" "$(TEST_CACHE)/src/$(QUANTIZE_SDIST)" "$$work" && \
+		rm -rf "$$work"; }
+
 ## run: set up Blazar and run it on its default model (Gemma 3 270M).
 run: $(VENV)/.installed-run
 	$(BIN)/python -m blazar.quickstart
@@ -61,7 +79,7 @@ lint: $(VENV)/.installed-test
 
 ## test: set up the test environment and run lint, types, layering and the whole suite,
 ## then blazar-sdk's own (sdk/python/Makefile: its tests start serve from this .venv).
-test: lint engine-wheels
+test: lint engine-wheels quantize-tool
 	$(BIN)/python -m pytest
 	$(MAKE) -C sdk/python test PYTHON=$(abspath $(BIN)/python)
 

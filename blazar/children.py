@@ -33,7 +33,7 @@ import signal
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -368,8 +368,15 @@ async def probe_health(host: str, port: int, timeout: float = 2.0) -> int | None
     return int(parts[1]) if len(parts) >= 2 and parts[1].isdigit() else None
 
 
-async def poll_health(host: str, port: int) -> None:
-    """Return once GET /health answers 200; the caller enforces the deadline."""
-    started = time.monotonic()
+async def poll_health(
+    host: str,
+    port: int,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> None:
+    """Return once GET /health answers 200; the caller enforces the deadline. (`clock`
+    and `sleep` are injected by a test that plays the poll's time.)"""
+    started = clock()
     while await probe_health(host, port) != 200:
-        await asyncio.sleep(health_delay(time.monotonic() - started))
+        await sleep(health_delay(clock() - started))

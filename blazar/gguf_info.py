@@ -282,6 +282,16 @@ def inspect_gguf(path: Path) -> GGUFFacts:
     return _facts(version, meta, tensors, path.stat().st_size)
 
 
+def rope_facts(path: Path) -> dict[str, Any]:
+    """The RoPE keys of a GGUF, read from its header (a record imported before they were
+    recorded lacks them); {} when the file cannot be read: the engine decides then."""
+    try:
+        facts = inspect_gguf(path).to_dict()
+    except (OSError, ValueError, NotGGUF):
+        return {}
+    return {k: v for k, v in facts.items() if k.startswith("rope_")}
+
+
 def inspect_prefix(data: bytes, size: int, where: str) -> GGUFFacts:
     """The facts of a GGUF file of `size` bytes from its first bytes `data` (a ranged
     download: `blazar fit` before pulling); HeaderIncomplete when `data` is too short."""

@@ -2,7 +2,8 @@
 
 An advisory `flock` on `<state>/apply.lock`, holding the owner's pid for the
 message a waiting apply prints. The kernel drops the lock when its holder
-dies, so a killed apply never leaves the host locked.
+dies, so a killed apply never leaves the host locked. `held` is the probe
+`blazar serve` polls after a pass found the lock taken (docs/serve.md).
 """
 
 from __future__ import annotations
@@ -52,5 +53,23 @@ def apply_lock(
         finally:
             os.ftruncate(fd, 0)
             fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def held(path: Path) -> bool:
+    """Whether someone holds the lock at `path` now. A probe: it takes a shared lock and
+    drops it at once, never waits, and leaves the file (and the holder's pid) as it is."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
     finally:
         os.close(fd)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from blazar.errors import BlazarError, Conflict, InvalidInput, NotFound
+from blazar.locking import apply_lock
 from blazar.manifest_edit import ManifestError, ManifestFile
 from blazar.paths import Paths
 from blazar.reconcile import InvalidManifest, Pass, reconcile, supported
@@ -303,9 +304,23 @@ class Removed:
     alias_of: str | None = None
 
 
-def remove_model(paths: Paths, manifest_path: Path, name: str) -> Removed:
+def _edit_lock(paths: Paths, notify: Callable[[str], None] | None) -> Any:
+    """The apply lock, held from an edit's save to the end of its store changes: a pass of
+    `blazar serve` that the save starts finds it held, and runs again once it is released
+    (`blazar.serve.triggers`), so it never serves half of the edit."""
+    return apply_lock(paths.state / "apply.lock", notify=notify)
+
+
+def remove_model(
+    paths: Paths, manifest_path: Path, name: str, *, notify: Callable[[str], None] | None = None
+) -> Removed:
     """`blazar rm`: drop the declaration and what Blazar holds of a model (Blazar's own
     link or copy, never the user's file); for an alias, drop only the alias."""
+    with _edit_lock(paths, notify):
+        return _remove_model(paths, manifest_path, name)
+
+
+def _remove_model(paths: Paths, manifest_path: Path, name: str) -> Removed:
     manifest = open_manifest(manifest_path)
     owner = alias_owner(manifest, name)
     if owner is not None:
@@ -332,30 +347,33 @@ def remove_model(paths: Paths, manifest_path: Path, name: str) -> Removed:
             _save(manifest, f"not removed: {ref.short} is still referenced in the manifest")
         if held is not None:
             Registry(store, paths).remove(ref)
-            store.delete_conditions("model", ref.short)
+        store.delete_conditions("model", ref.short)  # declared and never fetched: its too
     return Removed(ref.short, declared=key is not None, held=held.held if held else None)
 
 
-def remove_lora(paths: Paths, manifest_path: Path, name: str) -> Removed:
+def remove_lora(
+    paths: Paths, manifest_path: Path, name: str, *, notify: Callable[[str], None] | None = None
+) -> Removed:
     """`blazar lora rm`: drop `[loras.NAME]` and what Blazar holds of the adapter (its own
     link or copy). A running `blazar serve` sees the model's adapters change and starts
     new instances without it; requests in flight finish on the old ones, which keep the
     adapter loaded until then (`Scheduler.update` drains before it stops)."""
-    manifest = open_manifest(manifest_path)
-    declared = manifest.declares("loras", name)
-    with Store(paths.db) as store:
-        held = store.find_lora(name)
-        if not declared and held is None:
-            known = sorted({*(_table(manifest, "loras")), *(r.name for r in store.list_loras())})
-            raise NotFound(
-                f"LoRA adapter '{name}' not found: it is neither declared nor in the store "
-                f"(adapters: {', '.join(known) or 'none'}; `blazar lora list` shows them)"
-            )
-        if declared:
-            manifest.remove_resource("loras", name)
-            _save(manifest, f"adapter {name} not removed")
-        if held is not None:
-            Registry(store, paths).remove_lora(name)
+    with _edit_lock(paths, notify):
+        manifest = open_manifest(manifest_path)
+        declared = manifest.declares("loras", name)
+        with Store(paths.db) as store:
+            held = store.find_lora(name)
+            if not declared and held is None:
+                known = sorted({*_table(manifest, "loras"), *(r.name for r in store.list_loras())})
+                raise NotFound(
+                    f"LoRA adapter '{name}' not found: it is neither declared nor in the store "
+                    f"(adapters: {', '.join(known) or 'none'}; `blazar lora list` shows them)"
+                )
+            if declared:
+                manifest.remove_resource("loras", name)
+                _save(manifest, f"adapter {name} not removed")
+            if held is not None:
+                Registry(store, paths).remove_lora(name)
             store.delete_conditions("lora", name)
     return Removed(name, declared=declared, held="adapter" if held else None)
 

@@ -327,3 +327,33 @@ def m010_projectors(db: sqlite_utils.Database) -> None:
         pk="model",
         not_null={"model", "path", "size", "sha256", "source", "added_at"},
     )
+
+
+@migration
+def m011_tune(db: sqlite_utils.Database) -> None:
+    """`blazar tune`: each model's profile (the settings its runs won, newest row current),
+    the flags each engine's server takes (what a manifest field needs), and the decoding
+    mode of each bench figure."""
+    db["profiles"].create(  # type: ignore[union-attr]
+        {
+            "id": int,
+            "time": str,  # ISO 8601, UTC
+            "model": str,  # short name
+            "sha256": str,  # of the model file tuned: another file does not take the profile
+            "engine": str,  # lane and tag it was measured on: llamacpp b11549-cpu
+            "settings": str,  # JSON: spec, draft, ngram/draft knobs, slots, batch, threads, ...
+            "figures": str,  # JSON: the winner's and dense's figures, the runs behind them
+            "argv": str,  # JSON: the winner's child arguments, as tune started it
+            "workload": str,  # repetitive | chat | long-prompt | a path
+            "note": str,  # spec-race | search | ngram | cache-reuse | forget
+        },
+        pk="id",
+        not_null={"time", "model", "settings"},
+    )
+    db["profiles"].create_index(["model"])  # type: ignore[union-attr]
+    db["engine_flags"].create(  # type: ignore[union-attr]
+        {"lane": str, "tag": str, "flags": str, "probed_at": str},  # flags: JSON list
+        pk=("lane", "tag"),
+        not_null={"lane", "tag", "flags"},
+    )
+    db["bench"].add_column("spec", str)  # type: ignore[union-attr]  # off | ngram | draft

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -31,11 +31,12 @@ from blazar.lockfile import (
 from blazar.locking import apply_lock
 from blazar.paths import Paths
 from blazar.store import Store
+from blazar.vocab import draft_problem
 from blazar.wiring import real_ports
 from reconcilers.apply import ApplyReport, Event, execute, make_plan
 from reconcilers.desired import Desired, desired_from_manifest
 from reconcilers.engines import PlanError
-from reconcilers.plan import Action, Plan
+from reconcilers.plan import Action, Note, Plan
 from reconcilers.ports import Progress
 from specs.loader import ManifestError, hosts, load_manifest, overlay_file
 from specs.manifest import Manifest
@@ -105,6 +106,7 @@ def load_or_empty(path: Path, host: str | None = None) -> Manifest:
 class Pass:
     plan: Plan
     report: ApplyReport | None
+    notes: tuple[Note, ...] = ()  # found once the apply held what the plan had not (drafts)
 
 
 def plan_for(
@@ -117,9 +119,32 @@ def plan_for(
     pins: dict[str, str] | None = None,
 ) -> Plan:
     try:
-        return make_plan(desired, real_ports(store, paths, pins), prune=prune, now=now)
+        plan = make_plan(desired, real_ports(store, paths, pins), prune=prune, now=now)
     except PlanError as exc:
         raise InvalidInput(str(exc)) from None
+    return replace(plan, notes=plan.notes + tuple(draft_notes(store, desired)))
+
+
+def draft_notes(store: Store, desired: Desired) -> list[Note]:
+    """A `!` note for each declared model whose draft cannot draft for it (their GGUFs'
+    vocabularies differ, `blazar.vocab`), once both are held; serve refuses the model with
+    the same reason, before any spawn."""
+    held = {r.ref.short: r for r in store.list_models()}
+    notes = []
+    for model in desired.models:
+        draft = model.settings.get("draft")
+        target, other = held.get(model.name), held.get(str(draft))
+        if not draft or target is None or other is None:
+            continue  # no draft, or not pulled yet: checked once both are held
+        found = draft_problem(Path(target.path), Path(other.path))
+        if found is not None:
+            message = (
+                f"model '{draft}' cannot draft for '{model.name}': {found}; choose another "
+                f"(`blazar drafts {model.name}` lists those that fit) or remove "
+                f"models.{model.name}.draft"
+            )
+            notes.append(Note(f"models.{model.name}", message, "DraftMismatch"))
+    return notes
 
 
 def reconcile(
@@ -175,7 +200,11 @@ def reconcile(
             on_event=on_event,
             progress_for=progress_for,
         )
-        return Pass(plan, report)
+        late = tuple(n for n in draft_notes(store, desired) if n not in plan.notes)
+        for note in late:  # both models are held only now: their Ready condition says why
+            name = note.address.partition(".")[2]
+            store.set_condition("model", name, "Ready", "False", note.reason, note.message)
+        return Pass(plan, report, late)
 
 
 class LockMismatch(InvalidInput):

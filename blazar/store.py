@@ -432,6 +432,13 @@ class Store:
         rows = self.db["conditions"].rows_where(order_by="kind, name, type")
         return [Condition(**r) for r in rows]
 
+    def delete_condition(self, kind: str, name: str, type_: str) -> None:
+        with self.db.atomic():
+            self.db.execute(
+                "DELETE FROM conditions WHERE kind = ? AND name = ? AND type = ?",
+                [kind, name, type_],
+            )
+
     def delete_conditions(self, kind: str, name: str) -> None:
         with self.db.atomic():
             self.db.execute("DELETE FROM conditions WHERE kind = ? AND name = ?", [kind, name])

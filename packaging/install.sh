@@ -26,6 +26,8 @@ main() {
     "$python" -m venv "$prefix"
     "$prefix/bin/python" -m pip install --quiet --upgrade pip
     "$prefix/bin/python" -m pip install --quiet "$repo"
+    # what `blazar upgrade` installs again to upgrade this environment
+    printf 'repo=%s\n' "$repo" > "$prefix/blazar-install"
     mkdir -p "$bindir"
     ln -sf "$prefix/bin/blazar" "$bindir/blazar"
     echo "installed: $bindir/blazar ($("$bindir/blazar" --version))"

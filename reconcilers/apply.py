@@ -184,10 +184,10 @@ def execute(
         for name in names:
             if (kind, name) not in touched:
                 ports.status.set_condition(kind, name, True, "UpToDate", "matches the manifest")
-    for note in plan.notes:  # held but not servable: no engine supports it
+    for note in plan.notes:  # held but not servable: no engine supports it, a bad draft
         kind, _, name = note.address.partition(".")
         if kind == "models":
-            ports.status.set_condition("model", name, False, "NoEngine", note.message)
+            ports.status.set_condition("model", name, False, note.reason, note.message)
     return ApplyReport(tuple(outcomes))
 
 

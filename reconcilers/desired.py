@@ -119,6 +119,8 @@ def desired_from_manifest(manifest: Manifest) -> Desired:
         # failover and enabled are read by the gateway and the loader, not kept with the bytes.
         settings = model.model_dump(mode="json", exclude=NOT_SETTINGS)
         settings["engine"] = manifest.engine_for(key)
+        if model.draft:  # the model it names, by its short name (an alias resolved)
+            settings["draft"] = parse_name(manifest.resolve_model(model.draft) or model.draft).short
         models.append(DesiredModel(parse_name(key).short, model.source, model.sha256, settings))
     loras = []
     for key, lora in manifest.loras.items():

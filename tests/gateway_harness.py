@@ -142,6 +142,7 @@ class InProcessGateway:
                 self.store, self.children, paths.sessions, runtimes=lambda: self.scheduler.runtimes
             )
         services = Services(self.scheduler, self.children, control, sessions=sessions)
+        self.services = services
         self.app = build_app(services, self.access)
         self._runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
@@ -156,6 +157,8 @@ class InProcessGateway:
         async def stop() -> None:
             assert self._runner is not None
             await self._runner.cleanup()
+            for hook in self.services.closing:  # as serve ends: the async audio jobs' tasks
+                await hook()
             await self.app[FLEET].close()  # the remotes' client, when a test used one
             self.children.close()
             await self.scheduler.close()

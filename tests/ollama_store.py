@@ -34,16 +34,35 @@ def _layer(store: Path, media_type: str, data: bytes) -> dict[str, object]:
 
 
 def write_ollama_model(
-    store: Path, name: str, tag: str = "latest", *, gguf: bytes, model_layer: bool = True
+    store: Path,
+    name: str,
+    tag: str = "latest",
+    *,
+    gguf: bytes,
+    model_layer: bool = True,
+    params: dict[str, object] | None = None,
+    system: str | None = None,
+    adapter: bytes | None = None,
+    projector: bytes | None = None,
+    host: str = HOST,
 ) -> Path:
-    """Store a model as `ollama pull name:tag` would; return the GGUF blob's path."""
+    """Store a model as `ollama pull name:tag` (or `ollama create` from a Modelfile with
+    PARAMETER, SYSTEM and ADAPTER lines; a vision model with its projector) would; return
+    the GGUF blob's path."""
+    media = "application/vnd.ollama.image."
     layers = []
     if model_layer:
-        layers.append(_layer(store, "application/vnd.ollama.image.model", gguf))
+        layers.append(_layer(store, media + "model", gguf))
+    if adapter is not None:
+        layers.append(_layer(store, media + "adapter", adapter))
+    if projector is not None:  # a vision model: its mmproj
+        layers.append(_layer(store, media + "projector", projector))
+    if system is not None:
+        layers.append(_layer(store, media + "system", system.encode()))
     layers += [
-        _layer(store, "application/vnd.ollama.image.template", b"{{ .Prompt }}"),
-        _layer(store, "application/vnd.ollama.image.params", b'{"stop": ["<|im_end|>"]}'),
-        _layer(store, "application/vnd.ollama.image.license", b"MIT License\n"),
+        _layer(store, media + "template", b"{{ .Prompt }}"),
+        _layer(store, media + "params", json.dumps(params or {"stop": ["<|im_end|>"]}).encode()),
+        _layer(store, media + "license", b"MIT License\n"),
     ]
     config = json.dumps(
         {"model_format": "gguf", "model_family": "llama", "file_type": "F16"}
@@ -55,7 +74,7 @@ def write_ollama_model(
         "layers": layers,
     }
     namespace, _, short = name.rpartition("/")
-    path = store / "manifests" / HOST / (namespace or "library") / short / tag
+    path = store / "manifests" / host / (namespace or "library") / short / tag
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(manifest))
     digest = hashlib.sha256(gguf).hexdigest()

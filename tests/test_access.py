@@ -13,6 +13,7 @@ import asyncio
 import gc
 import hashlib
 import json
+import logging
 import os
 import threading
 import time
@@ -23,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
 
 from blazar.serve.daemon import Daemon, ServeOptions, Unprotected, exposure
 from blazar.serve.gateway import audit
@@ -33,6 +34,7 @@ from blazar.serve.gateway.access import (
     PUBLIC,
     Access,
     declared_scope,
+    presented_key,
     scope_of,
 )
 from blazar.serve.gateway.app import build_app
@@ -98,6 +100,30 @@ def test_every_route_declares_its_scope_and_an_undeclared_one_is_admin() -> None
     assert scope_of("GET", "/api/why/{trace}") == ADMIN
     assert scope_of("DELETE", "/api/blazar/sessions/{name}") == ADMIN
     assert scope_of("GET", "/api/keysmith") == ADMIN  # undeclared, not the /api/keys family
+
+
+@pytest.mark.parametrize(
+    ("headers", "key"),
+    [
+        ({}, None),
+        ({"Authorization": "Bearer plm_a"}, "plm_a"),
+        ({"Authorization": "bearer  plm_a "}, "plm_a"),
+        ({"Authorization": "Basic plm_a"}, None),
+        ({"x-api-key": " plm_b "}, "plm_b"),
+        ({"Authorization": "Bearer plm_a", "x-api-key": "plm_b"}, "plm_a"),
+        # A browser's WebSocket cannot set headers: the key comes as a subprotocol.
+        ({"Sec-WebSocket-Protocol": "realtime, openai-insecure-api-key.plm_c"}, "plm_c"),
+        ({"Sec-WebSocket-Protocol": "openai-insecure-api-key.plm_c,openai-beta.realtime-v1"},
+         "plm_c"),
+        ({"Sec-WebSocket-Protocol": "realtime, openai-insecure-api-key."}, None),
+        ({"Sec-WebSocket-Protocol": "realtime, x-openai-insecure-api-key.plm_c"}, None),
+        ({"Sec-WebSocket-Protocol": "realtime"}, None),
+        ({"x-api-key": "plm_b", "Sec-WebSocket-Protocol": "openai-insecure-api-key.plm_c"},
+         "plm_b"),
+    ],
+)  # fmt: skip
+def test_the_key_a_request_presents(headers: dict[str, str], key: str | None) -> None:
+    assert presented_key(make_mocked_request("GET", "/v1/realtime", headers=headers)) == key
 
 
 def shape(path: str, status: int, body: Any) -> str:
@@ -255,7 +281,8 @@ def test_body_budget_waits_for_room_then_gives_up() -> None:
         assert await budget.reserve(40, timeout=1)
         assert not await budget.reserve(1, timeout=0.05)  # full: waits, then no
         waiting = asyncio.ensure_future(budget.reserve(50, timeout=5))
-        await asyncio.sleep(0.05)
+        for _ in range(20):  # it has every chance to go on, and does not: no room
+            await asyncio.sleep(0)
         assert not waiting.done()
         budget.release(60)
         assert await waiting and budget.used == 90
@@ -364,8 +391,9 @@ def test_bodies_held_at_once_are_capped_and_the_next_waits_then_gets_a_503() -> 
 
 
 def test_beyond_loopback_a_key_or_consent_is_needed(
-    paths: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    paths: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="blazar.serve")  # serve's log (`blazar.serve.logs`)
     keyed = Manifest(keys={"ops": Key(sha256="a" * 64, scope="admin")})
     consenting = Manifest(serving=Serving(allow_unauthenticated=True))
     assert exposure("127.0.0.1", Manifest()) is None and exposure("::1", Manifest()) is None
@@ -380,14 +408,14 @@ def test_beyond_loopback_a_key_or_consent_is_needed(
         assert daemon.access.keyed
         daemon._guard(Manifest())  # a reload that drops every key, while exposed
         assert daemon.access.keyed
-        assert "keys not changed: the manifest declares none" in capsys.readouterr().err
+        assert "keys not changed: the manifest declares none" in caplog.text
     finally:
         daemon.store.close()
     path.write_text("[serving]\nallow_unauthenticated = true\n")
     daemon = Daemon(paths, ServeOptions(path, host="0.0.0.0"))
     try:
         daemon._start_checks()  # the user means it: serve starts, and says so loudly
-        assert "WARNING: serving on 0.0.0.0 with NO API KEY" in capsys.readouterr().err
+        assert "WARNING: serving on 0.0.0.0 with NO API KEY" in caplog.text
     finally:
         daemon.store.close()
     path.write_text("")

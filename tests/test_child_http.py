@@ -58,6 +58,7 @@ class Server:
         self.accepted = 0
         self.bodies: list[bytes] = []
         self.server: asyncio.Server | None = None
+        self.handlers: set[asyncio.Task[Any]] = set()  # one per connection
 
     @property
     def url(self) -> str:
@@ -70,10 +71,19 @@ class Server:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        """Close the listener and end the connections' handlers (Python 3.11's
+        `wait_closed` does not wait for them)."""
         assert self.server is not None
         self.server.close()
+        for handler in self.handlers:
+            handler.cancel()
+        await asyncio.gather(*self.handlers, return_exceptions=True)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        handler = asyncio.current_task()
+        assert handler is not None
+        self.handlers.add(handler)
+        handler.add_done_callback(self.handlers.discard)
         index, self.accepted = self.accepted, self.accepted + 1
         number = 0
         try:

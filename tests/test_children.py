@@ -1,7 +1,7 @@
 """The child-process primitives (`blazar.children`) and the one-job `EngineServer` built on
 them, with real child processes: the real engine on a tiny model, and small fake servers
-(tests/fake_children.py) for faults. The autouse `no_orphans` fixture fails a test that
-leaves a child behind; `run()` fails one that leaves asyncio tasks behind.
+(tests/fake_children.py) for faults. A test that leaves a child or an asyncio task behind
+fails (tests/leaks.py, for the whole suite).
 """
 
 from __future__ import annotations
@@ -28,11 +28,8 @@ from tests.fake_children import (
     dead,
     fake_server,
     gone,
-    no_orphans,  # noqa: F401 (a fixture, used through pytestmark)
     run,
 )
-
-pytestmark = pytest.mark.usefixtures("no_orphans")
 
 
 def script(tmp_path: Path, text: str) -> tuple[str, ...]:
@@ -113,11 +110,16 @@ def test_spawn_reads_the_port_and_the_exit(tmp_path: Path) -> None:
         log = ChildLog(tmp_path / "fake.log")
         ports: list[int] = []
         codes: list[int] = []
+        announced = asyncio.Event()
+
+        def on_port(port: int) -> None:
+            ports.append(port)
+            announced.set()
+
         assert proc.stdout is not None
-        reader = asyncio.create_task(children.read_output(proc.stdout, log, ports.append))
+        reader = asyncio.create_task(children.read_output(proc.stdout, log, on_port))
         watcher = asyncio.create_task(children.watch_exit(proc, reader, codes.append))
-        while not ports:
-            await asyncio.sleep(0.01)
+        await announced.wait()
         await children.poll_health("127.0.0.1", ports[0])
         assert await children.probe_health("127.0.0.1", ports[0]) == 200
         assert await children.terminate(proc, grace=5) == -signal.SIGTERM
@@ -161,11 +163,12 @@ def test_probe_health_says_none_when_nothing_listens() -> None:
 def test_poll_health_sees_ready_within_one_short_interval() -> None:
     """Regression: the poll backed off to 0.25 s, so a server turning healthy 0.6 s into
     the poll was seen at 0.8 s (the 0.02 s doubling steps), 0.2 s late; a cold start
-    through the gateway paid that. The server here flips from 503 to 200 at a moment the
-    test chooses, so how late the poll notices is measured, not guessed."""
+    through the gateway paid that. The poll's clock and sleep are the test's: the server
+    turns healthy 0.6 s into the poll by that clock, and how far past that the poll's
+    clock is when it returns is counted, not timed."""
 
     async def main() -> None:
-        healthy = False
+        healthy, now, flip = False, 0.0, 0.6
 
         async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             await reader.readuntil(b"\r\n\r\n")
@@ -174,14 +177,17 @@ def test_poll_health_sees_ready_within_one_short_interval() -> None:
             await writer.drain()
             writer.close()
 
+        async def sleep(delay: float) -> None:
+            nonlocal healthy, now
+            healthy = healthy or now < flip <= now + delay  # it turns healthy in this sleep
+            now += delay
+            await asyncio.sleep(0)
+
         server = await asyncio.start_server(answer, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
-        polling = asyncio.create_task(children.poll_health("127.0.0.1", port))
-        await asyncio.sleep(0.6)
-        assert not polling.done()
-        healthy, flipped = True, time.monotonic()
-        await asyncio.wait_for(polling, 5)
-        assert time.monotonic() - flipped < 0.1
+        poll = children.poll_health("127.0.0.1", port, clock=lambda: now, sleep=sleep)
+        await asyncio.wait_for(poll, 30)
+        assert flip <= now < flip + 0.0101  # seen at the end of the sleep it turned healthy in
         server.close()
         await server.wait_closed()
 

@@ -21,7 +21,11 @@ import pytest
 
 from blazar import gguf_info, hashing, registry
 from blazar.cli.main import COMMANDS, cli, load_command
+from blazar.cli.models import model_json
 from blazar.paths import Paths
+from blazar.store import Store
+from blazar.store_reads import read_models
+from specs.names import parse_name
 from tests.conftest import Blazar
 
 # Runs the CLI as the console script does, then prints every module it imported.
@@ -63,11 +67,14 @@ def test_version_imports_no_command_and_no_heavy_library() -> None:
 @pytest.mark.parametrize(
     ("args", "heavy"),
     [
-        pytest.param(("list",), {"sqlite_utils"}, id="list"),  # it opens the store
+        pytest.param(("list",), {"sqlite_utils"}, id="list-no-store"),  # it makes the store
         pytest.param(("status",), {"sqlite_utils"}, id="status"),
         pytest.param(("config", "path"), set(), id="config-path"),
         pytest.param(("completions", "bash"), set(), id="completions"),
         pytest.param(("push", "x"), set(), id="push-refused"),
+        # an upgrade runs even when the other dependencies are broken: stdlib and click only
+        pytest.param(("upgrade", "--rollback"), set(), id="upgrade-refused"),
+        pytest.param(("snapshot", "list"), set(), id="snapshot-list"),
         # the catalogs: the store (whether each is pulled), no hub client
         pytest.param(("whisper", "--search", "base"), {"sqlite_utils"}, id="whisper-search"),
         pytest.param(("tts", "--search", "joe"), {"sqlite_utils"}, id="tts-search"),
@@ -100,6 +107,39 @@ def test_diff_loads_the_manifest_but_no_gguf_reader_server_or_hub(applied: None)
     done, modules = imported_by("diff")
     assert done.returncode == 0 and "No changes." in done.stdout, done.stdout + done.stderr
     assert loaded(modules, HEAVY) == ["pydantic", "sqlite_utils"]
+
+
+def test_list_reads_a_migrated_store_with_the_standard_library_only(
+    applied: None, blazar: Blazar, paths: Paths
+) -> None:
+    """`blazar list` on a store made already: no sqlite-utils (about 40 ms of its start),
+    no pydantic, no gguf; and its output is what the store's own reader gives."""
+    for args in (("list",), ("list", "--json")):
+        done, modules = imported_by(*args)
+        assert done.returncode == 0, done.stderr
+        assert loaded(modules, HEAVY) == [], args
+        assert loaded(modules, {"sqlite3"}) == ["sqlite3"]
+    with Store(paths.db) as store:
+        records = store.list_models()
+    lines = blazar("list", "--json").output.splitlines()
+    assert [json.loads(line) for line in lines] == [
+        json.loads(json.dumps(model_json(r))) for r in records
+    ]
+    assert [r.ref.short for r in records] == ["m-0", "m-1", "m-2"]
+
+
+def test_read_models_leaves_a_store_to_migrate_to_the_store(paths: Paths, tiny_model: Path) -> None:
+    """No store yet, or a migration not applied: None, so `list` opens the `Store` (which
+    makes or migrates it); a migrated store: the records `Store.list_models` reads."""
+    assert read_models(paths.db) is None
+    assert not paths.db.exists()  # and it made no file
+    with Store(paths.db) as store:
+        assert read_models(paths.db) == []
+        registry.Registry(store, paths).import_file(tiny_model, parse_name("tiny"))
+        assert read_models(paths.db) == store.list_models() != []
+        store.db.execute("DELETE FROM _migrations WHERE name = 'm009_audio_jobs'")
+        store.db.conn.commit()
+    assert read_models(paths.db) is None
 
 
 def test_diff_neither_hashes_nor_reads_a_model_file(

@@ -15,9 +15,9 @@ import tomlkit
 from blazar.paths import Paths
 from blazar.testing.tiny import write_tiny_lora, write_tiny_model
 from tests.conftest import Blazar
+from tests.fixtures import ENGINE
 from tests.serving import Served
 
-ENGINE = '[engines.llamacpp]\nversion = "2026.10.11549"\n\n'
 HI = [{"role": "user", "content": "hello there"}]
 
 

@@ -17,6 +17,7 @@ from blazar.doctor.serving import channel_findings, runtime_findings
 from blazar.engines.records import EngineRecord
 from specs.manifest import Manifest
 from specs.serving import Serving
+from tests.fixtures import ENGINE_VERSION
 
 
 def severities(findings: list[Finding]) -> list[str]:
@@ -40,7 +41,7 @@ def test_system(python: tuple[int, ...], free: int, fallback: bool, expected: li
 
 
 def engine(tag: str) -> EngineRecord:
-    return EngineRecord("llamacpp", tag, "wheel", "2026.10.11549", "/e", ["x"], True, "now")
+    return EngineRecord("llamacpp", tag, "wheel", ENGINE_VERSION, "/e", ["x"], True, "now")
 
 
 @pytest.mark.parametrize(

@@ -20,8 +20,9 @@ from blazar.store import Store
 from blazar.testing.tiny import is_tiny_text
 from tests.conftest import Blazar
 from tests.feeds import ReleaseFeed, launcher_script, server_archive
+from tests.fixtures import ENGINE_VERSION, OLD_ENGINE_VERSION
 
-OLD, NEW = "2026.9.11063", "2026.10.11549"
+OLD, NEW = OLD_ENGINE_VERSION, ENGINE_VERSION
 OLD_TAG, NEW_TAG = "b11063-cpu", "b11549-cpu"
 
 

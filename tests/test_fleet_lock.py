@@ -16,11 +16,11 @@ from blazar.lockfile import Lock, Locked, drift, merged, parse_lock, refusals
 from blazar.paths import Paths
 from blazar.testing.tiny import write_tiny_model
 from reconcilers.desired import Desired, DesiredEngine, DesiredModel
-from tests.conftest import WHEEL_CACHE, Blazar
+from tests.conftest import Blazar
+from tests.fixtures import ENGINE_VERSION, ENGINE_WHEEL, OLD_ENGINE_VERSION, WHEELS
 from tests.hf_endpoint import FakeHub
 
 ROOT = Path(__file__).resolve().parent.parent
-WHEELS = WHEEL_CACHE / "wheels"
 
 
 def sha256(path: Path) -> str:
@@ -110,28 +110,28 @@ def test_apply_writes_a_lock_and_apply_locked_refuses_a_manifest_that_resolves_d
 def test_the_lock_pins_the_engine_by_version_tag_and_wheel_digest(
     blazar: Blazar, files: dict[str, Path], tmp_path: Path
 ) -> None:
-    engine = '[engines.llamacpp]\ninstall = "wheel"\nversion = "2026.10.11549"\n\n'
+    engine = ENGINE_WHEEL
     manifest = write(tmp_path / "m" / "blazar.toml", engine + base_text(files))
     blazar("apply", str(manifest))
     [entry] = tomllib.loads((manifest.parent / "blazar.lock").read_text())["engine"]
-    wheel = next(WHEELS.glob("xllamacpp-2026.10.11549-*.whl"))
+    wheel = next(WHEELS.glob(f"xllamacpp-{ENGINE_VERSION}-*.whl"))
     assert entry == {
         "name": "llamacpp",
         "install": "wheel",
         "backend": "cpu",
-        "declared": "2026.10.11549",
-        "version": "2026.10.11549",
-        "tag": tag_for_version("2026.10.11549"),
+        "declared": ENGINE_VERSION,
+        "version": ENGINE_VERSION,
+        "tag": tag_for_version(ENGINE_VERSION),
         "digest": f"sha256:{sha256(wheel)}",
         "wheel": wheel.name,
     }
-    write(manifest, engine.replace("2026.10.11549", "2026.9.11063") + base_text(files))
+    write(manifest, engine.replace(ENGINE_VERSION, OLD_ENGINE_VERSION) + base_text(files))
     refused = blazar("apply", "--locked", str(manifest), ok=False)
     assert (
-        "engines.llamacpp: the manifest asks install wheel, backend cpu, declared 2026.9.11063"
-        in (refused.output)
+        "engines.llamacpp: the manifest asks install wheel, backend cpu, declared "
+        f"{OLD_ENGINE_VERSION}" in refused.output
     )
-    assert "2026.9.11063" not in blazar("engine", "list").output  # nothing was installed
+    assert OLD_ENGINE_VERSION not in blazar("engine", "list").output  # nothing was installed
 
 
 def test_diff_shows_drift_between_manifest_lock_and_host_and_exits_2(
@@ -188,16 +188,16 @@ def test_lock_rules_are_pure_functions_of_values() -> None:
     lock = Lock(
         (
             Locked("engine", "llamacpp", (("install", "wheel"), ("backend", "cpu"),
-                   ("declared", "latest")), {"version": "2026.10.11549", "tag": "wheel-x"}),
+                   ("declared", "latest")), {"version": ENGINE_VERSION, "tag": "wheel-x"}),
             Locked("model", "m", (("source", "file:///m.gguf"),), {"sha256": "aa" * 32}),
             Locked("model", "gone", (("source", "file:///g.gguf"),), {"sha256": "bb" * 32}),
         )
     )  # fmt: skip
     assert refusals(lock, desired) == []
-    pinned = DesiredEngine("llamacpp", "llamacpp", "wheel", "2026.9.11063")
+    pinned = DesiredEngine("llamacpp", "llamacpp", "wheel", OLD_ENGINE_VERSION)
     assert refusals(lock, Desired(engines=(pinned,), models=(model,))) == [
         "engines.llamacpp: the manifest asks install wheel, backend cpu, declared "
-        "2026.9.11063, but the lock has install wheel, backend cpu, declared latest for it"
+        f"{OLD_ENGINE_VERSION}, but the lock has install wheel, backend cpu, declared latest for it"
     ]
     # `gone` is asked for by no view: dropped on the next write, reported as drift now
     assert [e.name for e in merged(Lock(), lock, [desired]).entries] == ["llamacpp", "m"]

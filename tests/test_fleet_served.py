@@ -32,8 +32,8 @@ import pytest
 from blazar.testing.ports import free_port
 from blazar.testing.tiny import is_tiny_text, write_tiny_model
 from tests.conftest import run_blazar
+from tests.fixtures import ENGINE, model_block
 from tests.serving import Served
-from tests.test_serve import ENGINE, model_block
 
 LAUNCHER = Path(__file__).resolve().parent.parent / "blazar" / "engines" / "launcher.py"
 B_KEY = "plm_b-host-" + "k" * 40  # what B sends to A (A_KEY in B's environment)

@@ -30,11 +30,12 @@ from blazar.store import Store
 from blazar.testing.tiny import is_tiny_text, write_tiny_model
 from tests.conftest import Blazar
 from tests.feeds import ReleaseFeed, server_archive
+from tests.fixtures import ENGINE_VERSION, OLD_ENGINE_VERSION
 from tests.forks import ForkRepo, fake_cmake, fork_server, offer_toml
 from tests.loopback import LoopbackHTTP
 from tests.serving import Served
 
-NEW = "2026.10.11549"
+NEW = ENGINE_VERSION
 MAINSTREAM = "b11549-cpu"
 GHOST = "c0ffee" * 6 + "c0ff"  # 40 hex digits no repository has
 
@@ -327,7 +328,7 @@ def test_update_all_walks_two_lanes_behind_their_gates(
     paths.manifest.parent.mkdir(parents=True, exist_ok=True)
     paths.manifest.write_text(
         f'[engines]\ncatalog = "{catalog}"\n\n'
-        '[engines.llamacpp]\nversion = "2026.9.11063"\nrollback_on_drop = 0.9\n\n'
+        f'[engines.llamacpp]\nversion = "{OLD_ENGINE_VERSION}"\nrollback_on_drop = 0.9\n\n'
         '[engines.nova]\nlane = "nova"\nrollback_on_drop = 0.1\n\n'
         f'[models.tiny]\nsource = "{tiny_model.as_uri()}"\n'
     )
@@ -338,7 +339,9 @@ def test_update_all_walks_two_lanes_behind_their_gates(
     # The fork's catalog entry moves to a new commit, a build that really is slower.
     slow_commit, slow_tree = repo.commit("pin every thread to one core", slow=True)
     catalog.write_text(offer_toml("nova", repo.url, slow_commit, slow_tree))
-    paths.manifest.write_text(paths.manifest.read_text().replace('version = "2026.9.11063"\n', ""))
+    paths.manifest.write_text(
+        paths.manifest.read_text().replace(f'version = "{OLD_ENGINE_VERSION}"\n', "")
+    )
     result = blazar("engine", "update", "--all", "--version", NEW)
     lines = result.stdout.splitlines()
     assert [line.split(":")[0] for line in lines] == ["llamacpp", "nova"], result.output

@@ -63,6 +63,36 @@ def test_config_set_refuses_an_invalid_result(blazar: Blazar, manifest: Path) ->
     assert "is not set" in missing.output
 
 
+def test_config_set_takes_pairs_validated_together(
+    blazar: Blazar, manifest: Path, tmp_path: Path
+) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    before = manifest.read_text()
+    # either half alone leaves the manifest invalid, so each is refused on its own
+    for field, value in (("serving.tls_cert", cert), ("serving.tls_key", key)):
+        alone = blazar("config", "set", field, str(value), ok=False)
+        assert alone.exit_code == 1 and "not written" in alone.output, alone.output
+        assert manifest.read_text() == before
+    # both in one call: one manifest, validated whole, written once
+    out = blazar("config", "set", "serving.tls_cert", str(cert), "serving.tls_key", str(key))
+    assert f'serving.tls_cert = "{cert}"' in out.output
+    assert f'serving.tls_key = "{key}"' in out.output
+    text = manifest.read_text()
+    assert "port = 11435  # the default, written down on purpose" in text  # comments kept
+    assert blazar("config", "get", "serving.tls_key").output.strip() == str(key)
+    # one bad pair refuses every pair: nothing of the call is written
+    after = manifest.read_text()
+    bad = blazar("config", "set", "models.tiny.ctx", "4096", "serving.port", "99999", ok=False)
+    assert bad.exit_code == 1 and "serving.port" in bad.output
+    assert manifest.read_text() == after
+    # a key without its value, or a key given twice: a usage error, nothing written
+    odd = blazar("config", "set", "models.tiny.ctx", "4096", "serving.port", ok=False)
+    assert odd.exit_code == 2 and "'serving.port' has none" in odd.output, odd.output
+    twice = blazar("config", "set", "serving.port", "1", "serving.port", "2", ok=False)
+    assert twice.exit_code == 2 and "serving.port given twice" in twice.output
+    assert manifest.read_text() == after
+
+
 @pytest.mark.parametrize(
     ("key", "parts"),
     [

@@ -26,7 +26,7 @@ from typing import Any
 import openai
 import pytest
 
-from blazar.engines import launcher
+from blazar.engines import launcher, wheel
 from blazar.testing.tiny import LORA_WORD, is_tiny_text, write_tiny_lora, write_tiny_model
 
 LAUNCHER = Path(launcher.__file__)
@@ -356,10 +356,20 @@ def test_load_failure_quotes_llama_cpp_reason(tiny_model: Path, tmp_path: Path) 
 
 
 def test_launcher_needs_only_the_standard_library_and_xllamacpp() -> None:
-    # It is copied into each engine's virtualenv and runs there, without Blazar.
-    tree = ast.parse(LAUNCHER.read_text())
-    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
-                for alias in node.names}  # fmt: skip
-    imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    roots = {name.split(".")[0] for name in imported}
-    assert roots - sys.stdlib_module_names == {"xllamacpp"}
+    # It is copied into each engine's virtualenv with its companion and runs there, without
+    # Blazar (whose package path it uses only when imported from Blazar's own tree).
+    companion = LAUNCHER.with_name("launcher_server.py")
+    assert companion in wheel.LAUNCHER_COMPANIONS
+    for script, allowed in (
+        (LAUNCHER, {"xllamacpp", "launcher_server"}),
+        (companion, {"xllamacpp"}),
+    ):
+        tree = ast.parse(script.read_text())
+        imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                    for alias in node.names}  # fmt: skip
+        imported |= {node.module or "" for node in ast.walk(tree)
+                     if isinstance(node, ast.ImportFrom)}  # fmt: skip
+        roots = {
+            name.split(".")[0] for name in imported if name != "blazar.engines.launcher_server"
+        }
+        assert roots - sys.stdlib_module_names == allowed, script.name

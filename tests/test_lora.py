@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +24,11 @@ import pytest
 import tomlkit
 
 from blazar.paths import Paths
-from blazar.testing.tiny import is_tiny_text, write_tiny_lora, write_tiny_model
+from blazar.testing.tiny import is_tiny_text
 from tests.conftest import Blazar
+from tests.fixtures import ENGINE, lora_block, model_block
 from tests.serving import Served
-from tests.test_serve import ENGINE, model_block
+from tests.waiting import wait_until
 
 HI = [{"role": "user", "content": "hello there"}]
 
@@ -43,55 +44,24 @@ def plain(text: str) -> bool:
     return is_tiny_text(text.strip(), allow=())
 
 
-@pytest.fixture
-def files(tmp_path: Path) -> dict[str, Path]:
-    src = tmp_path / "src"
-    src.mkdir()
-    tiny = write_tiny_model(src / "tiny.gguf")
-    other = write_tiny_model(src / "other.gguf", seed=3)
-    return {
-        "tiny": tiny,
-        "other": other,
-        "fox": write_tiny_lora(src / "fox.gguf", tiny, word="fox"),
-        "owl": write_tiny_lora(src / "owl.gguf", tiny, word="owl"),
-        "yak": write_tiny_lora(src / "yak.gguf", other, word="yak"),
-    }
-
-
-def lora_block(name: str, model: str, path: Path, **fields: object) -> str:
-    lines = [f"[loras.{name}]", f'model = "{model}"', f'source = "{path.as_uri()}"']
-    lines += [f"{k} = {json.dumps(v)}" for k, v in fields.items()]
-    return "\n".join(lines) + "\n\n"
-
-
-def wait_for(check: Any, what: str, timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-
-
 # --- the CLI: declare, fetch, list, remove -------------------------------------------------
 
 
 def test_lora_add_list_rm_edit_the_manifest(
-    blazar: Blazar, paths: Paths, files: dict[str, Path]
+    blazar: Blazar, paths: Paths, lora_files: dict[str, Path]
 ) -> None:
-    blazar("pull", files["tiny"].as_uri(), "--name", "tiny")
+    blazar("pull", lora_files["tiny"].as_uri(), "--name", "tiny")
     text = paths.manifest.read_text()
     paths.manifest.write_text("# my models\n" + text)
 
-    out = blazar("lora", "add", "tiny", str(files["fox"])).output
+    out = blazar("lora", "add", "tiny", str(lora_files["fox"])).output
     assert "added adapter fox for tiny" in out and "tiny+fox" in out
-    out = blazar("lora", "add", "tiny", str(files["owl"]), "--name", "night", "--always-on",
+    out = blazar("lora", "add", "tiny", str(lora_files["owl"]), "--name", "night", "--always-on",
                  "--scale", "0.5").output  # fmt: skip
     assert "on for every request" in out
     doc = tomlkit.parse(paths.manifest.read_text())
     assert paths.manifest.read_text().startswith("# my models\n")  # comments kept
-    assert doc["loras"]["fox"] == {"model": "tiny", "source": files["fox"].as_uri()}
+    assert doc["loras"]["fox"] == {"model": "tiny", "source": lora_files["fox"].as_uri()}
     assert doc["loras"]["night"]["always_on"] is True and doc["loras"]["night"]["scale"] == 0.5
 
     rows = [json.loads(line) for line in blazar("lora", "list", "--json").output.splitlines()]
@@ -99,19 +69,19 @@ def test_lora_add_list_rm_edit_the_manifest(
     assert sorted(by_name) == ["fox", "night"]
     fox = by_name["fox"]
     assert fox["model"] == "tiny" and fox["request_as"] == "tiny+fox" and fox["held"]
-    assert fox["size"] == files["fox"].stat().st_size and not fox["always_on"]
+    assert fox["size"] == lora_files["fox"].stat().st_size and not fox["always_on"]
     held = Path(fox["path"])
-    assert held.samefile(files["fox"])  # hardlinked into the store, the user's file untouched
+    assert held.samefile(lora_files["fox"])  # hardlinked into the store, the user's file untouched
     assert by_name["night"]["always_on"] and by_name["night"]["scale"] == 0.5
     table = blazar("lora", "list").output
     assert "tiny+night" in table and "ready" in table
 
     before = paths.manifest.read_text()
-    r = blazar("lora", "add", "nomodel", str(files["fox"]), ok=False)
+    r = blazar("lora", "add", "nomodel", str(lora_files["fox"]), ok=False)
     assert r.exit_code == 1 and "model 'nomodel' is not declared" in r.output
-    r = blazar("lora", "add", "tiny", str(files["other"]), "--name", "bad", ok=False)
+    r = blazar("lora", "add", "tiny", str(lora_files["other"]), "--name", "bad", ok=False)
     assert r.exit_code == 1 and "not a LoRA adapter" in r.output
-    r = blazar("lora", "add", "tiny", str(files["fox"]), "--name", "none", ok=False)
+    r = blazar("lora", "add", "tiny", str(lora_files["fox"]), "--name", "none", ok=False)
     assert r.exit_code == 1 and "'none' is reserved" in r.output
     r = blazar("lora", "add", "tiny", "/nowhere/x.gguf", ok=False)
     assert r.exit_code == 1 and "no such file" in r.output
@@ -120,7 +90,7 @@ def test_lora_add_list_rm_edit_the_manifest(
     out = blazar("lora", "rm", "fox").output
     assert "removed adapter fox and its declaration" in out
     assert "fox" not in tomlkit.parse(paths.manifest.read_text())["loras"]
-    assert not held.exists() and files["fox"].exists()  # Blazar's link gone, the file kept
+    assert not held.exists() and lora_files["fox"].exists()  # Blazar's link gone, the file kept
     r = blazar("lora", "rm", "fox", ok=False)
     assert r.exit_code == 1 and "'fox' not found" in r.output and "night" in r.output
 
@@ -128,13 +98,13 @@ def test_lora_add_list_rm_edit_the_manifest(
 # --- serving ------------------------------------------------------------------------------
 
 
-def serve_manifest(paths: Paths, files: dict[str, Path]) -> Path:
+def serve_manifest(paths: Paths, lora_files: dict[str, Path]) -> Path:
     text = ENGINE
-    text += model_block("tiny", files["tiny"], slots=4, ctx=512, keep_alive="-1")
-    text += model_block("other", files["other"], keep_alive="-1")
-    text += lora_block("fox", "tiny", files["fox"])
-    text += lora_block("owl", "tiny", files["owl"], scale=0.8)
-    text += lora_block("yak", "other", files["yak"], always_on=True)
+    text += model_block("tiny", lora_files["tiny"], slots=4, ctx=512, keep_alive="-1")
+    text += model_block("other", lora_files["other"], keep_alive="-1")
+    text += lora_block("fox", "tiny", lora_files["fox"])
+    text += lora_block("owl", "tiny", lora_files["owl"], scale=0.8)
+    text += lora_block("yak", "other", lora_files["yak"], always_on=True)
     paths.manifest.parent.mkdir(parents=True, exist_ok=True)
     paths.manifest.write_text(text)
     return paths.manifest
@@ -242,10 +212,10 @@ async def interleaved(url: str) -> list[tuple[str, str]]:
 
 
 def test_adapters_per_request_on_every_protocol(
-    paths: Paths, blazar_home: Path, files: dict[str, Path]
+    blazar: Blazar, paths: Paths, blazar_home: Path, lora_files: dict[str, Path]
 ) -> None:
-    with Served(serve_manifest(paths, files), blazar_home) as served:
-        wait_for(lambda: "tiny+fox" in json.dumps(served.get("/v1/models")), "the adapters")
+    with Served(serve_manifest(paths, lora_files), blazar_home) as served:
+        wait_until(lambda: "tiny+fox" in json.dumps(served.get("/v1/models")), "the adapters")
         check_openai(served)
         pids = {row["pid"] for row in served.ps() if row["model"] == "tiny"}
         check_ollama(served)
@@ -257,15 +227,66 @@ def test_adapters_per_request_on_every_protocol(
         # adapters cost no extra instance and no restart: the same one child throughout
         rows = [row for row in served.ps() if row["model"] == "tiny"]
         assert len(rows) == 1 and {rows[0]["pid"]} == pids
+        check_lora_add_keeps_the_child(served, blazar, paths, lora_files["bark"])
         assert "restarted" not in served.log
 
 
-def test_lora_rm_while_a_request_uses_it_lets_it_finish(
-    blazar: Blazar, paths: Paths, blazar_home: Path, files: dict[str, Path]
+def check_lora_add_keeps_the_child(
+    served: Served, blazar: Blazar, paths: Paths, adapter: Path
 ) -> None:
-    text = ENGINE + model_block("tiny", files["tiny"], ctx=2048, keep_alive="-1")
+    """Regression: `blazar lora add` restarted the model's child ("tiny: restarted"): its
+    arguments name every adapter, and llama-server cannot load one into a running child.
+    Now the child keeps serving (same pid, its cache kept), a request for the new adapter
+    starts a child with every adapter, and after `blazar stop` the model comes back as
+    that one child. Base requests run throughout and none may fail."""
+    client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="-", max_retries=0)
+    [before] = [r for r in served.ps() if r["model"] == "tiny"]
+    answers: list[str] = []
+    failures: list[str] = []
+    stop = threading.Event()
+
+    def base_traffic() -> None:
+        own = openai.OpenAI(base_url=f"{served.url}/v1", api_key="-", max_retries=0)
+        while not stop.is_set():
+            try:
+                answers.append(openai_text(own, "tiny", n=4))
+            except openai.APIError as exc:
+                failures.append(repr(exc))
+
+    traffic = threading.Thread(target=base_traffic)
+    traffic.start()
+    try:
+        blazar("lora", "add", "tiny", str(adapter), "--name", "bark")
+        # The CLI's own apply held the lock during serve's watcher pass: touching the
+        # manifest asks for a pass now rather than at the next timer.
+        paths.manifest.write_text(paths.manifest.read_text())
+        wait_until(lambda: "tiny: adapters added (bark)" in served.log, "the adapter served")
+        assert only("yak", openai_text(client, "tiny+bark"))
+        assert only("fox", openai_text(client, "tiny+fox"))  # on the child that had it
+        seen = len(answers)
+        wait_until(lambda: len(answers) > seen + 2, "base requests after the add")
+    finally:
+        stop.set()
+        traffic.join(timeout=60)
+    assert failures == [] and answers and all(plain(a) for a in answers), failures
+    rows = {tuple(r["adapters"]): r for r in served.ps() if r["model"] == "tiny"}
+    assert rows.keys() == {("fox", "owl"), ("bark", "fox", "owl")}, rows
+    assert rows[("fox", "owl")]["pid"] == before["pid"]
+    # converged: once stopped, the model comes back as one child with every adapter
+    assert served.post("/api/blazar/stop", {"model": "tiny"})["stopped"] is True
+    assert plain(openai_text(client, "tiny"))
+    assert only("yak", openai_text(client, "tiny+bark"))
+    assert only("owl", openai_text(client, "tiny+owl"))
+    [after] = [r for r in served.ps() if r["model"] == "tiny"]
+    assert after["adapters"] == ["bark", "fox", "owl"] and after["pid"] != before["pid"]
+
+
+def test_lora_rm_while_a_request_uses_it_lets_it_finish(
+    blazar: Blazar, paths: Paths, blazar_home: Path, lora_files: dict[str, Path]
+) -> None:
+    text = ENGINE + model_block("tiny", lora_files["tiny"], ctx=2048, keep_alive="-1")
     paths.manifest.parent.mkdir(parents=True, exist_ok=True)
-    paths.manifest.write_text(text + lora_block("fox", "tiny", files["fox"]))
+    paths.manifest.write_text(text + lora_block("fox", "tiny", lora_files["fox"]))
     # top_logprobs make each chunk about 5 KB: 1500 of them (8 MB) outgrow the socket
     # buffers, so the request stays in flight while this test does not read
     body = {
@@ -273,12 +294,12 @@ def test_lora_rm_while_a_request_uses_it_lets_it_finish(
         "logprobs": True, "top_logprobs": 60,
     }  # fmt: skip
     with Served(paths.manifest, blazar_home) as served, httpx.Client(timeout=120) as http:
-        wait_for(lambda: "tiny+fox" in json.dumps(served.get("/v1/models")), "the adapter")
+        wait_until(lambda: "tiny+fox" in json.dumps(served.get("/v1/models")), "the adapter")
         with http.stream("POST", f"{served.url}/v1/chat/completions", json=body) as response:
             lines = response.iter_lines()
             first = [next(lines) for _ in range(6)]
             assert blazar("lora", "rm", "fox").exit_code == 0
-            wait_for(lambda: "tiny: restarted" in served.log, "serve to reload the manifest")
+            wait_until(lambda: "tiny: restarted" in served.log, "serve to reload the manifest")
             rows = served.ps()
             old = [r for r in rows if r["model"] == "tiny" and r["retired"]]
             assert len(old) == 1 and old[0]["in_flight"] == 1, rows  # still answering it
@@ -291,4 +312,4 @@ def test_lora_rm_while_a_request_uses_it_lets_it_finish(
         text_out = "".join(e["choices"][0]["delta"].get("content") or "" for e in events)
         assert only("fox", text_out) and len(text_out.split()) == 1500  # whole, with the adapter
         assert events[-1]["choices"][0]["finish_reason"] == "length" and "data: [DONE]" in rest
-        wait_for(lambda: not [r for r in served.ps() if r["retired"]], "the old instance to stop")
+        wait_until(lambda: not [r for r in served.ps() if r["retired"]], "the old instance to stop")

@@ -21,9 +21,8 @@ from blazar.store import Store
 from blazar.testing.ports import free_port
 from specs.names import parse_name
 from tests.conftest import Blazar
+from tests.fixtures import ENGINE
 from tests.serving import Served
-
-ENGINE = '[engines.llamacpp]\nversion = "2026.10.11549"\n\n'
 
 
 def manifest(tmp_path: Path, model: Path, serving: str = "") -> Path:

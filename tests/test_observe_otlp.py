@@ -18,10 +18,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from blazar.observe.otlp import traces_url
+from tests.fixtures import ENGINE
 from tests.loopback import LoopbackHTTP
 from tests.serving import Served
-
-ENGINE = '[engines.llamacpp]\nversion = "2026.10.11549"\n\n'
 
 
 class Collector:

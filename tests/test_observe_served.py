@@ -25,10 +25,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from blazar.testing.tiny import write_tiny_model
-from tests.conftest import WHEEL_CACHE, Blazar
+from tests.conftest import Blazar
+from tests.fixtures import ENGINE, WHEELS
 from tests.serving import Served, engine_metric
 
-ENGINE = '[engines.llamacpp]\nversion = "2026.10.11549"\n\n'
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
@@ -79,7 +79,7 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
     manifest.write_text(text)
     with pytest.MonkeyPatch.context() as env:
         env.setenv("BLAZAR_HOME", str(home))
-        env.setenv("BLAZAR_WHEEL_CACHE", str(WHEEL_CACHE / "wheels"))
+        env.setenv("BLAZAR_WHEEL_CACHE", str(WHEELS))
         with served:
             yield Host(served, manifest, home)
 

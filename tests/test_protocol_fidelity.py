@@ -26,7 +26,7 @@ import pytest
 
 from blazar.chat_templates import builtin_text
 from blazar.testing.tiny import CHATML_TEMPLATE, is_tiny_text, write_tiny_model
-from tests.conftest import WHEEL_CACHE
+from tests.fixtures import ENGINE, WHEELS
 from tests.serving import Served
 
 LICENSE = "Apache-2.0 (the tiny test model)"
@@ -63,7 +63,7 @@ class Clients:
 def clients(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clients]:
     root = tmp_path_factory.mktemp("fidelity")
     tiny = write_tiny_model(root / "tiny.gguf", license=LICENSE)
-    text = '[serving]\nmax_loaded_models = 4\n\n[engines.llamacpp]\nversion = "2026.10.11549"\n\n'
+    text = "[serving]\nmax_loaded_models = 4\n\n" + ENGINE
     text += f'[models.tiny]\nsource = "{tiny.as_uri()}"\nctx = 1024\n\n'
     text += f'[models.tooled]\nsource = "{tiny.as_uri()}"\nctx = 1024\nchat_template = "chatml"\n'
     manifest = root / "blazar.toml"
@@ -71,7 +71,7 @@ def clients(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clients]:
     home = root / "home"
     with pytest.MonkeyPatch.context() as env:
         env.setenv("BLAZAR_HOME", str(home))
-        env.setenv("BLAZAR_WHEEL_CACHE", str(WHEEL_CACHE / "wheels"))
+        env.setenv("BLAZAR_WHEEL_CACHE", str(WHEELS))
         with Served(manifest, home) as served:
             yield Clients(served)
 
@@ -512,8 +512,7 @@ def test_gemma_responses_follow_the_schema_and_complete(
     (the tiny model never ends by itself; a base model rarely does)."""
     manifest = tmp_path / "blazar.toml"
     manifest.write_text(
-        '[engines.llamacpp]\nversion = "2026.10.11549"\n\n'
-        f'[models.gemma]\nsource = "{gemma_gguf.as_uri()}"\nctx = 1024\n'
+        ENGINE + f'[models.gemma]\nsource = "{gemma_gguf.as_uri()}"\nctx = 1024\n'
         'chat_template = "chatml"\nargs = ["--threads", "1", "--threads-batch", "1"]\n'
     )
     text = {"format": {"type": "json_schema", "name": "city", "schema": SCHEMA}}

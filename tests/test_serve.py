@@ -20,6 +20,7 @@ import openai
 import pytest
 
 from blazar.testing.tiny import is_tiny_text, write_tiny_model
+from tests.fixtures import ENGINE, model_block, write_manifest
 from tests.serving import (
     Served,
     assert_generation_cancelled,
@@ -27,32 +28,7 @@ from tests.serving import (
     tokens_in_progress,
     tokens_predicted,
 )
-
-ENGINE = '[engines.llamacpp]\nversion = "2026.10.11549"\n\n'
-
-
-def model_block(name: str, path: Path, **fields: object) -> str:
-    lines = [f'[models."{name}"]', f'source = "{path.as_uri()}"']
-    for key, value in fields.items():
-        lines.append(f"{key} = {json.dumps(value)}")
-    return "\n".join(lines) + "\n\n"
-
-
-@pytest.fixture
-def models(tmp_path: Path) -> dict[str, Path]:
-    src = tmp_path / "models"
-    src.mkdir()
-    return {
-        "tiny": write_tiny_model(src / "tiny.gguf"),
-        "other": write_tiny_model(src / "other.gguf", seed=4),
-        "plain": write_tiny_model(src / "plain.gguf", seed=5, chat_template=None),
-    }
-
-
-def write_manifest(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "blazar.toml"
-    path.write_text(text)
-    return path
+from tests.waiting import wait_until
 
 
 def client(served: Served) -> openai.OpenAI:
@@ -237,6 +213,11 @@ def test_saturation_gives_only_200_and_503_with_retry_after(
 def test_priority_requests_jump_the_queue(
     tmp_path: Path, blazar_home: Path, models: dict[str, Path]
 ) -> None:
+    """One slot, held by a stream the test does not read (its top_logprobs make each
+    chunk about 5 KB, so the socket buffers fill and it stays in flight); two requests
+    queue, then an urgent one, each sent once `blazar ps` shows the one before queued.
+    When the stream's client leaves and the slot frees up, the urgent one goes first.
+    (The exact queue order with several of each: test_scheduler.py.)"""
     text = '[serving]\nqueue_timeout = "60s"\n\n' + ENGINE
     text += model_block("tiny", models["tiny"], slots=1, ctx=2048)
     with Served(write_manifest(tmp_path, text), blazar_home) as served:
@@ -244,28 +225,37 @@ def test_priority_requests_jump_the_queue(
         url = f"{served.url}/v1/completions"
         finished: list[str] = []
 
+        def queued(n: int) -> None:
+            wait_until(lambda: [(r["in_flight"], r["queued"]) for r in served.ps()] == [(1, n)],
+                       f"{n} requests queued behind the one in flight")  # fmt: skip
+
         async def run() -> None:
             async with aiohttp.ClientSession() as session:
 
-                async def one(tag: str, delay: float, priority: bool) -> None:
-                    await asyncio.sleep(delay)
+                async def one(tag: str, priority: bool) -> None:
                     headers = {"x-blazar-priority": "high"} if priority else {}
-                    body = {"model": "tiny", "prompt": "a", "max_tokens": 1000}
+                    body = {"model": "tiny", "prompt": "a", "max_tokens": 8}
                     async with session.post(url, json=body, headers=headers) as resp:
                         assert resp.status == 200
                         await resp.read()
                     finished.append(tag)
 
-                await asyncio.gather(
-                    one("first", 0, False),
-                    one("normal-1", 0.03, False),
-                    one("normal-2", 0.06, False),
-                    one("urgent", 0.09, True),
-                )
+                hold = {"model": "tiny", "prompt": "a", "max_tokens": 1500, "stream": True,
+                        "logprobs": 60}  # fmt: skip
+                async with session.post(url, json=hold) as first:
+                    await first.content.readline()  # it is in flight
+                    await asyncio.to_thread(queued, 0)
+                    tasks = []
+                    for n, (tag, priority) in enumerate(
+                        [("normal-1", False), ("normal-2", False), ("urgent", True)], 1
+                    ):
+                        tasks.append(asyncio.create_task(one(tag, priority)))
+                        await asyncio.to_thread(queued, n)
+                    first.close()  # its client leaves: the slot frees up
+                await asyncio.gather(*tasks)
 
         asyncio.run(run())
-        # urgent came last but overtook what was still queued (exact order: test_scheduler.py)
-        assert finished.index("urgent") < finished.index("normal-2")
+        assert finished == ["urgent", "normal-1", "normal-2"]  # urgent overtook the queue
 
 
 def test_child_killed_mid_stream_gives_an_error_then_recovers(

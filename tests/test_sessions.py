@@ -19,18 +19,12 @@ import pytest
 from blazar.serve.state.session_files import read_tokens
 from blazar.testing.tiny import TINY_WORDS, write_tiny_model
 from tests.conftest import Blazar
+from tests.fixtures import ENGINE, model_block
 from tests.serving import Served
 
-ENGINE = '[engines.llamacpp]\nversion = "2026.10.11549"\n\n'
 # A long first message of tiny-model words (about one token each), and the next one.
 FIRST = " ".join(TINY_WORDS[i % 60] for i in range(240))
 SECOND = "tell me more about the river and the old stone house"
-
-
-def model_block(name: str, path: Path, **fields: object) -> str:
-    lines = [f'[models."{name}"]', f'source = "{path.as_uri()}"']
-    lines += [f"{key} = {json.dumps(value)}" for key, value in fields.items()]
-    return "\n".join(lines) + "\n\n"
 
 
 def write_manifest(tmp_path: Path, text: str) -> Path:
@@ -65,16 +59,6 @@ def wait_unloaded(served: Served, model: str, timeout: float = 10) -> None:
 def sessions(blazar: Blazar, served: Served) -> list[dict[str, Any]]:
     out = blazar("session", "list", "--json", "--url", served.url).output
     return [json.loads(line) for line in out.splitlines() if line.strip()]
-
-
-@pytest.fixture
-def models(tmp_path: Path) -> dict[str, Path]:
-    src = tmp_path / "models"
-    src.mkdir()
-    return {
-        "tiny": write_tiny_model(src / "tiny.gguf"),
-        "other": write_tiny_model(src / "other.gguf", seed=4),
-    }
 
 
 def test_saved_session_survives_an_unload_and_is_refused_elsewhere(

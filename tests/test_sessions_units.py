@@ -18,6 +18,7 @@ from blazar.store import SessionRecord
 from specs.models import Model
 from specs.serving import Serving
 from tests.gateway_harness import runtime
+from tests.waiting import until
 
 MAGIC = session_files.MAGIC
 
@@ -293,7 +294,7 @@ def test_singleflight_shares_one_call_and_survives_a_leaving_leader() -> None:
 
         leader = asyncio.ensure_future(flight.share("k", call))
         follower = asyncio.ensure_future(flight.share("k", call))
-        await asyncio.sleep(0.01)
+        await until(lambda: calls, "the leader's call to start")
         leader.cancel()  # its client went away: the call goes on for the follower
         gate.set()
         assert await follower == ("answer", False)

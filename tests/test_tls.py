@@ -24,8 +24,8 @@ from cryptography.x509.oid import NameOID
 
 from blazar.testing.tiny import is_tiny_text, write_tiny_model
 from tests.conftest import run_blazar
+from tests.fixtures import ENGINE, model_block, write_manifest
 from tests.serving import Served
-from tests.test_serve import ENGINE, model_block, write_manifest
 
 KEY = "plm_tls-" + "d" * 40
 HI = [{"role": "user", "content": "hello"}]

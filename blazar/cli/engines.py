@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import click
@@ -325,14 +326,31 @@ def rm(ctx: Context, tag: str) -> None:
 @click.command("bench")
 @click.argument("model")
 @click.option("--engine", "tag", default=None, help="Engine tag (default: the active one).")
+@click.option(
+    "--spec",
+    type=click.Choice(["off", "ngram", "draft"]),
+    default="off",
+    show_default=True,
+    help="Decoding mode: dense, n-gram lookup, or the model's declared draft.",
+)
+@click.option("--history", is_flag=True, help="Show MODEL's bench history instead.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 @pass_context
-def bench(ctx: Context, model: str, tag: str | None, as_json: bool) -> None:
+def bench(
+    ctx: Context, model: str, tag: str | None, spec: str, history: bool, as_json: bool
+) -> None:
     """Measure prompt and generation tokens/s of MODEL on an engine (a transcription or
-    speech model: audio seconds per second of work); keep the figures."""
+    speech model: audio seconds per second of work); keep the figures in the store's
+    bench history (`--history` shows it).
+
+    Example: blazar bench gemma3-270m --spec ngram
+    """
     from specs.names import parse_name
 
     svc = engines(ctx)
+    if history:
+        _history(svc, parse_name(model).short, as_json)
+        return
     held = ctx.store.find_model(parse_name(model))
     kind = held.kind if held is not None else "chat"  # unknown: the bench says so below
     lane = {"transcription": "whisper", "speech": "piper"}.get(kind, KIND)
@@ -345,7 +363,8 @@ def bench(ctx: Context, model: str, tag: str | None, as_json: bool) -> None:
                 f"no active {lane} engine: `blazar engine update --kind {lane}` installs one"
             )
         record = active
-    [result] = svc.bench([record], model=model)
+    extra = _spec_args(ctx, model, spec) if spec != "off" else []
+    [result] = svc.bench([record], model=model, extra_args=extra, spec=spec)
     if as_json:
         echo_json(asdict(result))
         return
@@ -356,10 +375,51 @@ def bench(ctx: Context, model: str, tag: str | None, as_json: bool) -> None:
         )
         return
     click.echo(
-        f"{result.model} on {result.tag}: prompt {result.prompt_tps:.1f} tokens/s "
+        f"{result.model} on {result.tag} ({spec}): prompt {result.prompt_tps:.1f} tokens/s "
         f"({result.prompt_n} tokens), generation {result.decode_tps:.1f} tokens/s "
         f"({result.predicted_n} tokens), median of {result.runs}"
     )
+
+
+def _spec_args(ctx: Context, model: str, spec: str) -> list[str]:
+    """The flags of a decoding mode for MODEL: the n-gram lookup, or its declared draft."""
+    from blazar.reconcile import load_or_empty
+    from blazar.tuning import Tuning
+    from blazar.vocab import draft_problem
+    from specs.names import parse_name
+
+    if spec == "ngram":
+        return Tuning(spec="ngram").flags()
+    manifest = load_or_empty(ctx.paths.manifest)
+    key = manifest.resolve_model(model)
+    draft = manifest.models[key].draft if key else None
+    if draft is None:
+        raise InvalidInput(
+            f"model '{model}' declares no draft: set models.{model}.draft (`blazar drafts "
+            f"{model}` lists those that fit), or bench --spec ngram"
+        )
+    target = ctx.store.get_model(parse_name(model))
+    other = ctx.store.get_model(parse_name(manifest.resolve_model(draft) or draft))
+    problem = draft_problem(Path(target.path), Path(other.path))
+    if problem is not None:
+        raise InvalidInput(f"model '{draft}' cannot draft for '{model}': {problem}")
+    return Tuning(spec="draft", draft=draft, draft_path=other.path).flags()
+
+
+def _history(svc: Engines, model: str, as_json: bool) -> None:
+    rows = svc.records.bench_history(model)
+    if as_json:
+        for row in rows:
+            echo_json(row)
+        return
+    if not rows:
+        click.echo(f"No bench figures for {model} yet: `blazar bench {model}` measures it.")
+        return
+    click.echo(table(
+        ["TIME", "LANE", "ENGINE", "SPEC", "GENERATION TOK/S", "PROMPT TOK/S", "RUNS", "NOTE"],
+        [[r["time"], r["kind"], r["tag"], r.get("spec") or "off", f"{r['decode_tps']:.1f}",
+          f"{r['prompt_tps']:.1f}", r["runs"], r["note"]] for r in rows],
+    ))  # fmt: skip
 
 
 engine.add_command(forks.offers)

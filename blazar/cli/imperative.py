@@ -52,7 +52,12 @@ def pull(
 def rm(ctx: Context, name: str, manifest_path: Path | None) -> None:
     """Remove a model: its declaration in your manifest, its record, and Blazar's own
     link or copy; never your original file."""
-    removed = manifest_ops.remove_model(ctx.paths, manifest_path or ctx.paths.manifest, name)
+    removed = manifest_ops.remove_model(
+        ctx.paths,
+        manifest_path or ctx.paths.manifest,
+        name,
+        notify=lambda m: click.echo(m, err=True),
+    )
     if removed.alias_of is not None:
         click.echo(f"removed alias {removed.name} of {removed.alias_of}")
         return

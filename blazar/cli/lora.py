@@ -177,7 +177,9 @@ def rm(ctx: Context, name: str) -> None:
     A running `blazar serve` restarts the model without it; requests already
     using it finish first, on the instances that still have it loaded.
     """
-    removed = manifest_ops.remove_lora(ctx.paths, ctx.paths.manifest, name)
+    removed = manifest_ops.remove_lora(
+        ctx.paths, ctx.paths.manifest, name, notify=lambda m: click.echo(m, err=True)
+    )
     where = " and its declaration" if removed.declared else ""
     click.echo(f"removed adapter {removed.name}{where}")
 

@@ -195,6 +195,8 @@ def apply(
         return
     if result.report.ok and not locked and not targets:
         _lock(update_lock(ctx.store, where, manifest, host))
+    for note in result.notes:  # what only the models just fetched could tell
+        click.echo(f"\n  !   {note.address}\n        # ({note.message})")
     summarize(result.plan, result.report)
 
 

@@ -15,6 +15,7 @@ from blazar.errors import NotFound
 from blazar.fit import CACHE_TYPES, estimate
 from blazar.hardware import memory_devices
 from blazar.store import ModelRecord
+from blazar.store_reads import read_models
 from specs.names import InvalidName, parse_name
 
 if TYPE_CHECKING:  # kept out of `blazar list`'s start: it loads the manifest models
@@ -144,7 +145,9 @@ def _scan(ctx: Context, as_json: bool) -> None:
 @pass_context
 def list_(ctx: Context, as_json: bool) -> None:
     """List the models Blazar holds."""
-    records = ctx.store.list_models()
+    records = read_models(ctx.paths.db)  # without sqlite-utils, when the store is migrated
+    if records is None:
+        records = ctx.store.list_models()
     if as_json:
         for record in records:
             echo_json(model_json(record))

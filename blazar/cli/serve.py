@@ -152,7 +152,8 @@ def _remaining(value: float | None) -> str:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per instance.")
 @pass_context
 def ps(ctx: Context, url: str | None, as_json: bool) -> None:
-    """The running instances: model, replica, engine lane and tag, pid, port, slots, load;
+    """The running instances: model, replica, engine lane and tag, pid, port, slots, load,
+    speculative decoding mode and the fields the model's profile set (`blazar tune`);
     and the models served from remotes (lane `remote NAME`, state its health)."""
     rows = call(daemon_url(ctx.paths, url), "/api/blazar/ps")["instances"]
     if as_json:
@@ -163,7 +164,7 @@ def ps(ctx: Context, url: str | None, as_json: bool) -> None:
         click.echo("No model is loaded.")
         return
     headers = ["MODEL", "REPLICA", "LANE", "ENGINE", "PID", "PORT", "SLOTS", "CTX", "IN FLIGHT",
-               "KEEP ALIVE", "STATE"]  # fmt: skip
+               "KEEP ALIVE", "STATE", "SPEC", "PROFILE"]  # fmt: skip
     click.echo(
         table(
             headers,
@@ -180,6 +181,8 @@ def ps(ctx: Context, url: str | None, as_json: bool) -> None:
                     r["in_flight"],
                     "-" if r.get("remote") else _remaining(r["keep_alive_remaining"]),
                     r["state"],
+                    r.get("spec"),
+                    ",".join(r.get("profile") or []) or None,  # fields `blazar tune` set
                 ]
                 for r in rows
             ],
@@ -243,6 +246,11 @@ def _completion_piece(chunk: dict[str, Any]) -> str | None:
 @click.option("--temperature", type=float, default=None)
 @click.option("--system", default=None, help="A system message (chat models).")
 @click.option("--raw", is_flag=True, help="A plain completion of PROMPT, no chat template.")
+@click.option(
+    "--no-draft",
+    is_flag=True,
+    help="Answer on a dense child of its own (speculative decoding off), not the daemon's.",
+)
 @pass_context
 def run_(
     ctx: Context,
@@ -253,12 +261,41 @@ def run_(
     temperature: float | None,
     system: str | None,
     raw: bool,
+    no_draft: bool,
 ) -> None:
     """Chat with MODEL interactively, or answer PROMPT once.
 
     Flags go before PROMPT; `--` ends them (`blazar run m -- --not-a-flag`).
+    Example: blazar run gemma3-270m --no-draft "Why is the sea salty?"
     """
-    base = daemon_url(ctx.paths, url)
+    if no_draft:
+        from blazar.reconcile import load_or_empty
+        from blazar.tune.local import run_dense
+
+        manifest = load_or_empty(ctx.paths.manifest)
+
+        def answer(child: str, runtime: Any) -> None:
+            refusal = None if raw else runtime.chat_refusal("use --raw, or ")
+            if refusal is not None:
+                raise BlazarError(refusal)
+            told = system or runtime.system  # the gateway's default, applied here
+            _converse(child, runtime.name, prompt, max_tokens, temperature, told, raw)
+
+        run_dense(ctx.store, ctx.paths, manifest, model, answer)
+        return
+    _converse(daemon_url(ctx.paths, url), model, prompt, max_tokens, temperature, system, raw)
+
+
+def _converse(
+    base: str,
+    model: str,
+    prompt: str | None,
+    max_tokens: int,
+    temperature: float | None,
+    system: str | None,
+    raw: bool,
+) -> None:
+    """PROMPT answered once, or a chat on the terminal, through the server at `base`."""
     params: dict[str, Any] = {"model": model, "max_tokens": max_tokens}
     if temperature is not None:
         params["temperature"] = temperature

@@ -6,7 +6,8 @@ reports the build the store recorded), MODELS (each declared model's file is the
 with its recorded size; `deep` re-hashes it), CHANNELS (the gateway's port is free or
 held by this daemon, TLS files readable, keys declared when bound beyond loopback)
 and RUNTIME (the daemon's live summary, `/api/blazar/stats`: failing or restarting
-instances, a low prompt-cache hit ratio, cache-busting clients, refused requests).
+instances, a low prompt-cache hit ratio, cache-busting clients, refused requests), and
+each False condition in the store (apply's and serve's: `condition_findings`).
 
 `host` checks the machine (SYSTEM, GPU, ENGINES) and `serving` what is served
 (MODELS, CHANNELS, RUNTIME). The checks that read the machine gather facts; the
@@ -24,7 +25,13 @@ from pathlib import Path
 
 from blazar.doctor.findings import ERROR, GROUPS, DaemonView, Finding, exit_code
 from blazar.doctor.host import engine_findings, gpu_findings, system_findings
-from blazar.doctor.serving import channel_findings, model_findings, runtime_findings
+from blazar.doctor.serving import (
+    channel_findings,
+    condition_findings,
+    failing_models,
+    model_findings,
+    runtime_findings,
+)
 from blazar.engines.records import EngineStore
 from blazar.errors import BlazarError
 from blazar.paths import Paths
@@ -62,8 +69,11 @@ def examine(
     with Store(paths.db) as store:
         findings += engine_findings(EngineStore(store), manifest)
         findings += model_findings(store, manifest, deep=deep)
+        conditions = store.conditions()
     findings += channel_findings(manifest, daemon)
-    findings += runtime_findings(daemon)
+    covered = failing_models(conditions) if daemon.up else set()
+    findings += runtime_findings(daemon, covered)
+    findings += condition_findings(conditions, daemon)
     return findings
 
 

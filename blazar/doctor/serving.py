@@ -2,19 +2,22 @@
 with its recorded size; `deep` re-hashes it), CHANNELS (the gateway's port is free or held
 by this daemon, TLS files readable, keys declared when bound beyond loopback) and RUNTIME
 (the daemon's live summary: failing or restarting instances, a low prompt-cache hit
-ratio, cache-busting clients, refused requests). `blazar.doctor.examine` calls them.
+ratio, cache-busting clients, refused requests), and a finding for each False condition
+in the store (apply's Ready, serve's Serving, Reachable and Applied: docs/serve.md).
+`blazar.doctor.examine` calls them.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Iterable
 from pathlib import Path
 
 from blazar.doctor.findings import ERROR, INFO, OK, WARNING, DaemonView, Finding
 from blazar.hashing import sha256_file
 from blazar.observe.cachebust import FIX as BUSTER_FIX
-from blazar.store import ModelRecord, Store
+from blazar.store import Condition, ModelRecord, Store
 from specs.manifest import Manifest
 from specs.names import parse_name
 
@@ -152,8 +155,10 @@ def _listening(host: str, port: int) -> bool:
 # -- RUNTIME ------------------------------------------------------------------------------
 
 
-def runtime_findings(daemon: DaemonView) -> list[Finding]:
-    """Judgments on the daemon's live summary (pure)."""
+def runtime_findings(daemon: DaemonView, covered: Iterable[str] = ()) -> list[Finding]:
+    """Judgments on the daemon's live summary (pure). `covered`: models whose failing
+    instances a condition reports already (`condition_findings`), not repeated here."""
+    covered = set(covered)
     if not daemon.up:
         return [
             Finding(
@@ -167,7 +172,7 @@ def runtime_findings(daemon: DaemonView) -> list[Finding]:
     out = [Finding("RUNTIME", OK, f"daemon up at {daemon.url}")]
     for inst in stats.get("instances", []):
         key = f"{inst['model']}/{inst['replica']}"
-        if inst.get("state") in ("failed", "backoff"):
+        if inst.get("state") in ("failed", "backoff") and inst["model"] not in covered:
             out.append(
                 Finding(
                     "RUNTIME",
@@ -178,7 +183,7 @@ def runtime_findings(daemon: DaemonView) -> list[Finding]:
                     f"args in the manifest, or `blazar stop {inst['model']}`",
                 )
             )
-        elif inst.get("restarts"):
+        elif inst.get("restarts") and inst.get("state") not in ("failed", "backoff"):
             out.append(
                 Finding(
                     "RUNTIME",
@@ -257,3 +262,51 @@ def _set_finding(name: str, record: ModelRecord, path: Path, deep: bool) -> Find
             )  # fmt: skip
     checked = "present, sizes and sha256 match" if deep else "present with their recorded sizes"
     return Finding("MODELS", OK, f"model '{name}' ({record.kind}): {len(files)} files {checked}")
+
+
+# -- CONDITIONS -----------------------------------------------------------------------------
+
+# The types `blazar serve` writes (blazar.serve.state.conditions); they describe a serve
+# that runs, so a dead serve's are not reported.
+SERVE_TYPES = ("Serving", "Reachable", "Applied")
+_GROUPS = {"engine": "ENGINES", "model": "MODELS", "lora": "MODELS", "key": "CHANNELS"}
+_FIXES = {
+    "StartFailed": "read its log (named above), fix models.{name} in the manifest (args, ctx, "
+    "cache fields) and save it: serve starts it again",
+    "GaveUp": "read its log (named above), fix models.{name} in the manifest and save it: "
+    "serve starts it again",
+    "Restarting": "read its log (named above); `blazar stop {name}` stops the restarts",
+    "SettingsRefused": "change models.{name} as the message says and save the manifest",
+    "NoEngine": "install an engine that serves it, as the message says, then `blazar apply`",
+    "Down": "check that the remote runs and answers at its url (`blazar remotes` shows its "
+    "last error)",
+    "Invalid": "fix the manifest (`blazar diff` names each problem) and save it",
+    "ApplyFailed": "`blazar diff` shows the plan; fix what the message names and save",
+    "ActionsFailed": "`blazar status` shows each resource's condition; fix and save",
+}
+
+
+def condition_findings(conditions: Iterable[Condition], daemon: DaemonView) -> list[Finding]:
+    """Pure: a finding for each False condition in the store: apply's Ready ones, and
+    serve's (Serving, Reachable, Applied) while a daemon answers."""
+    out = []
+    for c in conditions:
+        if c.status != "False" or (c.type in SERVE_TYPES and not daemon.up):
+            continue
+        if c.type == "Reachable":
+            group, severity, what = "RUNTIME", WARNING, f"remote '{c.name}' is down"
+        elif c.type in SERVE_TYPES:
+            group, severity = "RUNTIME", ERROR
+            what = f"{c.kind} '{c.name}' is not {'applied' if c.type == 'Applied' else 'served'}"
+        else:
+            group, severity, what = _GROUPS.get(c.kind, "SYSTEM"), ERROR, f"{c.kind} '{c.name}'"
+            what += " is not ready"
+        fix = _FIXES.get(c.reason, "`blazar status` shows it; `blazar apply` tries again")
+        what = f"{what} ({c.reason}, since {c.last_transition}): {c.message}"
+        out.append(Finding(group, severity, what, fix.format(name=c.name)))
+    return out
+
+
+def failing_models(conditions: Iterable[Condition]) -> set[str]:
+    """Models whose Serving condition is False (their instances' state says no more)."""
+    return {c.name for c in conditions if c.type == "Serving" and c.status == "False"}

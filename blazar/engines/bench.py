@@ -83,12 +83,16 @@ def bench_engines(
     *,
     workload: Workload | None = None,
     note: str = "bench",
+    extra_args: Sequence[str] = (),
+    spec: str = "off",
 ) -> list[BenchResult]:
-    """Run the fixed workload on every engine in one interleaved run."""
+    """Run the fixed workload on every engine in one interleaved run; `extra_args` (a
+    decoding mode's flags: `spec` names it) go to every engine."""
     workload = workload or Workload()
     args = [
         "--model", str(model_path), "--ctx-size", str(CTX), "--parallel", "1",
         "--threads", str(workload.threads), "--threads-batch", str(workload.threads),
+        *extra_args,
     ]  # fmt: skip
     logs = [log_dir / f"bench-{e.tag}.log" for e in engines]
     samples = asyncio.run(_measure(engines, args, logs, workload))
@@ -107,6 +111,7 @@ def bench_engines(
                 predicted_n=int(runs[0].get("predicted_n", 0)),
                 runs=len(runs),
                 note=note,
+                spec=spec,
             )
         )
     return results

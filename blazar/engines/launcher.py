@@ -22,23 +22,30 @@ a bad value, no --model), 1 for a model, LoRA adapter or projector file that is 
 or that llama.cpp fails to load (the first error llama.cpp logged is quoted).
 
 It runs under the engine's Python, not Blazar's: standard library and xllamacpp only.
+Loading and serving live in its companion `launcher_server.py`, copied beside it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import os
-import re
 import signal
 import sys
-import tempfile
-import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import xllamacpp  # type: ignore[import-untyped, import-not-found, unused-ignore]
+
+if __package__:  # imported as blazar.engines.launcher (Blazar's tests)
+    from blazar.engines.launcher_server import LoadError, serve_forever, start_server
+else:  # run as a script in an engine's environment, its companion copied beside it
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from launcher_server import (  # type: ignore[import-not-found, no-redef, unused-ignore]
+        LoadError,
+        serve_forever,
+        start_server,
+    )
 
 USAGE_ERROR = 2
 LOAD_ERROR = 1
@@ -53,10 +60,6 @@ ROPE_SCALING = {"none": "NONE", "linear": "LINEAR", "yarn": "YARN"}
 
 class UsageError(Exception):
     """A command line this launcher cannot run; the message is shown as is."""
-
-
-class LoadError(Exception):
-    """The engine refused the model or the settings; the message is shown as is."""
 
 
 Apply = Callable[[Any, str], None]  # (xllamacpp.CommonParams, flag value) -> None
@@ -142,17 +145,56 @@ def _lora(item: str, scaled: bool) -> Any:
 
 
 def _set(attr: str, convert: Callable[[str], object] = str) -> Apply:
-    """Set a (dotted) CommonParams attribute to the converted flag value."""
+    """Set a (dotted) CommonParams attribute to the converted flag value; a build of
+    xllamacpp without the attribute refuses the flag (never ignores it)."""
 
     def apply(params: Any, value: str) -> None:
         *parents, name = attr.split(".")
-        for parent in parents:
-            params = getattr(params, parent)
+        try:
+            for parent in parents:
+                params = getattr(params, parent)
+            if not hasattr(params, name):
+                raise AttributeError(name)
+        except AttributeError:
+            raise UsageError(f"this engine (xllamacpp {_version()}) has no {attr}") from None
         converted = convert(value)
         try:
             setattr(params, name, converted)
         except (OverflowError, TypeError, ValueError):
             raise UsageError(f"out of range: {value!r}") from None
+
+    return apply
+
+
+def _version() -> str:
+    return str(getattr(xllamacpp, "__version__", "unknown"))
+
+
+def _spec_types() -> dict[str, Any]:
+    """--spec-type values as llama-server spells them (draft-simple, ngram-map-k4v, ...),
+    from this build's `common_speculative_type` members; {} for a build without it."""
+    kinds = getattr(xllamacpp, "common_speculative_type", None)
+    members = getattr(kinds, "__members__", {})
+    named = {k.removeprefix("COMMON_SPECULATIVE_TYPE_").lower().replace("_", "-"): v
+             for k, v in members.items() if not k.endswith("_COUNT")}  # fmt: skip
+    return {**named, "draft": named["draft-simple"]} if "draft-simple" in named else named
+
+
+def _set_spec_types(params: Any, value: str) -> None:
+    known = _spec_types()
+    if not known:
+        raise UsageError(f"this engine (xllamacpp {_version()}) has no speculative decoding")
+    params.speculative.types = [known[_choice(item, known)] for item in value.split(",")]
+
+
+def _ngram(name: str) -> Apply:
+    """An n-gram lookup knob, for each lookup that takes it (ngram-simple, -map-k, -map-k4v)."""
+    kinds = ("ngram_simple", "ngram_map_k", "ngram_map_k4v")
+    setters = [_set(f"speculative.{kind}.{name}", _int) for kind in kinds]
+
+    def apply(params: Any, value: str) -> None:
+        for setter in setters:
+            setter(params, value)
 
     return apply
 
@@ -250,6 +292,27 @@ _TABLE: list[tuple[str, str | None, str, Apply]] = [
     ("--kv-unified -kvu", None, "one KV buffer for all slots", _switch("kv_unified")),
     ("--no-kv-unified -no-kvu", None, "a KV buffer per slot", _switch("kv_unified", False)),
     ("--cache-reuse", "N", "min chunk to reuse by KV shifting", _set("n_cache_reuse", _int)),
+    ("--spec-type", "TYPE[,TYPE]", "speculative decoding: none, draft, ngram-simple, ...",
+     _set_spec_types),
+    ("--spec-draft-model --model-draft -md", "FNAME", "draft model (--spec-type draft)",
+     _set("speculative.draft.mparams.path")),
+    ("--spec-draft-n-max --draft-max --draft-n --draft", "N", "most tokens drafted a step",
+     _set("speculative.draft.n_max", _int)),
+    ("--spec-draft-n-min --draft-min", "N", "fewest tokens drafted a step",
+     _set("speculative.draft.n_min", _int)),
+    ("--spec-draft-p-min --draft-p-min", "P", "least draft probability to go on",
+     _set("speculative.draft.p_min", lambda v: float(_parse(float, "a number", v)))),
+    ("--spec-draft-threads --threads-draft -td", "N", "draft generation threads",
+     _set("speculative.draft.cpuparams.n_threads", _int)),
+    ("--spec-draft-threads-batch --threads-batch-draft -tbd", "N", "draft prompt threads",
+     _set("speculative.draft.cpuparams_batch.n_threads", _int)),
+    ("--spec-ngram-size-n", "N", "n-gram lookup: tokens it matches", _ngram("size_n")),
+    ("--spec-ngram-size-m", "N", "n-gram lookup: tokens it drafts", _ngram("size_m")),
+    ("--spec-ngram-min-hits", "N", "n-gram lookup: hits before it drafts", _ngram("min_hits")),
+    ("--lookup-cache-static -lcs", "FNAME", "ngram-cache: a static lookup cache",
+     _set("speculative.ngram_cache.lookup_cache_static")),
+    ("--lookup-cache-dynamic -lcd", "FNAME", "ngram-cache: a dynamic lookup cache",
+     _set("speculative.ngram_cache.lookup_cache_dynamic")),
     ("--cache-ram -cram", "MiB", "host-memory prompt cache (0: off, -1: no limit)",
      _set("cache_ram_mib", _int)),
     ("--flash-attn -fa", "on|off|auto", "flash attention", _set("flash_attn_type", _flash_attn)),
@@ -315,81 +378,26 @@ def parse_args(argv: Sequence[str]) -> Any:
     model = params.model.path
     if not model:
         raise UsageError("no model given; pass --model FNAME (a GGUF file)")
+    if hasattr(getattr(params, "speculative", None), "types"):
+        _speculative_defaults(params)
     return params
 
 
-# --- loading and serving -----------------------------------------------------------------
-
-_LOG_ERROR = re.compile(r"^\S*\s*E\s+(?:(?:srv|cmn|ctx|res|que|slt)\s+)?(.*\S)\s*$")
-
-
-def _first_error(log: bytes) -> str | None:
-    """The first error-level line of llama.cpp's log: the most specific reason it gives."""
-    for line in log.decode("utf-8", "replace").splitlines():
-        match = _LOG_ERROR.match(line)
-        if match:
-            return "".join(c if c.isprintable() else "?" for c in match.group(1))
-    return None
-
-
-def start_server(params: Any, verbose: bool) -> Any:
-    """Construct `xllamacpp.Server`, which loads the model and starts listening.
-
-    llama.cpp logs to file descriptor 2 while it loads. That log is captured so that
-    a failure can be reported in one line naming the first error llama.cpp logged;
-    on success (or with --verbose) the captured log is passed on to stderr.
-    """
-    sys.stderr.flush()
-    saved_stderr = os.dup(2)
-    with tempfile.TemporaryFile() as log:
-        os.dup2(log.fileno(), 2)
-        try:
-            server = xllamacpp.Server(params)
-        except Exception as exc:
-            reason = None
-            for _ in range(50):  # llama.cpp may log from another thread: give it a moment
-                log.seek(0)
-                reason = _first_error(log.read())
-                if reason:
-                    break
-                time.sleep(0.01)
-            server, failure = None, f"failed to load model {params.model.path}: {reason or exc}"
-        finally:
-            os.dup2(saved_stderr, 2)
-            os.close(saved_stderr)
-        if server is not None or verbose:
-            log.seek(0)
-            sys.stderr.buffer.write(log.read())
-            sys.stderr.flush()
-    if server is None:
-        raise LoadError(failure)
-    return server
-
-
-def _exit_now(signum: int, frame: object) -> NoReturn:
-    # xllamacpp.Server has no stop method; its destructor would wait on the main loop.
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):
-            stream.flush()
-    os._exit(0)
-
-
-def serve_forever(server: Any) -> NoReturn:
-    """Announce the address, then block until SIGTERM or SIGINT and exit 0."""
-    # The server's threads may take the signal; the wakeup fd wakes this thread anyway,
-    # and Python then runs the handler here.
-    wake_read, wake_write = os.pipe()
-    os.set_blocking(wake_write, False)
-    signal.set_wakeup_fd(wake_write)
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, _exit_now)
-    address = str(server.listening_address)
-    if "://" not in address:
-        address = "http://" + address
-    print(f"main: server is listening on {address} - starting the main loop")
-    print(f"blazar-launcher: listening on {address}", flush=True)
-    while True:
-        os.read(wake_read, 64)
+def _speculative_defaults(params: Any) -> None:
+    """As llama-server: a draft model alone means --spec-type draft; a draft type needs
+    a draft model; the draft runs on the main threads unless told otherwise."""
+    spec, known = params.speculative, _spec_types()
+    drafting = [t for t in spec.types if str(t.name).startswith("COMMON_SPECULATIVE_TYPE_DRAFT")]
+    if spec.draft.mparams.path and all(t == known.get("none") for t in spec.types):
+        spec.types, drafting = [known["draft-simple"]], [known["draft-simple"]]
+    if drafting and not spec.draft.mparams.path:
+        raise UsageError("--spec-type draft needs a draft model: pass --spec-draft-model FNAME")
+    draft = spec.draft
+    if draft.cpuparams.n_threads <= 0:
+        draft.cpuparams.n_threads = params.cpuparams.n_threads
+    if draft.cpuparams_batch.n_threads <= 0:
+        batch = params.cpuparams_batch.n_threads
+        draft.cpuparams_batch.n_threads = batch if batch > 0 else draft.cpuparams.n_threads
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -402,6 +410,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return USAGE_ERROR
     files = [("model", params.model.path)]
     files += [("LoRA adapter", adapter.path) for adapter in params.lora_adapters]
+    if (
+        hasattr(getattr(params, "speculative", None), "types")
+        and params.speculative.draft.mparams.path
+    ):
+        files.append(("draft model", params.speculative.draft.mparams.path))
     if params.mmproj.path:
         files.append(("projector", params.mmproj.path))
     for what, path in files:

@@ -12,13 +12,20 @@ catalog instead. A mistralrs lane is probed the same way (mistral.rs's word is
 "Unknown normal-model GGUF architecture"). The engines port (`blazar.wiring`) and
 the gateway's passes (`blazar.serve.daemon`) call `ensure_probed` before they route
 models.
+
+It also records, once per engine, the flags its server takes (`engine_flags`, read from
+its `--help`): a manifest field that needs a flag the engine lacks (speculative decoding
+on an engine whose launcher predates it) is refused before a spawn, not ignored
+(`blazar.serve.supervisor.runtime`). Not probed yet counts as taking every flag.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import re
+import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -27,7 +34,7 @@ from blazar.engines.process import EngineServer, EngineStartError
 from blazar.engines.records import EngineRecord
 from blazar.errors import BlazarError
 from blazar.paths import Paths
-from blazar.store import Store
+from blazar.store import Store, utcnow
 
 # llama.cpp's words for an architecture it does not know, and mistral.rs's (the mistralrs
 # lane's launcher says what the package raised).
@@ -35,6 +42,7 @@ UNKNOWN = re.compile(
     r"unknown model architecture: '([^']*)'|Unknown normal-model GGUF architecture `([^`]*)`"
 )
 PROBED_KINDS = ("llamacpp", "mistralrs")  # the kinds that load GGUF architectures
+FLAG = re.compile(r"(?<![\w-])(--?[a-zA-Z][a-zA-Z0-9-]*)")
 PROBE_ARGS = ("--ctx-size", "256", "--parallel", "1", "--threads", "1", "--threads-batch", "1")
 
 
@@ -95,4 +103,46 @@ def ensure_probed(store: Store, paths: Paths, architectures: Iterable[str]) -> l
                 continue
             lanes.record_support(lane.lane, engine.tag, architecture, supported, "probe", detail)
             done.append(f"{lane.lane} {engine.tag} {architecture}: {'yes' if supported else 'no'}")
+    return done + ensure_flags(store)
+
+
+def engine_flags(store: Store, lane: str, tag: str) -> frozenset[str] | None:
+    """The flags the engine's server takes, as its `--help` lists them; None: not probed."""
+    row = store.db.execute(
+        "SELECT flags FROM engine_flags WHERE lane = ? AND tag = ?", [lane, tag]
+    ).fetchone()
+    return frozenset(json.loads(row[0])) if row else None
+
+
+def help_flags(text: str) -> frozenset[str]:
+    """Every flag a server's `--help` output names (llama-server's and the launcher's)."""
+    return frozenset(FLAG.findall(text))
+
+
+def ensure_flags(store: Store) -> list[str]:
+    """Record the flags of every lane's active llama.cpp engine not probed yet: "lane tag:
+    N flags" for each probed now (an engine whose --help fails stays unknown)."""
+    lanes, done = LaneStore(store), []
+    for lane in lanes.all():
+        engine = lanes.engines.active(lane.lane) if lane.kind == "llamacpp" else None
+        if engine is None or not Path(engine.path).is_dir():
+            continue
+        if engine_flags(store, lane.lane, engine.tag) is not None:
+            continue
+        try:
+            shown = subprocess.run(
+                [*engine.command, "--help"], capture_output=True, text=True, timeout=60
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            done.append(f"{lane.lane} {engine.tag}: --help failed: {exc}")
+            continue
+        flags = help_flags(shown.stdout + shown.stderr)
+        if shown.returncode != 0 or "--model" not in flags:
+            done.append(f"{lane.lane} {engine.tag}: --help exited {shown.returncode}")
+            continue
+        row = {"lane": lane.lane, "tag": engine.tag, "flags": json.dumps(sorted(flags)),
+               "probed_at": utcnow()}  # fmt: skip
+        with store.db.atomic():
+            store.db["engine_flags"].insert(row, replace=True)  # type: ignore[union-attr]
+        done.append(f"{lane.lane} {engine.tag}: {len(flags)} flags")
     return done

@@ -57,6 +57,7 @@ class BenchResult:
     runs: int
     note: str = "bench"
     time: str = field(default_factory=utcnow)
+    spec: str = "off"  # the decoding mode measured: off | ngram | draft
 
 
 class EngineStore:
@@ -156,8 +157,10 @@ class EngineStore:
         )
         return rows[0] if rows else None
 
-    def bench_history(self) -> list[dict[str, Any]]:
-        return list(self.db["bench"].rows_where(order_by="id"))
+    def bench_history(self, model: str | None = None) -> list[dict[str, Any]]:
+        """Every bench figure, oldest first (of one model, with `model`)."""
+        where, args = ("model = ?", [model]) if model else (None, [])
+        return list(self.db["bench"].rows_where(where, args, order_by="id"))
 
 
 def engine_dir_exists(record: EngineRecord) -> bool:

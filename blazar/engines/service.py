@@ -10,7 +10,7 @@ the commit its catalog offer pins now, gated against the fork's active engine.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -421,6 +421,8 @@ class Engines:
         model: str | None = None,
         workload: Workload | None = None,
         note: str = "bench",
+        extra_args: Sequence[str] = (),
+        spec: str = "off",
     ) -> list[BenchResult]:
         for engine in engines:
             self._check_present(engine)
@@ -435,14 +437,9 @@ class Engines:
                 self.records.record_bench(result)
             return found
         results = bench_engines(
-            engines,
-            chosen.path,
-            chosen.name,
-            chosen.sha256,
-            self.paths.logs,
-            workload=workload,
-            note=note,
-        )
+            engines, chosen.path, chosen.name, chosen.sha256, self.paths.logs,
+            workload=workload, note=note, extra_args=extra_args, spec=spec,
+        )  # fmt: skip
         for result in results:
             self.records.record_bench(result)
         return results

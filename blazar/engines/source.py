@@ -300,8 +300,10 @@ def cmake_args(
     build_number: int | None = None,
     commit: str | None = None,
     extra: Sequence[str] = (),
+    target: str = "llama-server",
 ) -> list[list[str]]:
-    """[configure, build] command lines for the llama-server target."""
+    """[configure, build] command lines for the llama-server target (or another of the
+    tree's targets: `blazar.engines.tools` builds llama-quantize)."""
     if backend not in BACKENDS:
         raise InvalidInput(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     if any(re.fullmatch(r"-DGGML_NATIVE(:BOOL)?=(ON|1|TRUE|YES)", a, re.I) for a in extra):
@@ -322,7 +324,7 @@ def cmake_args(
             configure.append(f"-DCMAKE_CUDA_ARCHITECTURES={';'.join(cuda.archs)}")
     configure += extra
     jobs = jobs or os.cpu_count() or 1
-    build = ["cmake", "--build", str(build_dir), "--target", "llama-server", "-j", str(jobs)]
+    build = ["cmake", "--build", str(build_dir), "--target", target, "-j", str(jobs)]
     return [configure, build]
 
 

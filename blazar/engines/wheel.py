@@ -23,6 +23,8 @@ from blazar.hashing import sha256_file
 
 PACKAGE = "xllamacpp"
 LAUNCHER = Path(__file__).with_name("launcher.py")
+# Copied beside it: the launcher imports its loading and serving from there.
+LAUNCHER_COMPANIONS = (Path(__file__).with_name("launcher_server.py"),)
 _VERSION = re.compile(r"^(\d{4})\.(\d{1,2})\.(\d+)(?:\.(\d+))?$")
 
 
@@ -54,11 +56,22 @@ def _pip(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
         raise WheelInstallError(f"cannot run pip: {exc}") from exc
 
 
-def place_launcher(launcher: Path, tmp: Path, name: str, what: str, *, timeout: float) -> str:
-    """Copy an engine's standalone launcher into its staging directory as `name` and run
-    it once with the environment's Python (`--version`); what it printed, or a
-    WheelInstallError saying why the engine installed but does not start."""
+def place_launcher(
+    launcher: Path,
+    tmp: Path,
+    name: str,
+    what: str,
+    *,
+    timeout: float,
+    companions: tuple[Path, ...] = (),
+) -> str:
+    """Copy an engine's standalone launcher into its staging directory as `name` (and the
+    modules it imports, under their own names) and run it once with the environment's
+    Python (`--version`); what it printed, or a WheelInstallError saying why the engine
+    installed but does not start."""
     shutil.copy2(launcher, tmp / name)
+    for companion in companions:
+        shutil.copy2(companion, tmp / companion.name)
     check = subprocess.run(
         [str(tmp / "venv" / "bin" / "python"), str(tmp / name), "--version"],
         capture_output=True,
@@ -142,8 +155,9 @@ def install_wheel(engines_root: Path, cache: Path, version: str | None = None) -
                 f"could not install {wheel.name}:\n{_tail(result.stderr or result.stdout)}"
             )
         launcher_version = place_launcher(
-            LAUNCHER, tmp, "launcher.py", f"{PACKAGE} {version}", timeout=60
-        )
+            LAUNCHER, tmp, "launcher.py", f"{PACKAGE} {version}", timeout=60,
+            companions=LAUNCHER_COMPANIONS,
+        )  # fmt: skip
         publish(tmp, final)
     return InstalledEngine(
         kind=KIND,

@@ -35,6 +35,8 @@ class Outcome:
     prompt_ms: float | None = None
     predicted_ms: float | None = None
     tokens_per_second: float | None = None
+    draft_tokens: int | None = None  # speculative decoding: tokens drafted (timings.draft_n)
+    draft_accepted: int | None = None  # and of those, accepted (timings.draft_n_accepted)
     complete: bool = True  # False when the text was not kept whole (a very long stream)
 
     @property
@@ -70,6 +72,8 @@ def read_timings(out: Outcome, timings: Any) -> None:
     out.prompt_ms = _float(t.get("prompt_ms"))
     out.predicted_ms = _float(t.get("predicted_ms"))
     out.tokens_per_second = _float(t.get("predicted_per_second"))
+    if (drafted := _int(t.get("draft_n"))) is not None:  # present once the engine drafted
+        out.draft_tokens, out.draft_accepted = drafted, _int(t.get("draft_n_accepted"))
 
 
 def read_usage(out: Outcome, usage: Any) -> None:

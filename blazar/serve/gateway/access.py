@@ -1,7 +1,7 @@
 """The access layer: the one middleware every request passes, and the scope of every route.
 
-`build_app` installs `Access.middleware` on the gateway, inside the errors
-middleware, so each route is covered by construction; the daemon hands it the
+The gateway's one middleware (`blazar.serve.gateway.app`) runs `Access.guard` around
+every request, so each route is covered by construction; the daemon hands it the
 manifest's keys and `[serving]` settings on every pass (`configure`), so key
 changes apply without a restart. For each request, in this order:
 
@@ -10,7 +10,8 @@ changes apply without a restart. For each request, in this order:
    route; a CORS preflight (`OPTIONS` with an Origin) is answered here, without
    a key, and allowed origins get `Access-Control-Allow-Origin` on responses.
 3. With keys declared, every route not `PUBLIC` needs `Authorization: Bearer
-   KEY` or `x-api-key: KEY`: 401 when missing or unknown, 403 when the key's
+   KEY` or `x-api-key: KEY` (a WebSocket may offer the subprotocol
+   `openai-insecure-api-key.KEY`): 401 when missing or unknown, 403 when the key's
    scope is below the route's, 429 with Retry-After past its `rpm`. The key is
    found by its sha256 (one dict lookup, confirmed with `hmac.compare_digest`);
    its `Grant` and name are stored in the request for the routes and traces.
@@ -79,6 +80,7 @@ SCOPES: dict[tuple[str, str], str] = {
     ("GET", "/v1/audio/jobs/{id}"): INFERENCE,
     ("POST", "/v1/audio/jobs/{id}/cancel"): INFERENCE,
     ("POST", "/v1/audio/jobs/{id}/retry"): INFERENCE,
+    ("GET", "/v1/realtime"): INFERENCE,  # a WebSocket: OpenAI's Realtime protocol
     # Anthropic
     ("POST", "/v1/messages"): INFERENCE,
     ("POST", "/v1/messages/count_tokens"): INFERENCE,
@@ -147,6 +149,7 @@ METHODS = "GET, HEAD, POST, DELETE, OPTIONS"
 EXPOSED = "x-request-id, request-id, retry-after"
 CORS_ORIGIN = web.RequestKey("cors_origin", str)
 NO_KEY: tuple[str, Grant | None] = ("0" * 64, None)
+KEY_SUBPROTOCOL = "openai-insecure-api-key."  # how browsers send a key on a WebSocket
 
 
 def declared_scope(method: str, pattern: str) -> str | None:
@@ -173,14 +176,22 @@ def scope_of(method: str, pattern: str | None, *, metrics_public: bool = False) 
 
 
 def presented_key(request: web.Request) -> str | None:
-    """The key a request carries: `Authorization: Bearer KEY` or `x-api-key: KEY`."""
+    """The key a request carries: `Authorization: Bearer KEY`, `x-api-key: KEY`, or (a
+    browser's WebSocket, which cannot set headers) the subprotocol
+    `openai-insecure-api-key.KEY` in `Sec-WebSocket-Protocol`."""
     auth = request.headers.get("Authorization")
     if auth is not None:
         kind, _, value = auth.strip().partition(" ")
         if kind.lower() == "bearer" and value.strip():
             return value.strip()
     key = request.headers.get("x-api-key")
-    return key.strip() if key and key.strip() else None
+    if key and key.strip():
+        return key.strip()
+    for offered in request.headers.get("Sec-WebSocket-Protocol", "").split(","):
+        name, _, value = offered.strip().partition(KEY_SUBPROTOCOL)
+        if not name and value:
+            return value
+    return None
 
 
 def _client(request: web.Request) -> str | None:
@@ -269,8 +280,9 @@ class Access:
             )  # fmt: skip
         return for_path(request.path).response(request, status, message, code, retry_after)
 
-    @web.middleware
-    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+    async def guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """The checks above, then `handler`; a refusal is answered here, in the path's
+        envelope. The gateway's one middleware (`blazar.serve.gateway.app`) calls it."""
         host = request.headers.get("Host")
         allowed = self._hosts.get(host) if host is not None else True
         if allowed is None:

@@ -1,27 +1,26 @@
 """The gateway's aiohttp application, assembled in one place.
 
 `build_app` registers every protocol's routes (OpenAI with its audio API, ollama,
-Anthropic, Blazar's own) on one application and installs the middleware every request
-passes through: `observe` (`blazar.serve.state.tracing`) traces each request; the
-access layer (`blazar.serve.gateway.access`: Host, Origin and CORS, API keys and
-scopes, rate and body limits) runs inside `errors`, and the relay
-(`blazar.serve.gateway.relay`: requests carried out on remotes) inside it; `errors`
-gives each response its trace id and answers what a route raised in the route's protocol envelope
-(`failure`, `envelopes.for_request`): a client's mistake as a 4xx, a
-bug as a 500 in the same shape with the traceback only in serve's log. What
-aiohttp's router and body reader refuse (an unknown route, a wrong method, a
-body over `MAX_BODY`) is answered in the same envelope, never as aiohttp's
-`text/plain`. The route modules depend on `Services`, never on this module or
-the daemon.
+Anthropic, Blazar's own, the dashboard) on one application and installs the one
+middleware every request passes through (`gateway`): the request's trace
+(`blazar.serve.state.tracing`), the access layer (`blazar.serve.gateway.access`: Host,
+Origin and CORS, API keys and scopes, rate and body limits), and the answer to what a
+route raised, in the route's protocol envelope (`steps.failure`,
+`envelopes.for_request`): a client's mistake as a 4xx, a bug as a 500 in the same
+shape with the traceback only in serve's log. What aiohttp's router and body reader
+refuse (an unknown route, a wrong method, a body over `MAX_BODY`) is answered in the
+same envelope, never as aiohttp's `text/plain`. The route modules depend on
+`Services`, never on this module or the daemon.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from typing import Any
 
 from aiohttp import web
 
-from blazar.observe.trace import current
 from blazar.serve.gateway.access import Access, add_cors_headers
 from blazar.serve.http import TRACE, Handler, trace_id
 from blazar.serve.request.envelopes import for_request
@@ -38,6 +37,7 @@ from blazar.serve.routes import (
     ollama_blobs,
     ollama_pull,
     openai_api,
+    realtime_api,
     responses_api,
     sessions_api,
     ui_admin,
@@ -45,6 +45,7 @@ from blazar.serve.routes import (
 )
 from blazar.serve.routes.services import Services
 from blazar.serve.state.remotes import FLEET
+from blazar.serve.state.tracing import Observer
 
 MAX_BODY = 64 * 1024**2
 logger = logging.getLogger("blazar.serve")
@@ -70,34 +71,59 @@ def refused_by_aiohttp(request: web.Request, exc: web.HTTPException) -> Failure:
     return Failure(exc.status, f"{where}: {exc.reason}")
 
 
-@web.middleware
-async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """The trace id on every response, and every raised failure in its protocol's shape."""
-    try:
-        response = await handler(request)
-    except web.HTTPException as exc:
-        if exc.status < 400:  # a redirect is not a failure
+def gateway(observer: Observer, access: Access) -> Any:
+    """The gateway's one middleware, around every request: its trace (inference routes;
+    `Observer.begin`/`end`, which see every answer, refusals included), the access layer
+    (`Access.guard`), and every failure a route raised answered in its protocol's shape
+    (`steps.failure`, `envelopes.for_request`): a client's mistake as a 4xx, a bug as a
+    500 in the same shape with the traceback only in serve's log. Every response gets its
+    trace id. One middleware, not four: each layer of aiohttp's chain costs a call and a
+    closure per request (docs/performance.md)."""
+    begin, end, guard = observer.begin, observer.end, access.guard
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        trace = begin(request)
+        try:
+            response = await guard(request, handler)
+        except asyncio.CancelledError:
+            if trace is not None:
+                trace.failed(499, "the client went away before the answer was complete", None)
+                end(trace, request, 499)
             raise
-        refused = refused_by_aiohttp(request, exc)
-        answer = for_request(request).response(
-            request, refused.status, refused.message, refused.code
-        )
-        if "Allow" in exc.headers:
-            answer.headers["Allow"] = exc.headers["Allow"]
-        return answer
-    except Exception as exc:
-        known = failure(exc)
-        if known is None:  # a bug: the client still gets its protocol's shape, not a traceback
-            logger.exception("%s %s failed", request.method, request.path)
-            known = Failure(500, f"internal error ({type(exc).__name__}); see serve's log")
-        if (trace := current()) is not None:  # observe: the failure, on the request's trace
-            trace.failed(known.status, known.message, known.code)
-        return for_request(request).response(
-            request, known.status, known.message, known.code, known.retry_after
-        )
-    if not response.prepared:
-        response.headers.setdefault(TRACE, trace_id(request))
-    return response
+        except web.HTTPException as exc:
+            if exc.status < 400:  # a redirect is not a failure
+                if trace is not None:
+                    end(trace, request, exc.status)
+                raise
+            refused = refused_by_aiohttp(request, exc)
+            response = for_request(request).response(
+                request, refused.status, refused.message, refused.code
+            )
+            if "Allow" in exc.headers:
+                response.headers["Allow"] = exc.headers["Allow"]
+        except Exception as exc:
+            known = failure(exc)
+            if known is None:  # a bug: the client gets its protocol's shape, not a traceback
+                logger.exception("%s %s failed", request.method, request.path)
+                known = Failure(500, f"internal error ({type(exc).__name__}); see serve's log")
+            if trace is not None:  # the failure, on the request's trace
+                trace.failed(known.status, known.message, known.code)
+            response = for_request(request).response(
+                request, known.status, known.message, known.code, known.retry_after
+            )
+        except BaseException:
+            if trace is not None:
+                end(trace, request, 500)
+            raise
+        else:
+            if not response.prepared:
+                response.headers.setdefault(TRACE, trace_id(request))
+        if trace is not None:
+            end(trace, request, response.status)
+        return response
+
+    return middleware
 
 
 def build_app(services: Services, access: Access | None = None) -> web.Application:
@@ -105,10 +131,9 @@ def build_app(services: Services, access: Access | None = None) -> web.Applicati
     the daemon's (a default one checks Host and Origin, with no keys)."""
     access = access or Access()
     access.max_body = MAX_BODY
-    # observe first: it sees every answer, the errors middleware's and the access layer's
-    # refusals included.
-    middlewares = [services.observer.middleware(), errors, access.middleware]
-    app = web.Application(client_max_size=MAX_BODY, middlewares=middlewares)
+    app = web.Application(
+        client_max_size=MAX_BODY, middlewares=[gateway(services.observer, access)]
+    )
     app[FLEET] = services.fleet
     app.on_response_prepare.append(add_cors_headers)
     blazar_api.register(app, services)
@@ -123,6 +148,7 @@ def build_app(services: Services, access: Access | None = None) -> web.Applicati
     sessions_api.register(app, services)
     keys_api.register(app, services)
     audio_api.register(app, services)
+    realtime_api.register(app, services)
     fleet_api.register(app, services)
     ui_api.register(app, services)
     ui_admin.register(app, services)

@@ -24,16 +24,18 @@ pipeline then takes the same steps for all of them, in this order:
 9. release: the slot goes back with the request's keep_alive.
 
 `held` is steps 1 to 5 and 9 for the audio routes and the async jobs, whose call is
-their own; `complete` is the whole path for work no client waits on (no request).
+their own; `complete` is the whole path for work no client waits on (no request), and
+`events` the same path streamed (a realtime session's answer, event by event).
 Failures are raised as `ProtocolError`/`SchedulerError` and answered in the route's
 envelope by the gateway's middleware (`steps.failure`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +43,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from blazar.observe.speculation import HEADER, spec_header
 from blazar.observe.trace import current
 from blazar.protocols import EngineRequest, LoadOnly, ProtocolError
 from blazar.protocols.sse import SSEDecoder
@@ -250,6 +253,70 @@ class Pipeline:
         finally:
             self.scheduler.release(timed.lease)
 
+    async def events(self, ask: Ask, *, priority: bool = False) -> AsyncGenerator[Any, None]:
+        """The whole path for a stream no client's HTTP request waits on (a realtime
+        session's answer): this host's model only, the engine's events decoded as they
+        arrive (JSON objects, then the text `[DONE]`), each noted on the current trace.
+        The slot goes back when the stream ends, fails, or its consumer stops: use it
+        under `contextlib.aclosing`, so that stopping early closes the engine's
+        connection (the child stops generating) and releases the slot at once. An
+        engine that answers whole yields that one answer; an error is raised."""
+        target = self.where(None, ask.model)
+        if isinstance(target, Forward):  # never: where() forwards only for a client
+            raise ProtocolError(404, f"model '{ask.model}' is not served here")
+        plan = self.plan(ask, target)
+        if isinstance(plan, LoadOnly):
+            raise ProtocolError(400, "nothing to generate", "invalid_request_error")
+        steps.require(target.runtime, plan.need or ask.need, plan.needs, requested=ask.model)
+        timed = await self.lease(None, target, started=ask.started, priority=priority)
+        assert not isinstance(timed, Forward)
+        trace = current()
+        reply: Reply | None = None
+        upstream = ChildUpstream(self.children, timed.lease.url, target.runtime.name)
+        try:
+            done = self._done(ask, timed)
+            engine = plan.engine if plan.prepare is None else await plan.prepare(done)
+            sent = await self._admitted(timed.lease, ask, engine)
+            if trace is not None:
+                trace.sending(engine.path, sent.body)
+            try:
+                reply = await upstream.post(engine.path, sent.data)
+                streamed = reply.status == 200 and reply.content_type.startswith(
+                    "text/event-stream"
+                )
+                payload = b"" if streamed else await reply.read_all()
+            except upstream.errors as exc:
+                raise upstream.failed(exc) from None
+            if not streamed:
+                if trace is not None:
+                    trace.answered(payload, reply.status)
+                if reply.status != 200:
+                    data = decode(payload)
+                    raise plan.answer(done).refusal(reply.status, data) or refused(
+                        reply.status, data
+                    )
+                yield decode(payload)
+                return
+            decoder = SSEDecoder()
+            while True:
+                try:
+                    chunk = await reply.read()
+                except upstream.errors as exc:
+                    failed = upstream.failed(exc)
+                    if trace is not None:
+                        trace.failed(failed.status, failed.message, failed.code)
+                    raise failed from None
+                for event in decoder.feed(chunk) if chunk else decoder.close():
+                    if trace is not None:
+                        trace.event(event.data)
+                    yield event.data
+                if not chunk:
+                    return
+        finally:
+            if reply is not None:  # kept if finished; else closed, and the child stops
+                upstream.release(reply)
+            self.scheduler.release(timed.lease)
+
     def local(self, request: web.Request | None, ask: Ask) -> Target:
         """Steps 1 and 3 for a route served only here (audio): the model, able to serve
         the request now, or the refusal (a remote's model is a 404 that says why)."""
@@ -399,6 +466,9 @@ class Pipeline:
         done = self._done(ask, timed)
         engine = plan.engine if plan.prepare is None else await plan.prepare(done)
         sent = await self._admitted(lease, ask, engine)
+        # Which speculative decoding mode answers (docs/tune.md); a whole answer adds its
+        # acceptance rate from the engine's timings (`_whole`).
+        sent.headers[HEADER] = lease.runtime.tuning.describe()
         upstream = ChildUpstream(self.children, lease.url, lease.runtime.name)
         return await self._exchange(request, ask, plan, engine, upstream, sent, done)
 
@@ -467,6 +537,10 @@ class Pipeline:
         if status != 200:
             data = decode(payload)
             raise answer.refusal(status, data) or refused(status, data)
+        mode = headers.get(HEADER)
+        if mode is not None and mode != "off":
+            with contextlib.suppress(orjson.JSONDecodeError, AttributeError):
+                headers[HEADER] = spec_header(mode, orjson.loads(payload).get("timings"))
         out = await answer.whole(payload)
         body = out if isinstance(out, bytes) else dumps(out)
         return web.Response(body=body, headers={"Content-Type": "application/json", **headers})

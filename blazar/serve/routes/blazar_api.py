@@ -56,6 +56,8 @@ def remote_row(name: str, remote: Remote) -> dict[str, object]:
         "size": None,
         "remote": remote.name,
         "url": remote.url,
+        "spec": None,
+        "profile": [],
     }
 
 

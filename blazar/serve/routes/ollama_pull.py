@@ -13,8 +13,9 @@ the manifest is put back; then the daemon runs a pass so the scheduler serves it
 - `POST /api/create` declares a GGUF from an uploaded blob (`files`, see
   `ollama_blobs`) or an absolute path (`from`) with a file:// source and its
   sha256; `from` an existing model with nothing else is another name for it (as
-  `/api/copy`). What a Modelfile asks and Blazar cannot do is a 400 that says
-  what to do instead.
+  `/api/copy`); `from` a model with `quantize` runs `blazar quantize`'s path
+  (`blazar.quantize`: llama-quantize, the result declared under the new name).
+  What a Modelfile asks and Blazar cannot do is a 400 that says what to do instead.
 
 A path on the server (`from`, a `file://` pull) must lie in the store, the
 uploaded blobs or `serving.import_roots` (`uploads.permitted`), checked before
@@ -32,7 +33,7 @@ from typing import Any
 from aiohttp import web
 
 from blazar import manifest_ops
-from blazar.errors import NotFound
+from blazar.errors import InvalidInput, NotFound
 from blazar.hashing import sha256_file
 from blazar.protocols import ProtocolError, ollama
 from blazar.serve.http import TRACE, name_in, read_json, trace_id
@@ -48,8 +49,6 @@ from specs.sources import RegistrySource, parse_source
 NDJSON = "application/x-ndjson"
 Emit = Callable[[dict[str, Any]], None]
 CREATE_REFUSED = {
-    "quantize": "Blazar does not quantize models: pull a GGUF already quantized "
-    "(hf://owner/repo:Q4_K_M)",
     "adapters": "declare LoRA adapters under [loras] in the manifest (`blazar lora add`)",
     "template": "ollama templates are Go templates; set chat_template for the model in the "
     "manifest (a template Blazar ships such as 'chatml', Jinja text, or a .jinja file)",
@@ -207,6 +206,8 @@ class OllamaPull:
                 raise ProtocolError(400, f"create: {key} is not supported: {why}")
         fields = self._create_fields(body)
         control = self.control
+        if body.get("quantize") is not None:
+            return await self._quantize(request, body, name, fields)
         found, digest = await self._create_file(request, body, name)
         if found is None:  # `from` an existing model, changing nothing: another name for it
             await asyncio.to_thread(manifest_ops.add_alias, control.manifest, digest, name)
@@ -224,6 +225,45 @@ class OllamaPull:
             )
             emit({"status": "writing manifest"})
             await control.refresh(f"create {name}")
+            await self._done(emit)
+
+        return await self._progress(request, body, job)
+
+    async def _quantize(
+        self, request: web.Request, body: dict[str, Any], name: str, fields: dict[str, Any]
+    ) -> web.StreamResponse:
+        """`quantize` with `from` a model: `blazar quantize`'s path (`blazar.quantize`)."""
+        from blazar import quantize
+
+        control = self.control
+        try:
+            qtype = quantize.quant_type(str(body["quantize"]))
+        except InvalidInput as exc:
+            raise ProtocolError(400, f"create: quantize: {exc}") from None
+        origin = body.get("from")
+        if body.get("files") or not isinstance(origin, str) or not origin or "/" in origin:
+            raise ProtocolError(
+                400,
+                "create: quantize needs `from` naming a model Blazar serves (create the model "
+                "from its files first, then quantize it)",
+            )
+        target = self.services.pipeline.here(request, origin)
+        free_name(self.services.scheduler, name, target)
+        tool, method = quantize.locate_tool(control.paths, control.store)
+        if tool is None:
+            raise ProtocolError(400, f"create: quantize: {quantize.missing_tool_message(method)}")
+        base = target.runtime.name
+
+        async def job(emit: Emit) -> None:
+            emit({"status": f"quantizing {base} model to {qtype}"})
+            say = self._threadsafe(emit)
+            done = await asyncio.to_thread(
+                quantize.quantize_model, control.paths, control.manifest, base, qtype,
+                name=name, fields=fields, notify=lambda m: say({"status": m}),
+            )  # fmt: skip
+            emit({"status": f"using layer sha256:{done.sha256}"})
+            emit({"status": "writing manifest"})
+            await control.refresh(f"create {name} (quantize {base} to {qtype})")
             await self._done(emit)
 
         return await self._progress(request, body, job)

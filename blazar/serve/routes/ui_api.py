@@ -158,6 +158,8 @@ class UIAPI:
         return self._file(request.match_info["file"])
 
     async def events(self, request: web.Request) -> web.StreamResponse:
+        if request.method == "HEAD":  # the head only: a stream's bytes would follow it
+            return web.Response(headers={**STREAM_HEADERS, TRACE: trace_id(request)})
         grant = grant_of(request)
         admin = grant is None or grant.scope == ADMIN
         hello = {

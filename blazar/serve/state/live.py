@@ -35,10 +35,10 @@ RECENT = 60.0  # seconds of traces behind the summary's recent figures
 
 
 def pools(scheduler: Scheduler | None) -> list[Pool]:
-    """Every pool the scheduler has, retired ones (still draining) included."""
+    """Every pool the scheduler has: elders and retired ones (still draining) included."""
     if scheduler is None:
         return []
-    return [*scheduler.pools.values(), *scheduler.retired]
+    return scheduler.all_pools()
 
 
 async def scrape_children(of: list[Pool]) -> list[tuple[str, int, str]]:
@@ -99,17 +99,20 @@ class StateCollector:
             labels=["version", "engine"],
         )
         counts: dict[tuple[str, str], int] = {}
+        queued: dict[str, int] = {}  # a model and its elder (docs/lora.md) are one model
         engines: set[str] = set()
         for pool in pools(scheduler):
             name = pool.runtime.name
             engines.add(pool.runtime.engine_tag)
             if not pool.retired:
-                queue.add_metric([name], len(pool.waiters))
+                queued[name] = queued.get(name, 0) + len(pool.waiters)
                 for each in State:
                     counts.setdefault((name, str(each)), 0)
             for member in pool.members:
                 at = (name, str(member.instance.state))
                 counts[at] = counts.get(at, 0) + 1
+        for name, n in queued.items():
+            queue.add_metric([name], n)
         for (name, state_name), n in sorted(counts.items()):
             instances.add_metric([name, state_name], n)
         for name, n in sorted((scheduler.evictions if scheduler else {}).items()):

@@ -1,9 +1,10 @@
 """The gateway's observer: a trace per request, finished off the answer's path, kept and counted.
 
-`Observer.middleware` (installed first by `blazar.serve.gateway.app`) starts a `Trace`
-for each inference request (the paths in `TRACED`) and makes it current for the
-request's task; the one request path fills it in (`blazar.observe.trace`). When
-the handler returns, the trace waits for `drain` (every FINISH_EVERY, or before
+The gateway's one middleware (`blazar.serve.gateway.app`) calls `Observer.begin`,
+which starts a `Trace` for each inference request (the paths in `TRACED`) and makes it
+current for the request's task, and `Observer.end` once the request is done; the one
+request path fills it in (`blazar.observe.trace`). When the handler returns, the trace
+waits for `drain` (every FINISH_EVERY, or before
 any read of traces or metrics), so the answer goes out first and done requests
 are finished in batches. `finish` reads the answer (outcome, sentinels), checks
 for cache-busting, counts the request in `Metrics`, keeps the record in a bounded
@@ -144,44 +145,43 @@ class Observer:
 
     # -- the request path ---------------------------------------------------------------
 
-    def middleware(self) -> Any:
-        """The `observe` middleware: a trace for each inference request."""
+    def begin(self, request: web.Request) -> Trace | None:
+        """A trace for an inference request (the paths in `TRACED`), made current for the
+        request's task; None for any other request. The gateway's middleware calls it
+        first, and `end` when the request is done, however it ended."""
+        if request.method != "POST":
+            return None
+        protocol = TRACED.get(request.path)
+        if protocol is None:
+            return None
+        try:
+            trace = Trace(trace_id(request), protocol, request.path)
+        except Exception:  # observing must never break serving
+            logger.exception("tracing %s failed", request.path)
+            return None
+        trace.enforce = self.settings.sentinel_enforce
+        for listener in self.listeners:
+            listener(trace, None)
+        trace.token = CURRENT.set(trace)
+        return trace
 
-        @web.middleware
-        async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
-            protocol = TRACED.get(request.path)
-            if protocol is None or request.method != "POST":
-                return await handler(request)
-            try:
-                trace = Trace(trace_id(request), protocol, request.path)
-            except Exception:  # observing must never break serving
-                logger.exception("tracing %s failed", request.path)
-                return await handler(request)
-            trace.enforce = self.settings.sentinel_enforce
-            for listener in self.listeners:
-                listener(trace, None)
-            token = CURRENT.set(trace)
-            try:
-                response = await handler(request)
-            except asyncio.CancelledError:
-                trace.failed(499, "the client went away before the answer was complete", None)
-                self._done(trace, request)
-                raise
-            except web.HTTPException as exc:
-                trace.status = trace.status or exc.status
-                self._done(trace, request)
-                raise
-            except BaseException:
-                trace.status = trace.status or 500
-                self._done(trace, request)
-                raise
-            finally:
-                CURRENT.reset(token)
-            trace.status = trace.status or response.status
-            self._done(trace, request)
-            return response
+    def end(self, trace: Trace, request: web.Request, status: int) -> None:
+        """The request is done with `status` (what its trace has not said already)."""
+        CURRENT.reset(trace.token)
+        trace.status = trace.status or status
+        self._done(trace, request)
 
-        return observe
+    def started(self, trace: Trace) -> None:
+        """A trace made off the middleware (each response of a realtime session) begins:
+        the listeners hear of it as of the middleware's; the caller makes it current."""
+        trace.enforce = self.settings.sentinel_enforce
+        for listener in self.listeners:
+            listener(trace, None)
+
+    def finished(self, trace: Trace, request: web.Request) -> None:
+        """A trace from `started` is done (`request`: the socket's upgrade): finished,
+        kept and counted as the middleware's are."""
+        self._done(trace, request)
 
     def _done(self, trace: Trace, request: web.Request) -> None:
         trace.duration_ns = time.perf_counter_ns() - trace.started

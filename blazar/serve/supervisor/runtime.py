@@ -6,11 +6,11 @@ architecture (`reconcilers.routing`): a model no installed engine supports is
 still listed, with the teaching `refusal` its requests get (a 400) before any
 spawn. The rest: the manifest's declarations (ctx, slots, replicas, pins,
 keep_alive, templates). A model the store holds but the manifest does not
-declare is served with the defaults of `[serving]`. The effective arguments
-of an instance are a pure function of its runtime, so hot reload restarts
-exactly the instances whose arguments changed. A declared chat template is
-read here (`blazar.chat_templates`) and passed to the engine as Jinja text, so
-an edited template file changes the arguments too.
+declare is served with the defaults of `[serving]`; a profile (`blazar tune`) fills what
+the manifest leaves unset (`blazar.tuning`). The effective arguments of an instance are
+a pure function of its runtime, so hot reload restarts exactly the instances whose
+arguments changed. A declared chat template is read here (`blazar.chat_templates`) and
+passed to the engine as Jinja text, so an edited template file changes them too.
 """
 
 from __future__ import annotations
@@ -26,10 +26,12 @@ from blazar.cache_settings import CacheSettings
 from blazar.chat_templates import AppliedTemplate, model_template
 from blazar.engines.lanes import observe as observe_lanes
 from blazar.engines.records import EngineRecord, EngineStore
-from blazar.errors import BlazarError
+from blazar.gguf_info import rope_facts
+from blazar.profiles import ProfileStore
 from blazar.protocols.capabilities import TemplateCapabilities, template_capabilities
 from blazar.serve.supervisor import dialects
 from blazar.store import LoraRecord, ModelRecord, Store
+from blazar.tuning import Tuning, with_tuning
 from reconcilers.desired import routing_of
 from reconcilers.ports import OfferView
 from reconcilers.routing import route
@@ -86,6 +88,7 @@ class ModelRuntime:
     engine_lane: str = ""  # the lane serving it: llamacpp, or a fork's id
     refusal: str | None = None  # no engine supports it: what its requests are told (400)
     kind: str = "chat"  # chat | transcription (a whisper lane) | speech (a piper lane)
+    tuning: Tuning = field(default_factory=Tuning)  # speculative decoding, profile (tune.md)
     projector: str | None = None  # the vision projector's path (--mmproj): it reads images
 
     @property
@@ -172,8 +175,9 @@ class ModelRuntime:
         )
         if self.slot_dir is not None:
             out += ["--slot-save-path", self.slot_dir]
+        out += self.tuning.flags()
         if not any(a.split("=")[0] in ("--threads", "-t") for a in self.extra_args):
-            threads = str(default_threads())
+            threads = str(self.tuning.threads or default_threads())
             out += ["--threads", threads, "--threads-batch", threads]
         out += self.extra_args
         return tuple(out)
@@ -240,7 +244,9 @@ def build_runtimes(
     projectors = {p.model: p for p in store.list_projectors() if p.vision}
     lanes, routing = observe_lanes(store), routing_of(manifest)
     runtimes: dict[str, ModelRuntime] = {}
-    for record in store.list_models():
+    by_name = {r.ref.short: r for r in store.list_models()}
+    profiles = ProfileStore(store).all_current()
+    for record in by_name.values():
         name = record.ref.short
         key = declared.get(name)
         spec = manifest.models[key] if key is not None else None
@@ -273,7 +279,8 @@ def build_runtimes(
             # With its projector while the manifest declares one (or does not declare the
             # model at all): a projector left from an earlier mmproj is not loaded.
             runtime = replace(runtime, projector=held.path)
-        runtimes[name] = _with_sessions(runtime, record.sha256, spec, serving, slot_dir)
+        runtime = _with_sessions(runtime, record.sha256, spec, serving, slot_dir)
+        runtimes[name] = with_tuning(runtime, spec, profiles.get(name), manifest, by_name, store)
     return runtimes
 
 
@@ -412,7 +419,7 @@ def _with_sessions(
     limit = cache_settings.ctx_limit(cache, train_ctx if isinstance(train_ctx, int) else None)
     ctx = min(ctx, limit) if limit else ctx
     if cache.ctx_extend is not None and "rope_freq_base" not in facts:
-        facts = {**facts, **_rope_facts(runtime.path)}  # imported before Blazar read RoPE keys
+        facts = {**facts, **rope_facts(Path(runtime.path))}  # imported before Blazar read them
     found = cache_settings.problems(cache, facts, name=runtime.name, ctx=ctx)
     bank = model.session_bank if model and model.session_bank is not None else serving.session_bank
     return replace(
@@ -435,18 +442,6 @@ def preflight_mode(setting: bool | str) -> str:
     if setting == "strict":
         return "strict"
     return "on" if setting else "off"
-
-
-def _rope_facts(path: str) -> dict[str, Any]:
-    """The RoPE keys of a GGUF, read from its header (a record imported before they were
-    recorded lacks them); {} when the file cannot be read: the engine decides then."""
-    from blazar.gguf_info import inspect_gguf
-
-    try:
-        facts = inspect_gguf(Path(path)).to_dict()
-    except (OSError, ValueError, BlazarError):
-        return {}
-    return {k: v for k, v in facts.items() if k.startswith("rope_")}
 
 
 def resolve(runtimes: dict[str, ModelRuntime], requested: str) -> tuple[ModelRuntime, Requested]:

@@ -28,7 +28,7 @@ sys.path[:0] = [str(SDK / "src"), str(REPO)]  # the SDK as written; Blazar's tes
 from blazar.testing.ports import free_port  # noqa: E402
 from blazar.testing.tiny import write_tiny_model  # noqa: E402
 from blazar_sdk import Client  # noqa: E402
-from tests.conftest import WHEEL_CACHE  # noqa: E402
+from tests.fixtures import WHEELS  # noqa: E402
 from tests.serving import Served  # noqa: E402
 
 pytest_plugins = ["tests.conftest"]
@@ -67,7 +67,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     manifest = root / "blazar.toml"
     manifest.write_text(text)
     home = root / "home"
-    env = {"BLAZAR_HOME": str(home), "BLAZAR_WHEEL_CACHE": str(WHEEL_CACHE / "wheels")}
+    env = {"BLAZAR_HOME": str(home), "BLAZAR_WHEEL_CACHE": str(WHEELS)}
     with Served(manifest, home, env=env) as served:
         yield Gateway(served.url, ADMIN_KEY, APP_KEY, served)
 

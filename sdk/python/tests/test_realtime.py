@@ -1,12 +1,14 @@
 """The realtime client's WebSocket (RFC 6455) against a small WebSocket server of the test's.
 
-Blazar has no `/v1/realtime` route yet, so the framing is checked against
-`Peer`, a standard-library WebSocket server written here, independently of the
-client: it checks the handshake, unmasks what the client sends (and fails if a
-frame is not masked), and answers like a Realtime server, using what a client
-must cope with: 16- and 64-bit lengths, a message in fragments with a ping
-between them, a close with a code. RFC 6455's own examples pin the encoding.
-Against the real gateway, the handshake today is refused as a typed 404.
+The framing is checked against `Peer`, a standard-library WebSocket server
+written here, independently of the client: it checks the handshake, unmasks what
+the client sends (and fails if a frame is not masked), and answers like a
+Realtime server, using what a client must cope with: 16- and 64-bit lengths, a
+message in fragments with a ping between them, a close with a code. RFC 6455's
+own examples pin the encoding. Then the real gateway's `/v1/realtime` (aiohttp's
+WebSocket server) with the tiny model: a text session, the key in the header and
+in the subprotocol, refusals as typed errors. Voice in and voice out, with the
+audio lanes, is in the repository's tests/test_audio_served.py.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from blazar_sdk import Client, NotFoundError, RealtimeError
+from blazar_sdk import AuthenticationError, Client, NotFoundError, RealtimeError
 from blazar_sdk._websocket import Reader, accept_key, encode_frame
 from blazar_sdk.realtime import realtime_url
 from conftest import Gateway
@@ -240,10 +242,47 @@ def test_a_wrong_accept_is_refused() -> None:
         server.close()
 
 
-def test_the_gateway_refuses_the_handshake_in_its_shape_until_the_route_exists(
-    client: Client, gateway: Gateway
-) -> None:
-    with pytest.raises(NotFoundError) as refused:
-        client.realtime("tiny")
-    assert "GET /v1/realtime: no such endpoint" in refused.value.message
-    assert refused.value.trace_id
+def test_a_session_on_the_gateway(client: Client, gateway: Gateway) -> None:
+    """The real `/v1/realtime` with the tiny model (text only: this gateway serves no voice)."""
+    with client.realtime("tiny", instructions="Be brief.") as session:
+        assert session.ws.subprotocol == "realtime"
+        created = session.recv()["session"]
+        assert created["model"] == "tiny" and created["modalities"] == ["text"]
+        assert created["voice"] is None and created["input_audio_transcription"] is None
+        assert session.recv()["session"]["instructions"] == "Be brief."
+        session.update_session(max_response_output_tokens=5, temperature=0)
+        assert session.recv()["type"] == "session.updated"
+        session.send_text("hello")
+        events = list(session.events(until="response.done"))
+        session.send_audio(b"\0\0" * 4800)  # 0.2 s: heard by no one, since no model listens
+        session.commit(respond=False)
+        committed = [session.recv() for _ in range(3)]
+    kinds = [e["type"] for e in events]
+    assert kinds[:3] == ["conversation.item.created", "response.created",
+                         "response.output_item.added"]  # fmt: skip
+    text = "".join(e["delta"] for e in events if e["type"] == "response.text.delta")
+    assert len(text.split()) == 5
+    done = events[-1]["response"]
+    assert done["status"] == "incomplete" and done["output"][0]["content"][0]["text"] == text
+    assert client.explain(done["id"])["route"] == "/v1/realtime"  # each response is traced
+    failed = committed[-1]
+    assert failed["type"] == "conversation.item.input_audio_transcription.failed"
+    assert "no transcription model" in failed["error"]["message"]
+
+
+def test_the_key_in_the_subprotocol_and_refusals_in_their_types(gateway: Gateway) -> None:
+    app = Client(gateway.url, gateway.app_key)
+    with app.realtime("tiny", auth="subprotocol") as session:
+        assert session.ws.subprotocol == "realtime"
+        assert session.recv()["type"] == "session.created"
+        session.send({"type": "input_audio_buffer.commit", "event_id": "mine"})
+        error = session.recv()
+        assert error["type"] == "error" and error["error"]["event_id"] == "mine"
+        assert error["error"]["code"] == "input_audio_buffer_commit_empty"
+    for auth in ("header", "subprotocol"):
+        with pytest.raises(AuthenticationError) as refused:
+            Client(gateway.url, "plm_not-a-key").realtime("tiny", auth=auth)
+        assert refused.value.status == 401 and refused.value.trace_id
+    with pytest.raises(NotFoundError) as unknown:
+        app.realtime("nope")
+    assert "model 'nope' not found" in unknown.value.message

@@ -12,8 +12,11 @@ not an exception: the session goes on). The key goes in the `Authorization`
 header, or, with `auth="subprotocol"`, in the `openai-insecure-api-key.KEY`
 subprotocol browsers use (they cannot set headers on a WebSocket).
 
-The gateway's `/v1/realtime` route is not built yet: until it is, opening a
-session raises `NotFoundError` with the gateway's answer.
+The gateway answers with `session.created` first; an answer comes as
+`response.text.delta` events when the session's modalities are `["text"]`, else
+as `response.audio_transcript.delta` and `response.audio.delta` (PCM16 at 24 kHz,
+spoken sentence by sentence while the model writes). A refused handshake (an
+unknown model, a missing key) raises the gateway's typed `APIError`.
 """
 
 from __future__ import annotations

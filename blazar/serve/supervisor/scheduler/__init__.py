@@ -1,0 +1,58 @@
+"""The scheduler's public API: `Scheduler`, the values it hands out and its errors.
+
+Importers (the daemon, the request path, the session bank, the metrics, tests) use
+`from blazar.serve.supervisor.scheduler import ...` and nothing deeper. Inside, one
+module per concern, layered (pyproject's import contract): `core` (the `Scheduler`,
+composing the others) > `reload` (update, roll, retire, adapters added) > `capacity`
+(load, evict, keep_alive, drain and stop) | `queueing` (slots, the queue, priority,
+hand-off) > `pools` (Pool, Member, Waiter, Target, Lease, Decision) | `errors`.
+"""
+
+from blazar.serve.supervisor.scheduler.capacity import (
+    BEFORE_STOP_TIMEOUT,
+    FOREVER,
+    BeforeStop,
+    Room,
+    choose_eviction,
+    plan_room,
+)
+from blazar.serve.supervisor.scheduler.core import InstanceFactory, Scheduler
+from blazar.serve.supervisor.scheduler.errors import (
+    Busy,
+    Misconfigured,
+    ModelNotFound,
+    NoCapacity,
+    Reloading,
+    SchedulerError,
+    Starting,
+    model_not_found,
+)
+from blazar.serve.supervisor.scheduler.pools import Decision, Lease, Member, Pool, Target, Waiter
+from blazar.serve.supervisor.scheduler.reload import adapters_added, reload_action
+
+__all__ = [
+    "BEFORE_STOP_TIMEOUT",
+    "FOREVER",
+    "BeforeStop",
+    "Busy",
+    "Decision",
+    "InstanceFactory",
+    "Lease",
+    "Member",
+    "Misconfigured",
+    "ModelNotFound",
+    "NoCapacity",
+    "Pool",
+    "Reloading",
+    "Room",
+    "Scheduler",
+    "SchedulerError",
+    "Starting",
+    "Target",
+    "Waiter",
+    "adapters_added",
+    "choose_eviction",
+    "model_not_found",
+    "plan_room",
+    "reload_action",
+]

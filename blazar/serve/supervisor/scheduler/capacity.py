@@ -1,0 +1,235 @@
+"""Loading, evicting and unloading: which models hold a place, and stopping the rest.
+
+Used by the scheduler (`core`) and by `reload`. `max_loaded_models` counts models;
+loading one more evicts the least recently used idle model (pins and warm replicas
+never). Decisions apart from effects: `plan_room` is a pure function of the pools,
+made and acted on without an await in between, so no other task can interleave (no
+lock is needed, and none is held while a child stops). The victims are marked at
+once (not loaded, `stopping`, `claimed`), so nothing leases them and no other load
+picks or counts them; they stop in tasks of their own: the session bank's
+`before_stop` hook (bounded by `before_stop_timeout`), then SIGTERM and its grace.
+Only the load that evicted them waits for that stop (it takes their room); every
+other load goes on. A model being stopped for another reason (keep_alive, `blazar
+stop`) still counts until it has stopped: a load that needs its room waits for it.
+
+`drain` is `blazar stop` and ollama's `keep_alive: 0`: the pool takes no new lease
+(they wait for the next load), its requests in flight and queued finish, and it
+unloads when the last slot is given back: no polling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from blazar.serve.supervisor.scheduler.errors import NoCapacity
+from blazar.serve.supervisor.scheduler.pools import Pool
+
+logger = logging.getLogger("blazar.serve")
+# Called with a pool whose instances are about to be stopped for any reason but a crash
+# (idle, evicted, `blazar stop`, a reload, serve's shutdown), while they still run: the
+# session bank saves their slots there (`blazar.serve.state.sessions`). It only talks HTTP to
+# the children; stopping them stays their owners' job.
+BeforeStop = Callable[[Pool], Awaitable[None]]
+BEFORE_STOP_TIMEOUT = 60.0
+# A keep_alive of a hundred years or more is "forever": an expiry that far out would
+# overflow the dates `/api/ps` shows.
+FOREVER = 100 * 365 * 24 * 3600.0
+
+
+def choose_eviction(pools: Sequence[Pool]) -> Pool | None:
+    """Pure: the least recently used loaded model that may be evicted, if any."""
+    candidates = [p for p in pools if p.evictable]
+    return min(candidates, key=lambda p: p.last_used) if candidates else None
+
+
+@dataclass(frozen=True)
+class Room:
+    """What loading a pool takes: pools to evict now, and pools already being stopped
+    whose room it claims; it waits for both to stop."""
+
+    evict: tuple[Pool, ...] = ()
+    claim: tuple[Pool, ...] = ()
+
+
+def plan_room(pools: Sequence[Pool], loading: Pool, max_loaded: int) -> Room | None:
+    """Pure: the room `loading` needs under `max_loaded` models, None when there is none.
+
+    Counted: models with a loaded pool, and models being stopped that no other load has
+    claimed. A model's pools (its pool and an elder) go together, and are evicted only
+    when all of them may be, least recently used first.
+    """
+    name = loading.runtime.name
+    loaded: dict[str, list[Pool]] = {}
+    stopping: dict[str, list[Pool]] = {}
+    for pool in pools:
+        if pool is loading or pool.runtime.name == name:
+            continue
+        if pool.loaded:
+            loaded.setdefault(pool.runtime.name, []).append(pool)
+        elif pool.stopping is not None and not pool.claimed:
+            stopping.setdefault(pool.runtime.name, []).append(pool)
+    coming = [ps for n, ps in stopping.items() if n not in loaded]
+    excess = len(loaded) + len(coming) + 1 - max_loaded
+    if excess <= 0:
+        return Room()
+    claim = [p for ps in coming[:excess] for p in ps]
+    excess -= min(excess, len(coming))
+    idle = [ps for ps in loaded.values() if all(p.evictable for p in ps)]
+    if len(idle) < excess:
+        return None
+    idle.sort(key=lambda ps: max(p.last_used for p in ps))
+    return Room(tuple(p for ps in idle[:excess] for p in ps), tuple(claim))
+
+
+class Capacity:
+    """The loads, keep-alives and stops of the scheduler's pools (`pools()`: all of them,
+    retired ones included); `on_unload(pool)` is told when a pool starts unloading, and
+    `on_stopped(pool)` once its children have stopped."""
+
+    def __init__(
+        self,
+        pools: Callable[[], list[Pool]],
+        *,
+        max_loaded: int,
+        clock: Callable[[], float],
+        on_unload: Callable[[Pool], None],
+        on_stopped: Callable[[Pool], None],
+        before_stop: BeforeStop | None = None,
+        before_stop_timeout: float = BEFORE_STOP_TIMEOUT,
+    ) -> None:
+        self.pools, self.max_loaded, self.clock = pools, max_loaded, clock
+        self.on_unload, self.on_stopped = on_unload, on_stopped
+        self.before_stop, self.before_stop_timeout = before_stop, before_stop_timeout
+        self.evictions: dict[str, int] = {}  # models evicted so far, for /metrics
+        self.tasks: set[asyncio.Task[Any]] = set()
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    # -- loading --------------------------------------------------------------------------
+
+    async def load(self, pool: Pool, evicted: list[str] | None = None) -> None:
+        """Reserve a place for `pool` (NoCapacity when none can be made) and wait for the
+        children stopped to make it. The caller checked that it is neither loaded,
+        loading nor stopping."""
+        room = plan_room(self.pools(), pool, self.max_loaded)
+        if room is None:
+            raise NoCapacity(
+                f"cannot load '{pool.runtime.name}': max_loaded_models "
+                f"({self.max_loaded}) models are loaded and all are pinned, kept "
+                "warm or busy; retry later, or raise serving.max_loaded_models",
+                retry_after=5,
+            )
+        for victim in room.evict:
+            self.begin_unload(victim)
+            name = victim.runtime.name
+            self.evictions[name] = self.evictions.get(name, 0) + 1
+            if evicted is not None and name not in evicted:
+                evicted.append(name)
+        freed = [*room.evict, *room.claim]
+        for each in freed:
+            each.claimed = True
+        pool.loaded, pool.expires_at = True, None
+        stops = [p.stopping for p in freed if p.stopping is not None]
+        if not stops:
+            return
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        pool.loading = done
+        try:
+            await asyncio.shield(asyncio.gather(*stops))
+        except asyncio.CancelledError:
+            pool.loading = None
+            if pool.idle:  # the request that asked went away: it may expire like any other
+                self.settle(pool, None)
+            raise
+        finally:
+            pool.loading = None
+            done.set_result(None)
+
+    # -- after a request ------------------------------------------------------------------
+
+    def settle(self, pool: Pool, keep_alive: float | None) -> None:
+        """An idle model: unload now, expire later, or keep (pins, replicas, -1)."""
+        seconds = pool.runtime.keep_alive if keep_alive is None else keep_alive
+        if pool.retired or pool.draining:
+            self.begin_unload(pool)
+        elif pool.sticky or seconds < 0 or not seconds < FOREVER:  # not <: NaN, inf, huge
+            pool.expires_at = None
+        elif seconds == 0:
+            self.begin_unload(pool)
+        else:
+            pool.expires_at = self.clock() + seconds
+
+    async def reap(self) -> None:
+        """Unload idle models whose keep_alive ran out, and wait for them to stop."""
+        now = self.clock()
+        expired = [
+            p
+            for p in self.pools()
+            if p.evictable and p.expires_at is not None and p.expires_at <= now
+        ]
+        await asyncio.gather(*(self.begin_unload(p) for p in expired))
+
+    # -- stopping -------------------------------------------------------------------------
+
+    def drain(self, pool: Pool) -> asyncio.Future[None]:
+        """Stop taking leases for `pool` and unload it once its requests are done; the
+        future is done when its children have stopped."""
+        if pool.stopping is None:
+            pool.stopping = asyncio.get_running_loop().create_future()
+        if pool.loaded and pool.in_flight == 0 and not pool.waiters:
+            self.begin_unload(pool)
+        return pool.stopping
+
+    def begin_unload(self, pool: Pool) -> asyncio.Future[None]:
+        """Mark `pool` unloaded now and stop its children in a task: nothing leases it
+        from here on. The future is done when they have stopped."""
+        if pool.stopping is None:
+            pool.stopping = asyncio.get_running_loop().create_future()
+        if pool.loaded:
+            pool.loaded, pool.expires_at = False, None
+            self.on_unload(pool)
+            self.spawn(self._stop(pool, pool.stopping))
+        return pool.stopping
+
+    async def _stop(self, pool: Pool, done: asyncio.Future[None]) -> None:
+        try:
+            await self.run_before_stop(pool)
+            await asyncio.gather(*(m.instance.stop() for m in pool.members))
+            if pool.retired:
+                await asyncio.gather(*(m.instance.close() for m in pool.members))
+        finally:
+            pool.stopping, pool.claimed = None, False
+            if not done.done():
+                done.set_result(None)
+            self.on_stopped(pool)
+
+    async def run_before_stop(self, pool: Pool) -> None:
+        """The hook, bounded in time; its failure never keeps a model loaded."""
+        if self.before_stop is None:
+            return
+        try:
+            async with asyncio.timeout(self.before_stop_timeout):
+                await self.before_stop(pool)
+        except TimeoutError:
+            logger.error(
+                "saving the sessions of '%s' took over %gs: stopped without them",
+                pool.runtime.name,
+                self.before_stop_timeout,
+            )
+        except Exception:
+            logger.exception("saving the sessions of '%s' failed", pool.runtime.name)
+
+    async def close(self) -> None:
+        """Cancel the stops in progress (serve is ending: every child is closed next)."""
+        for task in list(self.tasks):
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*self.tasks, return_exceptions=True)

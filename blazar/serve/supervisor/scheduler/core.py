@@ -1,0 +1,382 @@
+"""The scheduler: which instance serves a request, and which models stay loaded.
+
+The daemon makes one `Scheduler` and hands it every pass's runtimes (`update`); the
+request path resolves a name once (`resolve`, to a `Target`: the pool, the adapters
+asked for, and the replica when `model#N` addressed one), leases a slot of it
+(`acquire`) and gives it back (`release`). It composes its parts: `queueing` (slots,
+the queue, priority, hand-off), `capacity` (load on demand, `max_loaded_models` and
+LRU eviction, keep_alive, drains and stops) and `reload` (hot reload: update, roll,
+retire, adapters added). A full queue or an expired wait is `Busy` (503
+all_slots_busy with Retry-After); nothing is dropped silently. The instances are
+made by an injected factory (`make_instance`), so tests schedule stand-ins without
+processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from blazar.errors import InvalidInput
+from blazar.serve.supervisor.dialects import OPENAI, adapters_refusal
+from blazar.serve.supervisor.instance import Instance, InstanceSpec, State
+from blazar.serve.supervisor.runtime import ModelRuntime, resolve
+from blazar.serve.supervisor.scheduler import queueing
+from blazar.serve.supervisor.scheduler.capacity import (
+    BEFORE_STOP_TIMEOUT,
+    BeforeStop,
+    Capacity,
+)
+from blazar.serve.supervisor.scheduler.errors import (
+    Busy,
+    Misconfigured,
+    ModelNotFound,
+    Starting,
+    model_not_found,
+)
+from blazar.serve.supervisor.scheduler.pools import Decision, Lease, Member, Pool, Target
+from blazar.serve.supervisor.scheduler.reload import Reload
+from specs.names import AdapterChoice
+
+InstanceFactory = Callable[[InstanceSpec], Instance]
+
+
+class Scheduler:
+    def __init__(
+        self,
+        runtimes: dict[str, ModelRuntime],
+        *,
+        max_loaded: int,
+        max_queue: int,
+        queue_timeout: float,
+        log_dir: Path,
+        on_event: Callable[[Instance, str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        make_instance: InstanceFactory | None = None,
+        before_stop: BeforeStop | None = None,
+        before_stop_timeout: float = BEFORE_STOP_TIMEOUT,
+    ) -> None:
+        self.max_queue = max_queue
+        self.queue_timeout = queue_timeout
+        self.log_dir = log_dir
+        self.on_event = on_event
+        self.clock = clock
+        self.starting = False  # until the daemon's first pass: unknown names are 503
+        self.make_instance = make_instance or self._real_instance
+        self.runtimes = dict(runtimes)
+        self.pools: dict[str, Pool] = {}
+        self.retired: list[Pool] = []  # replaced or removed, still draining or stopping
+        self.capacity = Capacity(
+            self.all_pools,
+            max_loaded=max_loaded,
+            clock=clock,
+            on_unload=self._on_unload,
+            on_stopped=self._on_stopped,
+            before_stop=before_stop,
+            before_stop_timeout=before_stop_timeout,
+        )
+        self.reload = Reload(self.pools, self.retired, self.capacity, self._pool)
+        for runtime in runtimes.values():
+            self.pools[runtime.name] = self._pool(runtime)
+
+    # The settings the daemon changes on each pass, kept where they are used.
+    @property
+    def max_loaded(self) -> int:
+        return self.capacity.max_loaded
+
+    @max_loaded.setter
+    def max_loaded(self, value: int) -> None:
+        self.capacity.max_loaded = value
+
+    @property
+    def before_stop(self) -> BeforeStop | None:
+        return self.capacity.before_stop
+
+    @before_stop.setter
+    def before_stop(self, hook: BeforeStop | None) -> None:
+        self.capacity.before_stop = hook
+
+    @property
+    def evictions(self) -> dict[str, int]:
+        return self.capacity.evictions
+
+    # -- pools ----------------------------------------------------------------------------
+
+    def all_pools(self) -> list[Pool]:
+        """Every pool: each model's, its elder's, and the retired ones still stopping."""
+        current = list(self.pools.values())
+        elders = [p.elder for p in current if p.elder is not None]
+        return [*current, *elders, *self.retired]
+
+    def _pool(self, runtime: ModelRuntime, tag: str = "") -> Pool:
+        """A pool of new instances: `model/N` (`tag` after it: `model/N+fox` for the
+        instances started beside an elder's, with logs of their own)."""
+        members = [Member(self._instance(runtime, i, tag)) for i in range(runtime.instances)]
+        return Pool(runtime, members)
+
+    def _instance(self, runtime: ModelRuntime, replica: int, tag: str) -> Instance:
+        safe = runtime.name.replace(":", "_")
+        spec = InstanceSpec(
+            key=f"{runtime.name}/{replica}{tag}",
+            model=runtime.name,
+            replica=replica,
+            engine_tag=runtime.engine_tag,
+            command=runtime.command,
+            args=runtime.args(),
+            log_path=self.log_dir / f"{safe}-{replica}{tag}.log",
+            slots=runtime.slots,
+            ctx=runtime.ctx,
+        )
+        return self.make_instance(spec)
+
+    def _real_instance(self, spec: InstanceSpec) -> Instance:
+        return Instance(spec, on_event=self.on_event)
+
+    def _on_unload(self, pool: Pool) -> None:
+        """An elder that unloads is dropped: the model converges to its current pool."""
+        for current in self.pools.values():
+            if current.elder is pool:
+                current.elder = None
+                pool.retired = True
+                self.retired.append(pool)
+
+    def _on_stopped(self, pool: Pool) -> None:
+        if pool.retired and pool in self.retired:
+            self.retired.remove(pool)
+
+    async def warm_up(self) -> None:
+        """Start the warm replicas of every model that declares some (not while an elder
+        still serves the model: the new pool loads when it is needed, docs/lora.md)."""
+        for pool in list(self.pools.values()):
+            if (
+                pool.runtime.replicas > 0
+                and not pool.loaded
+                and pool.stopping is None
+                and pool.elder is None
+                and pool.runtime.refusal is None
+                and not pool.runtime.settings_problem
+            ):
+                await self.capacity.load(pool)
+                for member in pool.members:
+                    self.capacity.spawn(self._quiet_ready(member.instance))
+
+    @staticmethod
+    async def _quiet_ready(instance: Instance) -> None:
+        with contextlib.suppress(Exception):
+            await instance.ensure_ready()
+
+    # -- acquiring a slot -----------------------------------------------------------------
+
+    def resolve(
+        self, requested: str, visible: Callable[[ModelRuntime], bool] | None = None
+    ) -> Target:
+        """The model, adapters and replica a requested name means; ModelNotFound (404) for
+        an unknown model, adapter or replica, InvalidName (400) for a malformed name.
+        `visible` (an API key's view) answers a model it does not see as if it were absent,
+        naming only the models it sees, before anything of the model is told."""
+        try:
+            runtime, asked = resolve(self.runtimes, requested)
+            if visible is not None and not visible(runtime):
+                served = (r.name for r in self.runtimes.values() if visible(r))
+                raise model_not_found(requested, served)
+        except KeyError:
+            if self.starting:  # the first pass has not said yet what is served
+                raise Starting(
+                    f"Blazar is starting: model '{requested}' is not known yet, the first "
+                    "pass over the manifest is still running; retry",
+                    retry_after=1,
+                ) from None
+            served = (r.name for r in self.runtimes.values() if visible is None or visible(r))
+            raise model_not_found(requested, served) from None
+        return self._target(self.pools[runtime.name], asked.adapters, asked.replica)
+
+    @staticmethod
+    def _target(
+        pool: Pool, adapters: tuple[AdapterChoice, ...] | None, replica: int | None
+    ) -> Target:
+        runtime = pool.runtime
+        if adapters and runtime.dialect == OPENAI:  # a mistralrs lane: none per request
+            raise InvalidInput(adapters_refusal(runtime.name))
+        for choice in adapters or ():
+            if runtime.adapter_index(choice.name) is None:
+                known = ", ".join(runtime.variants) or "none: `blazar lora add` declares one"
+                raise ModelNotFound(
+                    f"model '{runtime.name}' has no adapter '{choice.name}'; its adapters: {known}"
+                )
+        if replica is not None and replica >= len(pool.members):
+            count = len(pool.members)
+            which = "#0" if count == 1 else f"#0 to #{count - 1}"
+            raise ModelNotFound(
+                f"model '{runtime.name}' has no replica #{replica}: it runs {count} "
+                f"instance{'s' if count != 1 else ''} ({which}; `blazar ps` lists them)"
+            )
+        return Target(pool, adapters, replica)
+
+    def _serving(self, target: Target) -> tuple[Target, Pool]:
+        """The target as the model is now (resolved before a reload replaced its pool:
+        the new one), and the pool that serves it now (the model's, or its elder)."""
+        if target.pool.retired:
+            name = target.runtime.name
+            current = self.pools.get(name)
+            if current is None:
+                raise model_not_found(name, self.runtimes)
+            target = self._target(current, target.adapters, target.replica)
+        return target, target.pool.serving(target.adapters)
+
+    async def acquire(
+        self, target: Target, *, priority: bool = False, keep_alive: float | None = None
+    ) -> Lease:
+        """A slot on an instance of the target's model, loading it and waiting in its
+        queue as needed. Raises SchedulerError (Busy, NoCapacity) or InstanceFailed."""
+        if target.runtime.settings_problem is not None:
+            raise Misconfigured(
+                f"model '{target.runtime.name}' is not started: "
+                f"{target.runtime.settings_problem}; then apply"
+            )
+        begin = time.perf_counter_ns()
+        evicted: list[str] = []
+        while True:  # each check and the slot taken after it run without an await between
+            target, pool = self._serving(target)
+            if pool.stopping is not None:
+                await self._await_stop(pool)
+            elif pool.loading is not None:
+                await asyncio.shield(pool.loading)
+            elif not pool.loaded:
+                await self.capacity.load(pool, evicted)
+            else:
+                break
+        if keep_alive is not None:
+            pool.expires_at = None  # decided again when the request is done
+        loaded = time.perf_counter_ns()
+        wanted = pool.members[target.replica] if target.replica is not None else None
+        member = queueing.take(pool, wanted, priority)
+        if member is None:
+            member = await queueing.wait(
+                pool,
+                priority=priority,
+                wanted=wanted,
+                max_queue=self.max_queue,
+                timeout=self.queue_timeout,
+                give_back=lambda m: self.release(Lease(pool, m)),
+            )  # handed over, slot counted
+            how = "queued"
+        else:
+            how = "least_loaded" if len(pool.members) > 1 else "warm"
+        waited = time.perf_counter_ns()
+        pool.last_used = self.clock()
+        in_flight = member.in_flight - 1
+        starting = member.instance.state != State.READY
+        if starting:  # a ready child needs no word with its owner (two loop turns saved)
+            try:
+                await member.instance.ensure_ready()
+            except BaseException:
+                self.release(Lease(pool, member, target.adapters))
+                raise
+        if starting:
+            how = "spawned"
+        load_ns = (loaded - begin) + (time.perf_counter_ns() - waited if starting else 0)
+        decision = Decision(
+            how, tuple(evicted), waited - loaded, load_ns, in_flight, len(pool.members)
+        )
+        return Lease(pool, member, target.adapters, decision)
+
+    async def _await_stop(self, pool: Pool) -> None:
+        """Wait for a draining or unloading pool to stop, so that it can load again."""
+        assert pool.stopping is not None
+        try:
+            async with asyncio.timeout(self.queue_timeout):
+                await asyncio.shield(pool.stopping)
+        except TimeoutError:
+            raise Busy(
+                f"model '{pool.runtime.name}' is being stopped (`blazar stop`, or keep_alive "
+                f"0) and its requests did not finish within {self.queue_timeout:g}s "
+                "(serving.queue_timeout); retry",
+                retry_after=max(1.0, self.queue_timeout / 2),
+            ) from None
+
+    def release(self, lease: Lease, *, keep_alive: float | None = None) -> None:
+        pool, member = lease.pool, lease.member
+        pool.last_used = self.clock()
+        if queueing.hand_off(pool, member):
+            return  # the slot passed to a waiter, still counted
+        member.in_flight -= 1
+        if pool.in_flight == 0 and not pool.waiters:
+            self.capacity.settle(pool, keep_alive)
+
+    # -- unloading ------------------------------------------------------------------------
+
+    async def stop_model(self, requested: str) -> bool:
+        """Unload a model now (`blazar stop`, ollama's keep_alive 0): it takes no new
+        lease (those wait for the next load), its requests in flight and queued finish,
+        then its children stop. False when it was not loaded."""
+        pool = self.resolve(requested).pool
+        pools = [p for p in (pool.elder, pool) if p is not None]
+        stops = [self.capacity.drain(p) for p in pools if p.loaded or p.stopping is not None]
+        if not stops:
+            return False
+        await asyncio.shield(asyncio.gather(*stops))
+        return True
+
+    async def reap(self) -> None:
+        """Unload idle models whose keep_alive ran out."""
+        await self.capacity.reap()
+
+    # -- hot reload -----------------------------------------------------------------------
+
+    async def update(self, runtimes: dict[str, ModelRuntime]) -> dict[str, str]:
+        """Apply new runtimes: restart only models whose instance arguments changed, and
+        not those that only gained adapters (`reload.Reload.add_adapters`).
+
+        Returns what happened per model: added, restarted, updated, removed, ...
+        """
+        changes = await self.reload.update(runtimes)
+        self.runtimes = dict(runtimes)
+        await self.warm_up()
+        return changes
+
+    # -- views and shutdown ---------------------------------------------------------------
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        now = self.clock()
+        rows = []
+        for pool in self.all_pools():
+            for member in pool.members:
+                inst = member.instance
+                if inst.state == State.STOPPED:
+                    continue
+                expires = pool.expires_at
+                remaining = None if expires is None else max(0.0, expires - now)
+                rows.append(
+                    {
+                        "model": pool.runtime.name,
+                        "replica": inst.spec.replica,
+                        "engine": pool.runtime.engine_tag,
+                        "lane": pool.runtime.engine_lane,
+                        "pid": inst.pid,
+                        "port": inst.port,
+                        "slots": pool.runtime.slots,
+                        "ctx": pool.runtime.ctx,
+                        "in_flight": member.in_flight,
+                        "queued": len(pool.waiters),
+                        "keep_alive_remaining": remaining,
+                        "pinned": pool.runtime.pin,
+                        "state": str(inst.state),
+                        "retired": pool.retired,
+                        "adapters": [a.name for a in pool.runtime.adapters],
+                        "size": pool.runtime.facts.get("size"),
+                        **pool.runtime.tuning.view(),  # spec mode, profile fields (tune.md)
+                    }
+                )
+        return rows
+
+    async def close(self) -> None:
+        """Stop every child: nothing is left running when serve ends."""
+        await self.capacity.close()
+        loaded = [p for p in self.all_pools() if p.loaded and not p.in_flight]
+        await asyncio.gather(*(self.capacity.run_before_stop(p) for p in loaded))
+        members = [m for p in self.all_pools() for m in p.members]
+        await asyncio.gather(*(m.instance.close() for m in members), return_exceptions=True)
