@@ -32,11 +32,12 @@ from reconcilers.routing import route
 from specs.manifest import Manifest
 from specs.names import parse_name
 from tests.conftest import Blazar
+from tests.fixtures import ENGINE_VERSION
 
 COMMIT = "8337e4cd3861406fc04e0854b1409cd1b027fbc9"
 TREE = "d5e96c642d9a951492efcedb671e5b6340cc3aa3"
 ADDS = ["openpangu", "bitnet-25", "bitnet-b1.58", "cohere2_moe"]
-MAINSTREAM = "2026.10.11549"
+MAINSTREAM = ENGINE_VERSION
 
 
 def shipped(paths: Paths) -> OfferView:
