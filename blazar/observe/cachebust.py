@@ -62,7 +62,7 @@ def turn(body: Mapping[str, Any]) -> Turn | None:
         return None
     rest: list[int] = []
     for message in messages:
-        if not isinstance(message, Mapping):
+        if not isinstance(message, dict):  # JSON: a dict, never another Mapping
             rest.append(_hash(message))
         elif message.get("role") in SYSTEM_ROLES and not rest:
             system_parts.append(message.get("content"))

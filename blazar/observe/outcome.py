@@ -45,12 +45,19 @@ class Outcome:
         return self.finish in LENGTH_REASONS
 
 
+_NUMBERS = (int, float)
+
+
 def _int(value: Any) -> int | None:
-    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+    if type(value) is int:  # the usual case, and never a bool
+        return value
+    return int(value) if isinstance(value, _NUMBERS) and not isinstance(value, bool) else None
 
 
 def _float(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+    if type(value) is float:
+        return value
+    return float(value) if isinstance(value, _NUMBERS) and not isinstance(value, bool) else None
 
 
 def _dict(value: Any) -> dict[str, Any]:

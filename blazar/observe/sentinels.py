@@ -61,7 +61,7 @@ def expectation(body: Mapping[str, Any]) -> Expectation:
     fmt = body.get("response_format")
     schema: Any = None
     wants_json = False
-    if isinstance(fmt, Mapping):
+    if isinstance(fmt, dict):
         kind = fmt.get("type")
         if kind == "json_object":
             wants_json = True
@@ -69,12 +69,12 @@ def expectation(body: Mapping[str, Any]) -> Expectation:
         elif kind == "json_schema":
             wants_json = True
             inner = fmt.get("json_schema")
-            schema = inner.get("schema") if isinstance(inner, Mapping) else fmt.get("schema")
-    elif isinstance(body.get("json_schema"), Mapping):  # llama-server's native field
+            schema = inner.get("schema") if isinstance(inner, dict) else fmt.get("schema")
+    elif isinstance(body.get("json_schema"), dict):  # llama-server's native field
         wants_json, schema = True, body["json_schema"]
     if not wants_json:
         return NOTHING if ends else Expectation(ends=False)
-    return Expectation(True, schema if isinstance(schema, Mapping) else None, ends)
+    return Expectation(True, schema if isinstance(schema, dict) else None, ends)
 
 
 def check(expect: Expectation, outcome: Outcome) -> list[Detection]:

@@ -10,7 +10,6 @@ gateway may send the second on `/v1/chat/completions` answers as `x-blazar-spec`
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 HEADER = "x-blazar-spec"
@@ -19,7 +18,7 @@ HEADER = "x-blazar-spec"
 def acceptance(timings: Any) -> tuple[int, int, float] | None:
     """(drafted, accepted, accepted / drafted) from an answer's `timings`; None when the
     engine drafted nothing (dense decoding, or no lookup hit)."""
-    if not isinstance(timings, Mapping):
+    if not isinstance(timings, dict):
         return None
     drafted, accepted = timings.get("draft_n"), timings.get("draft_n_accepted")
     if not isinstance(drafted, int) or isinstance(drafted, bool) or drafted <= 0:

@@ -349,7 +349,7 @@ def prompt_text(body: Mapping[str, Any] | None) -> str | None:
     for key in ("system", "instructions", "prompt", "input"):
         _texts(body.get(key), parts)
     for message in body.get("messages") or []:
-        if isinstance(message, Mapping):
+        if isinstance(message, dict):  # JSON: a dict, never another Mapping (a slow check)
             _texts(message.get("content"), parts)
     return "\n".join(parts) if parts else None
 
@@ -361,7 +361,7 @@ def _texts(value: Any, parts: list[str]) -> None:
         for item in value:
             if isinstance(item, str):
                 parts.append(item)
-            elif isinstance(item, Mapping):
+            elif isinstance(item, dict):
                 _texts(item.get("text") if "text" in item else item.get("content"), parts)
 
 

@@ -444,17 +444,31 @@ def preflight_mode(setting: bool | str) -> str:
     return "on" if setting else "off"
 
 
-def resolve(runtimes: dict[str, ModelRuntime], requested: str) -> tuple[ModelRuntime, Requested]:
+def name_index(runtimes: Mapping[str, ModelRuntime]) -> dict[str, ModelRuntime]:
+    """Every name and alias a model is served under -> its runtime (the first wins)."""
+    index: dict[str, ModelRuntime] = {}
+    for runtime in runtimes.values():
+        for name in (runtime.name, *runtime.aliases):
+            index.setdefault(name, runtime)
+    return index
+
+
+def resolve(
+    runtimes: Mapping[str, ModelRuntime],
+    requested: str,
+    index: Mapping[str, ModelRuntime] | None = None,
+) -> tuple[ModelRuntime, Requested]:
     """(runtime, what was asked of it) for a requested `model`, `model:tag` or alias, with
     `+adapter` and `#replica` parts (`specs.names.parse_requested`); KeyError when no model
-    has that name, InvalidName when the name is malformed."""
+    has that name, InvalidName when the name is malformed. `index` (`name_index` of the
+    same runtimes) makes it one dictionary lookup, not a walk over every model."""
     asked = parse_requested(requested)
     base = asked.model
-    candidates = [base, base.removesuffix(":latest")]
-    for runtime in runtimes.values():
-        if runtime.name in candidates or any(a in candidates for a in runtime.aliases):
-            return runtime, asked
-    raise KeyError(requested)
+    names = index if index is not None else name_index(runtimes)
+    found = names.get(base) or names.get(base.removesuffix(":latest"))
+    if found is None:
+        raise KeyError(requested)
+    return found, asked
 
 
 def model_path(runtime: ModelRuntime) -> Path:

@@ -24,7 +24,7 @@ from typing import Any
 from blazar.errors import InvalidInput
 from blazar.serve.supervisor.dialects import OPENAI, adapters_refusal
 from blazar.serve.supervisor.instance import Instance, InstanceSpec, State
-from blazar.serve.supervisor.runtime import ModelRuntime, resolve
+from blazar.serve.supervisor.runtime import ModelRuntime, name_index, resolve
 from blazar.serve.supervisor.scheduler import queueing
 from blazar.serve.supervisor.scheduler.capacity import (
     BEFORE_STOP_TIMEOUT,
@@ -68,6 +68,7 @@ class Scheduler:
         self.starting = False  # until the daemon's first pass: unknown names are 503
         self.make_instance = make_instance or self._real_instance
         self.runtimes = dict(runtimes)
+        self._names = name_index(self.runtimes)  # every name and alias, for `resolve`
         self.pools: dict[str, Pool] = {}
         self.retired: list[Pool] = []  # replaced or removed, still draining or stopping
         self.capacity = Capacity(
@@ -179,7 +180,7 @@ class Scheduler:
         `visible` (an API key's view) answers a model it does not see as if it were absent,
         naming only the models it sees, before anything of the model is told."""
         try:
-            runtime, asked = resolve(self.runtimes, requested)
+            runtime, asked = resolve(self.runtimes, requested, self._names)
             if visible is not None and not visible(runtime):
                 served = (r.name for r in self.runtimes.values() if visible(r))
                 raise model_not_found(requested, served)
@@ -335,6 +336,7 @@ class Scheduler:
         """
         changes = await self.reload.update(runtimes)
         self.runtimes = dict(runtimes)
+        self._names = name_index(self.runtimes)  # every name and alias, for `resolve`
         await self.warm_up()
         return changes
 
