@@ -82,6 +82,12 @@ SCOPES: dict[tuple[str, str], str] = {
     # Anthropic
     ("POST", "/v1/messages"): INFERENCE,
     ("POST", "/v1/messages/count_tokens"): INFERENCE,
+    ("POST", "/v1/messages/batches"): INFERENCE,  # a key sees only its own batches
+    ("GET", "/v1/messages/batches"): INFERENCE,
+    ("GET", "/v1/messages/batches/{id}"): INFERENCE,
+    ("DELETE", "/v1/messages/batches/{id}"): INFERENCE,
+    ("POST", "/v1/messages/batches/{id}/cancel"): INFERENCE,
+    ("GET", "/v1/messages/batches/{id}/results"): INFERENCE,
     # ollama: inference and listings
     ("POST", "/api/chat"): INFERENCE,
     ("POST", "/api/generate"): INFERENCE,

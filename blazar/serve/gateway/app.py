@@ -29,6 +29,7 @@ from blazar.serve.request.steps import Failure, failure
 from blazar.serve.routes import (
     anthropic_api,
     audio_api,
+    batches_api,
     blazar_api,
     fleet_api,
     keys_api,
@@ -118,6 +119,7 @@ def build_app(services: Services, access: Access | None = None) -> web.Applicati
     ollama_pull.register(app, services)
     ollama_blobs.register(app, services)
     anthropic_api.register(app, services)
+    batches_api.register(app, services)
     sessions_api.register(app, services)
     keys_api.register(app, services)
     audio_api.register(app, services)
