@@ -206,6 +206,7 @@ class MessageBatches:
         if batch.status == IN_PROGRESS:
             batch.status, batch.cancel_initiated_at = CANCELING, self.clock()
             self._end_queued(batch, CANCELED)
+            self._settle(batch)
         return batch
 
     def delete(self, batch_id: str, key: str | None = None, *, keyed: bool = False) -> None:
@@ -246,8 +247,11 @@ class MessageBatches:
         while True:
             blocked = self._start_what_may()
             self._expire()
+            # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancel that
+            # comes as the event is set, and serve's stop would wait for this task forever.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), POLL if blocked else 1.0)
+                async with asyncio.timeout(POLL if blocked else 1.0):
+                    await self._wake.wait()
             self._wake.clear()
 
     def _start_what_may(self) -> bool:
@@ -336,10 +340,11 @@ class MessageBatches:
             self._settle(batch)
 
     def _end_queued(self, batch: Batch, state: str) -> None:
-        for item in batch.items:
-            if item.state == QUEUED:
-                self._finish(batch, item, {"type": state}, settle=False)
-        self._settle(batch)
+        ended = [i for i in batch.items if i.state == QUEUED]
+        for item in ended:
+            self._finish(batch, item, {"type": state}, settle=False)
+        if ended:
+            self._settle(batch)
 
     def _settle(self, batch: Batch) -> None:
         """End the batch once every request has a result."""
