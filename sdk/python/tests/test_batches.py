@@ -14,6 +14,8 @@ import re
 import time
 
 import anthropic.resources.messages.batches as official
+from typing import Any
+
 import pytest
 from anthropic.types.messages import batch_create_params
 
@@ -52,7 +54,7 @@ def test_requests_have_anthropics_fields_and_are_checked_first() -> None:
         assert says in str(refused.value)
 
 
-def _ended(client: Client, batch_id: str) -> dict:
+def _ended(client: Client, batch_id: str) -> dict[str, Any]:
     deadline = time.monotonic() + 120
     while (batch := client.batches.get(batch_id))["processing_status"] != "ended":
         assert time.monotonic() < deadline, batch
@@ -87,8 +89,8 @@ def test_a_batch_runs_on_the_gateway(client: Client) -> None:
 def test_a_bad_request_refuses_the_batch_and_a_cancel_ends_it(client: Client) -> None:
     good = {"model": "tiny", "max_tokens": 200, "messages": HI}
     with pytest.raises(BadRequestError) as refused:
-        client.batches.create([{"custom_id": "a", "params": good},
-                               {"custom_id": "b", "params": {**good, "model": "nope"}}])  # fmt: skip
+        nope = {**good, "model": "nope"}
+        client.batches.create([{"custom_id": "a", "params": good}, {"custom_id": "b", "params": nope}])
     assert "requests[1] (custom_id 'b'): model 'nope' not found" in refused.value.message
     assert refused.value.code == "invalid_request_error"
     batch = client.batches.create([{"custom_id": f"c{i}", "params": good} for i in range(12)])
