@@ -12,10 +12,9 @@ from __future__ import annotations
 import inspect
 import re
 import time
-
-import anthropic.resources.messages.batches as official
 from typing import Any
 
+import anthropic.resources.messages.batches as official
 import pytest
 from anthropic.types.messages import batch_create_params
 
@@ -90,7 +89,9 @@ def test_a_bad_request_refuses_the_batch_and_a_cancel_ends_it(client: Client) ->
     good = {"model": "tiny", "max_tokens": 200, "messages": HI}
     with pytest.raises(BadRequestError) as refused:
         nope = {**good, "model": "nope"}
-        client.batches.create([{"custom_id": "a", "params": good}, {"custom_id": "b", "params": nope}])
+        client.batches.create(
+            [{"custom_id": "a", "params": good}, {"custom_id": "b", "params": nope}]
+        )
     assert "requests[1] (custom_id 'b'): model 'nope' not found" in refused.value.message
     assert refused.value.code == "invalid_request_error"
     batch = client.batches.create([{"custom_id": f"c{i}", "params": good} for i in range(12)])
