@@ -1,9 +1,11 @@
 """The one set of primitives for engine server children: spawn, output, health, stop.
 
-Two owners are built on them: `blazar.serve.supervisor.instance.Instance`, the supervised
-child behind `blazar serve` (one owner task, a mailbox, respawn with backoff),
-and `blazar.engines.process.EngineServer`, a child for one job (`blazar bench`,
-the engine update gate, tests). Nothing else spawns or signals a child.
+Three owners are built on them: `blazar.serve.supervisor.instance.Instance`, the
+supervised child behind `blazar serve` (one owner task, a mailbox, respawn with
+backoff), `blazar.serve.supervisor.mcp_server.McpServer`, the same shape for an MCP
+server talking over its pipes (`spawn_stdio`), and `blazar.engines.process.EngineServer`,
+a child for one job (`blazar bench`, the engine update gate, tests). Nothing else
+spawns or signals a child.
 
 - `spawn`: the argv in its own process group (a stop reaches every descendant)
   and, on Linux, with PR_SET_PDEATHSIG, so the child gets SIGTERM if the thread
@@ -215,6 +217,24 @@ async def spawn(argv: Sequence[str]) -> asyncio.subprocess.Process:
         # parent), the price of PDEATHSIG for engines Blazar does not write (llama-server).
         preexec_fn=_die_with_parent(),
         limit=OUTPUT_LIMIT,
+    )
+
+
+async def spawn_stdio(
+    argv: Sequence[str], env: dict[str, str] | None = None
+) -> asyncio.subprocess.Process:
+    """Start `argv` as `spawn` does, but talking over its pipes: stdin and stdout carry its
+    protocol (an MCP server's JSON-RPC lines), stderr its log. `env` is added to serve's
+    environment. Raises OSError when the program cannot be run."""
+    return await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
+        preexec_fn=_die_with_parent(),
+        limit=OUTPUT_LIMIT * 16,  # one JSON-RPC message is one line
+        env={**os.environ, **env} if env else None,
     )
 
 
