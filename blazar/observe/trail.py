@@ -68,6 +68,13 @@ def render(record: dict[str, Any]) -> list[str]:
             f"{r.get('generated_tokens') if r.get('generated_tokens') is not None else '-'} "
             f"tokens{rate_text}, finish {r.get('finish_reason') or '-'}"
         )
+    for n, rounds in enumerate(r.get("tool_rounds") or [], 1):
+        calls = ", ".join(
+            f"{c['server']}.{c['tool']} {_ms(c.get('ms'))}" + (" (error)" if c.get("error") else "")
+            for c in rounds.get("calls") or []
+        )
+        step(f"tool round {n}: finish {rounds.get('finish') or '-'}"
+             + (f"; called {calls}" if calls else ""))  # fmt: skip
     status = f"status {r.get('status')} in {_ms(r.get('duration_ms'))}"
     if r.get("error"):
         code = f" [{r['code']}]" if r.get("code") else ""

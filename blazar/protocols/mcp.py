@@ -100,9 +100,32 @@ def tools_page(result: Any) -> tuple[list[Tool], str | None]:
     return tools, cursor if isinstance(cursor, str) and cursor else None
 
 
+def untitled(schema: Any) -> Any:
+    """A JSON Schema without its `title` annotations (pydantic, and so the `mcp` package,
+    titles every schema and property: words a model reads in its prompt for nothing;
+    they mean nothing to validation). A property named "title" is kept."""
+    if isinstance(schema, list):
+        return [untitled(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "title" and isinstance(value, str):
+            continue
+        if key in ("properties", "$defs", "definitions", "patternProperties") and isinstance(
+            value, dict
+        ):
+            out[key] = {name: untitled(sub) for name, sub in value.items()}
+        elif key in ("items", "anyOf", "oneOf", "allOf", "not", "additionalProperties"):
+            out[key] = untitled(value)
+        else:
+            out[key] = value
+    return out
+
+
 def function_tool(tool: Tool) -> dict[str, Any]:
-    """The tool as an OpenAI chat tool definition."""
-    function: dict[str, Any] = {"name": tool.name, "parameters": tool.schema}
+    """The tool as an OpenAI chat tool definition (its schema `untitled`)."""
+    function: dict[str, Any] = {"name": tool.name, "parameters": untitled(tool.schema)}
     if tool.description:
         function["description"] = tool.description
     return {"type": "function", "function": function}

@@ -6,7 +6,8 @@ hands the scheduler the models that are now ready; hot reload restarts only
 the instances whose arguments changed. Each pass also hands the access layer
 (`blazar.serve.gateway.access`) the manifest's keys and `[serving]` settings first, so
 a key added or removed applies at once, and the fleet (`blazar.serve.state.remotes`)
-its remotes and failover chains, which it probes on their own timers; records
+its remotes and failover chains, which it probes on their own timers, and the MCP
+servers theirs (`blazar.serve.state.mcp`: started, restarted, stopped); records
 when keys were last used;
 reloads a rotated TLS certificate; and removes uploads no model used. Passes
 run on start, on a manifest change (watchfiles), when a child exits, and on a
@@ -52,6 +53,7 @@ from blazar.serve.gateway.listener import GatewaySite, Limits, TLSFiles
 from blazar.serve.gateway.policy import is_loopback
 from blazar.serve.request import uploads
 from blazar.serve.routes.services import Control, Services
+from blazar.serve.state.mcp import McpServers
 from blazar.serve.state.remotes import Fleet
 from blazar.serve.state.sessions import Sessions
 from blazar.serve.state.tracing import Observer, Settings
@@ -143,6 +145,7 @@ class Daemon:
         self.tls: TLSFiles | None = None
         self.manifest_keys = self.manifest.keys  # the keys the access layer enforces
         self.fleet = Fleet()  # remotes and failover chains, probed by `Fleet.run`
+        self.mcp = McpServers(paths.logs)  # [mcp.NAME], each with its owner
 
     def _load(self) -> Manifest | None:
         if not self.options.manifest.exists():
@@ -238,6 +241,8 @@ class Daemon:
             self.sessions.bank_mb = manifest.serving.session_bank_mb
             self.sessions.prune()  # banked sessions of removed models or changed files
 
+        for name, change in (await self.mcp.configure(manifest.mcp)).items():
+            log(f"mcp {name}: {change} ({reason})")
         for gone in uploads.sweep(self.paths, uploads.used_blobs(manifest, self.store)):
             log(f"removed upload {gone.name}: no model used it within an hour")
         await self._record_key_use()
@@ -367,6 +372,7 @@ class Daemon:
             sessions=self.sessions,
             serving=serving,
             fleet=self.fleet,
+            mcp=self.mcp,
         )
         self.services = services
         self._guard(self.manifest)
@@ -419,6 +425,7 @@ class Daemon:
                     await hook()
                 except Exception as exc:  # one hook's failure must not leave children running
                     log(f"stopping: {exc!r}")
+            await self.mcp.close()
             await self.scheduler.close()
             await self._record_key_use()
             await runner.cleanup()

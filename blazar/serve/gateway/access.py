@@ -111,6 +111,7 @@ SCOPES: dict[tuple[str, str], str] = {
     ("GET", "/api/blazar/stats"): ADMIN,  # `blazar watch`: the operator's live view
     ("GET", "/api/failover"): ADMIN,  # remotes' URLs and health: `blazar remotes`
     ("POST", "/api/failover"): ADMIN,  # drain or undrain a remote
+    ("GET", "/api/mcp"): INFERENCE,  # what a chat request may name in `mcp`; no commands
 }
 # Route families, by path prefix, any method: for routes other modules add.
 PREFIXES: tuple[tuple[str, str], ...] = (

@@ -33,6 +33,7 @@ from blazar.serve.routes import (
     blazar_api,
     fleet_api,
     keys_api,
+    mcp_api,
     observe_api,
     ollama_admin,
     ollama_api,
@@ -124,4 +125,5 @@ def build_app(services: Services, access: Access | None = None) -> web.Applicati
     keys_api.register(app, services)
     audio_api.register(app, services)
     fleet_api.register(app, services)
+    mcp_api.register(app, services)
     return app

@@ -221,9 +221,12 @@ class Pipeline:
             if not released:
                 self.scheduler.release(timed.lease, keep_alive=seconds)
 
-    async def complete(self, ask: Ask, *, priority: bool = False) -> Any:
+    async def complete(
+        self, ask: Ask, *, priority: bool = False, keep_alive: float | None = None
+    ) -> Any:
         """The whole path for work no client waits on (a batch, a tool loop): this host's
-        model only, the answer as the plan's `Answer` builds it, decoded."""
+        model only, the answer as the plan's `Answer` builds it, decoded; `keep_alive` is
+        the request's, for the tool loop of a client that asked for one."""
         target = self.where(None, ask.model)
         if isinstance(target, Forward):  # never: where() forwards only for a client
             raise ProtocolError(404, f"model '{ask.model}' is not served here")
@@ -233,7 +236,9 @@ class Pipeline:
         if isinstance(plan, LoadOnly):
             raise ProtocolError(400, "nothing to generate", "invalid_request_error")
         steps.require(target.runtime, plan.need or ask.need, plan.needs, requested=ask.model)
-        timed = await self.lease(None, target, started=ask.started, priority=priority)
+        timed = await self.lease(
+            None, target, keep_alive=keep_alive, started=ask.started, priority=priority
+        )
         assert not isinstance(timed, Forward)
         try:
             done = self._done(ask, timed)
@@ -248,7 +253,7 @@ class Pipeline:
             out = await answer.whole(payload)
             return decode(out) if isinstance(out, bytes) else out
         finally:
-            self.scheduler.release(timed.lease)
+            self.scheduler.release(timed.lease, keep_alive=keep_alive)
 
     def local(self, request: web.Request | None, ask: Ask) -> Target:
         """Steps 1 and 3 for a route served only here (audio): the model, able to serve
