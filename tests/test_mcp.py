@@ -106,7 +106,7 @@ def test_a_server_that_cannot_start_says_why_and_gives_up(tmp_path: Path) -> Non
         silent = McpSpec("silent", (sys.executable, "-c", "import time; time.sleep(60)"),
                          timeout=0.5, log_path=tmp_path / "silent.log")  # fmt: skip
         server = McpServer(silent, backoff=())
-        with pytest.raises(McpUnavailable, match="start failed: did not answer within 0.5 s"):
+        with pytest.raises(McpUnavailable, match=r"start failed: did not answer within 0\.5 s"):
             await server.ensure_ready()
         await server.close()
         assert processes_mentioning("time.sleep(60)") == []
