@@ -139,18 +139,24 @@ class ChildLog:
     errors quote as the child's own words.
     """
 
-    def __init__(self, path: Path, max_bytes: int = LOG_BYTES, backups: int = LOG_BACKUPS) -> None:
+    def __init__(
+        self, path: Path | None, max_bytes: int = LOG_BYTES, backups: int = LOG_BACKUPS
+    ) -> None:
+        """`path` None keeps only the tail in memory (a child of a gateway with no logs
+        directory: an in-process test's)."""
         self.path = path
-        self._file = LogFile(path, max_bytes, backups)
+        self._file = LogFile(path, max_bytes, backups) if path is not None else None
         self._tail: deque[str] = deque(maxlen=TAIL_LINES)
 
     def line(self, text: str) -> None:
         self._tail.append(text)
-        self._file.write(text)
+        if self._file is not None:
+            self._file.write(text)
 
     def note(self, text: str) -> None:
-        self._file.write(f"blazar: {text}")
-        self._file.flush()
+        if self._file is not None:
+            self._file.write(f"blazar: {text}")
+            self._file.flush()
 
     def tail(self, n: int = 20) -> list[str]:
         return list(self._tail)[-n:]
@@ -167,10 +173,12 @@ class ChildLog:
         self._tail.clear()
 
     def flush(self) -> None:
-        self._file.flush()
+        if self._file is not None:
+            self._file.flush()
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
 
 
 # -- spawning and signalling -----------------------------------------------------------------

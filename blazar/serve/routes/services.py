@@ -76,7 +76,7 @@ class PipelineRoute:
 
     async def __call__(self, request: web.Request) -> web.StreamResponse:
         ask = await self.ask(request)
-        if self.tools is not None and "mcp" in ask.body:
+        if self.tools is not None and ask.body.get("mcp") is not None:
             return await self.tools.serve(request, ask)
         if self.call is None:
             return await self.pipeline.serve(request, ask)

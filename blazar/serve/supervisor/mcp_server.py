@@ -68,7 +68,7 @@ class McpSpec:
     url: str | None = None
     key: str | None = None
     timeout: float = 60.0
-    log_path: Path = Path("/dev/null")
+    log_path: Path | None = None  # None: only the last lines, in memory
 
     @property
     def transport(self) -> str:
