@@ -1,9 +1,11 @@
 """The one set of primitives for engine server children: spawn, output, health, stop.
 
-Two owners are built on them: `blazar.serve.supervisor.instance.Instance`, the supervised
-child behind `blazar serve` (one owner task, a mailbox, respawn with backoff),
-and `blazar.engines.process.EngineServer`, a child for one job (`blazar bench`,
-the engine update gate, tests). Nothing else spawns or signals a child.
+Three owners are built on them: `blazar.serve.supervisor.instance.Instance`, the
+supervised child behind `blazar serve` (one owner task, a mailbox, respawn with
+backoff), `blazar.serve.supervisor.mcp_server.McpServer`, the same shape for an MCP
+server talking over its pipes (`spawn_stdio`), and `blazar.engines.process.EngineServer`,
+a child for one job (`blazar bench`, the engine update gate, tests). Nothing else
+spawns or signals a child.
 
 - `spawn`: the argv in its own process group (a stop reaches every descendant)
   and, on Linux, with PR_SET_PDEATHSIG, so the child gets SIGTERM if the thread
@@ -182,18 +184,24 @@ class ChildLog:
     errors quote as the child's own words.
     """
 
-    def __init__(self, path: Path, max_bytes: int = LOG_BYTES, backups: int = LOG_BACKUPS) -> None:
+    def __init__(
+        self, path: Path | None, max_bytes: int = LOG_BYTES, backups: int = LOG_BACKUPS
+    ) -> None:
+        """`path` None keeps only the tail in memory (a child of a gateway with no logs
+        directory: an in-process test's)."""
         self.path = path
-        self._file = LogFile(path, max_bytes, backups)
+        self._file = LogFile(path, max_bytes, backups) if path is not None else None
         self._tail: deque[str] = deque(maxlen=TAIL_LINES)
 
     def line(self, text: str) -> None:
         self._tail.append(text)
-        self._file.write(text)
+        if self._file is not None:
+            self._file.write(text)
 
     def note(self, text: str) -> None:
-        self._file.write(f"blazar: {text}")
-        self._file.flush()
+        if self._file is not None:
+            self._file.write(f"blazar: {text}")
+            self._file.flush()
 
     def tail(self, n: int = 20) -> list[str]:
         return list(self._tail)[-n:]
@@ -210,10 +218,12 @@ class ChildLog:
         self._tail.clear()
 
     def flush(self) -> None:
-        self._file.flush()
+        if self._file is not None:
+            self._file.flush()
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
 
 
 # -- spawning and signalling -----------------------------------------------------------------
@@ -260,6 +270,24 @@ async def spawn(argv: Sequence[str]) -> asyncio.subprocess.Process:
         # parent), the price of PDEATHSIG for engines Blazar does not write (llama-server).
         preexec_fn=_die_with_parent(),
         limit=OUTPUT_LIMIT,
+    )
+
+
+async def spawn_stdio(
+    argv: Sequence[str], env: dict[str, str] | None = None
+) -> asyncio.subprocess.Process:
+    """Start `argv` as `spawn` does, but talking over its pipes: stdin and stdout carry its
+    protocol (an MCP server's JSON-RPC lines), stderr its log. `env` is added to serve's
+    environment. Raises OSError when the program cannot be run."""
+    return await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
+        preexec_fn=_die_with_parent(),
+        limit=OUTPUT_LIMIT * 16,  # one JSON-RPC message is one line
+        env={**os.environ, **env} if env else None,
     )
 
 

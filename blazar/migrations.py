@@ -357,3 +357,35 @@ def m011_tune(db: sqlite_utils.Database) -> None:
         not_null={"lane", "tag", "flags"},
     )
     db["bench"].add_column("spec", str)  # type: ignore[union-attr]  # off | ngram | draft
+
+
+@migration
+def m012_message_batches(db: sqlite_utils.Database) -> None:
+    """Anthropic message batches (`/v1/messages/batches`): a batch, and its requests."""
+    db["message_batches"].create(  # type: ignore[union-attr]
+        {
+            "id": str,  # msgbatch_<hex>
+            "key": str,  # the name of the API key that made it (only it sees the batch)
+            "status": str,  # in_progress | canceling | ended
+            "requests": int,  # how many
+            "created_at": str,  # ISO 8601, UTC
+            "expires_at": str,
+            "ended_at": str,
+            "cancel_initiated_at": str,
+        },
+        pk="id",
+        not_null={"id", "status", "requests", "created_at", "expires_at"},
+    )
+    db["message_batch_requests"].create(  # type: ignore[union-attr]
+        {
+            "batch_id": str,
+            "idx": int,  # its place in the batch's requests
+            "custom_id": str,
+            "state": str,  # queued | succeeded | errored | canceled | expired
+            "params": str,  # JSON: the Messages request; cleared once it has a result
+            "result": str,  # JSON: Anthropic's `result` object (succeeded with the message, ...)
+        },
+        pk=("batch_id", "idx"),
+        not_null={"batch_id", "idx", "custom_id", "state"},
+        foreign_keys=[("batch_id", "message_batches", "id")],
+    )

@@ -9,7 +9,7 @@ models.other; did you mean 'ctx'?`.
 
 A directory is merged file by file in sorted name order: the `*.toml`,
 `*.yaml` and `*.yml` files directly in it, not hidden ones; the rest is
-ignored. Resources (`engines`, `models`, `loras`, `keys`, `remotes`) are
+ignored. Resources (`engines`, `models`, `loras`, `keys`, `remotes`, `mcp`) are
 tables keyed by name, so one name declared in two files is an error naming
 both places. `serving` and `kubernetes` merge field
 by field: each field may be set in one file only. `$schema` may appear in
@@ -55,7 +55,7 @@ __all__ = [
 ]
 
 SUFFIXES = {".toml": "toml", ".yaml": "yaml", ".yml": "yaml"}
-RESOURCES = ("engines", "models", "loras", "keys", "remotes")
+RESOURCES = ("engines", "models", "loras", "keys", "remotes", "mcp")
 MERGED_BY_FIELD = ("serving", "kubernetes")
 HOSTS = "hosts"  # the overlays' folder in a manifest directory
 _TOML_WHERE = re.compile(r"^(.*) \(at line (\d+), column (\d+)\)$", re.S)

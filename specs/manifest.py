@@ -16,9 +16,10 @@ from typing import Any, Literal
 from pydantic import Field, ModelWrapValidatorHandler, PrivateAttr, model_validator
 
 from specs.engines import Engine, EngineRouting
-from specs.fields import EngineName, KeyName, LoraName, ModelName, RemoteName
+from specs.fields import EngineName, KeyName, LoraName, McpName, ModelName, RemoteName
 from specs.fleet import Kubernetes, Remote
 from specs.keys import Key
+from specs.mcp import McpServer
 from specs.models import Lora, Model
 from specs.problems import Finding, FindingsError, Location, Path
 from specs.references import (
@@ -66,6 +67,10 @@ class Manifest(Table):
     remotes: dict[RemoteName, Remote] = Field(
         default_factory=dict,
         description="Remote servers (other Blazars, OpenAI-compatible servers) by name.",
+    )
+    mcp: dict[McpName, McpServer] = Field(
+        default_factory=dict,
+        description="MCP servers by name: tools the gateway offers models (docs/mcp.md).",
     )
     kubernetes: Kubernetes = Field(
         default_factory=Kubernetes,

@@ -34,6 +34,7 @@ SECTIONS = [
     ("loras", "[loras.NAME]", "Lora"),
     ("keys", "[keys.NAME]", "Key"),
     ("remotes", "[remotes.NAME]", "Remote"),
+    ("mcp", "[mcp.NAME]", "McpServer"),
     ("kubernetes", "[kubernetes]", "Kubernetes"),
 ]
 

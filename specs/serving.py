@@ -218,6 +218,26 @@ class Serving(Table):
         description="How long a finished async transcription job (and its audio, kept in "
         "the cache for a retry) is kept before it is pruned.",
     )
+    # -- message batches (/v1/messages/batches; docs/compatibility.md) --
+    batch_in_flight: int = Field(
+        default=1,
+        ge=1,
+        description="Requests of message batches one model runs at once, all batches "
+        "together; each starts only when the model has a free slot and no request waits "
+        "in its queue, so interactive requests never wait behind a batch.",
+    )
+    batch_expiry: Duration = Field(
+        default="24h",
+        validate_default=True,
+        description="How long a message batch may take (Anthropic's 24 hours): requests "
+        "not run by then end `expired`.",
+    )
+    batch_retention: Duration = Field(
+        default="696h",
+        validate_default=True,
+        description="How long an ended message batch and its results are kept after it "
+        "was created (Anthropic's 29 days) before they are pruned.",
+    )
     # -- images (models with an mmproj; docs/compatibility.md) --
     image_max_size: Size = Field(
         default="20MiB",
@@ -297,6 +317,9 @@ class Serving(Table):
             raise FieldError(
                 "image_fetch_timeout", "image_fetch_timeout must be a positive duration"
             )
+        for name in ("batch_expiry", "batch_retention"):
+            if getattr(self, name) <= 0:
+                raise FieldError(name, f"{name} must be a positive duration such as '24h'")
         for name in ("header_timeout", "body_timeout"):
             if getattr(self, name) <= 0:
                 raise FieldError(name, f"{name} must be a positive duration such as '30s'")

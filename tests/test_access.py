@@ -26,7 +26,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
 
-from blazar.serve.daemon import Daemon, ServeOptions, Unprotected, exposure
+from blazar.serve.daemon import Daemon, ServeOptions, Unprotected
 from blazar.serve.gateway import audit
 from blazar.serve.gateway.access import (
     ADMIN,
@@ -41,6 +41,7 @@ from blazar.serve.gateway.app import build_app
 from blazar.serve.gateway.policy import (
     BodyBudget,
     OriginPolicy,
+    exposure,
     host_allowed,
     host_name,
     is_loopback,

@@ -81,6 +81,7 @@ class Trace:
         "status",
         "stream",
         "token",
+        "tool_rounds",
         "wall",
     )  # fmt: skip
 
@@ -122,6 +123,7 @@ class Trace:
         self.gaps: list[int] = []  # ns between output events of a stream
         self.duration_ns = 0
         self.token: Any = None  # the context variable's token while it is current
+        self.tool_rounds: list[dict[str, Any]] | None = None  # the gateway's tool loop
 
     # -- along the request path ---------------------------------------------------------
 
@@ -170,6 +172,14 @@ class Trace:
         if len(self._events) < KEEP_EVENTS:
             self._events.append(data)
             self._times.append(time.perf_counter_ns())
+
+    def tool_round(self, calls: list[dict[str, Any]], finish: str | None) -> None:
+        """One round of the gateway's tool loop (`mcp`): the model's answer ended with
+        `finish`, and the MCP tools it called (server, tool, ms, error), run before the
+        next round; the last round's answer is the one `finish` reads."""
+        if self.tool_rounds is None:
+            self.tool_rounds = []
+        self.tool_rounds.append({"finish": finish, "calls": calls})
 
     def failed(self, status: int, message: str, code: str | None) -> None:
         self.status, self.error, self.code = status, message, code
@@ -296,6 +306,7 @@ class Trace:
             "rejected": self.rejected,
             "remote": self.remote,
             "remote_reason": self.remote_reason,
+            "tool_rounds": self.tool_rounds,
             "sentinels": [d.to_dict() for d in self.detections or []],
             "cache": cache,
             "prompt": _text_facts(prompt_text(self._body), scrub),

@@ -71,6 +71,13 @@ def render(record: dict[str, Any]) -> list[str]:
         )
     if r.get("spec") is not None:
         step(_speculation(r))
+    for n, rounds in enumerate(r.get("tool_rounds") or [], 1):
+        calls = ", ".join(
+            f"{c['server']}.{c['tool']} {_ms(c.get('ms'))}" + (" (error)" if c.get("error") else "")
+            for c in rounds.get("calls") or []
+        )
+        step(f"tool round {n}: finish {rounds.get('finish') or '-'}"
+             + (f"; called {calls}" if calls else ""))  # fmt: skip
     status = f"status {r.get('status')} in {_ms(r.get('duration_ms'))}"
     if r.get("error"):
         code = f" [{r['code']}]" if r.get("code") else ""

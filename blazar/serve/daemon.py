@@ -6,7 +6,8 @@ hands the scheduler the models that are now ready; hot reload restarts only
 the instances whose arguments changed. Each pass also hands the access layer
 (`blazar.serve.gateway.access`) the manifest's keys and `[serving]` settings first, so
 a key added or removed applies at once, and the fleet (`blazar.serve.state.remotes`)
-its remotes and failover chains, which it probes on their own timers; records
+its remotes and failover chains, which it probes on their own timers, and the MCP
+servers theirs (`blazar.serve.state.mcp`: started, restarted, stopped); records
 when keys were last used; reloads a rotated TLS certificate; and removes uploads
 no model used. Passes run on start, on a manifest change, when an apply elsewhere
 that made a pass skip its own releases the lock, on a timer (`blazar.serve.triggers`)
@@ -51,10 +52,11 @@ from blazar.serve.gateway.access import Access
 from blazar.serve.gateway.app import build_app
 from blazar.serve.gateway.audit import AuditLog
 from blazar.serve.gateway.listener import GatewaySite, Limits, TLSFiles
-from blazar.serve.gateway.policy import is_loopback
+from blazar.serve.gateway.policy import exposure, is_loopback
 from blazar.serve.request import uploads
 from blazar.serve.routes.services import Control, Services
 from blazar.serve.state import conditions
+from blazar.serve.state.mcp import McpServers
 from blazar.serve.state.remotes import Fleet
 from blazar.serve.state.sessions import Sessions
 from blazar.serve.state.tracing import Observer, Settings
@@ -77,18 +79,6 @@ class PortInUse(BlazarError):
 
 class Unprotected(BlazarError):
     """Serving beyond loopback with no API key, without the user saying they mean it."""
-
-
-def exposure(host: str, manifest: Manifest) -> str | None:
-    """Why serving `manifest` on `host` is refused (None: it is not): an address beyond
-    loopback with no key declared, unless serving.allow_unauthenticated."""
-    if is_loopback(host) or manifest.keys or manifest.serving.allow_unauthenticated:
-        return None
-    return (
-        f"refusing to serve on {host} with no API key: anyone who can reach it could use "
-        "and manage this host. Add a key (`blazar keys add NAME --scope admin`), serve on "
-        "127.0.0.1, or set serving.allow_unauthenticated = true if you mean it"
-    )
 
 
 @dataclass
@@ -151,6 +141,7 @@ class Daemon:
         # Runtime failures as conditions in the store (`blazar status`, `blazar doctor`).
         self.judge = conditions.Judge(lambda: self.scheduler, lambda: self.fleet.remotes.values())
         self.status = conditions.StatusWriter(paths.db, paths.state / "apply.lock", self.judge)
+        self.mcp = McpServers(paths.logs)  # [mcp.NAME], each with its owner
 
     def _load(self) -> Manifest | None:
         if not self.options.manifest.exists():
@@ -266,6 +257,8 @@ class Daemon:
             self.sessions.bank_mb = manifest.serving.session_bank_mb
             self.sessions.prune()  # banked sessions of removed models or changed files
 
+        for name, change in (await self.mcp.configure(manifest.mcp)).items():
+            log(f"mcp {name}: {change} ({reason})")
         for gone in uploads.sweep(self.paths, uploads.used_blobs(manifest, self.store)):
             log(f"removed upload {gone.name}: no model used it within an hour")
         await self._record_key_use()
@@ -371,6 +364,7 @@ class Daemon:
             sessions=self.sessions,
             serving=serving,
             fleet=self.fleet,
+            mcp=self.mcp,
         )
         self.services = services
         self._guard(self.manifest)
@@ -428,6 +422,7 @@ class Daemon:
                     await hook()
                 except Exception as exc:  # one hook's failure must not leave children running
                     log(f"stopping: {exc!r}")
+            await self.mcp.close()
             await self.scheduler.close()
             await self.status.close()  # the conditions of a serve that runs: none now
             await self._record_key_use()

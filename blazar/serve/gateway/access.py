@@ -84,6 +84,12 @@ SCOPES: dict[tuple[str, str], str] = {
     # Anthropic
     ("POST", "/v1/messages"): INFERENCE,
     ("POST", "/v1/messages/count_tokens"): INFERENCE,
+    ("POST", "/v1/messages/batches"): INFERENCE,  # a key sees only its own batches
+    ("GET", "/v1/messages/batches"): INFERENCE,
+    ("GET", "/v1/messages/batches/{id}"): INFERENCE,
+    ("DELETE", "/v1/messages/batches/{id}"): INFERENCE,
+    ("POST", "/v1/messages/batches/{id}/cancel"): INFERENCE,
+    ("GET", "/v1/messages/batches/{id}/results"): INFERENCE,
     # ollama: inference and listings
     ("POST", "/api/chat"): INFERENCE,
     ("POST", "/api/generate"): INFERENCE,
@@ -118,6 +124,7 @@ SCOPES: dict[tuple[str, str], str] = {
     ("GET", "/api/ui/logs/{name}"): ADMIN,
     ("POST", "/api/blazar/load"): ADMIN,
     ("POST", "/api/blazar/pin"): ADMIN,
+    ("GET", "/api/mcp"): INFERENCE,  # what a chat request may name in `mcp`; no commands
 }
 # Route families, by path prefix, any method: for routes other modules add.
 PREFIXES: tuple[tuple[str, str], ...] = (

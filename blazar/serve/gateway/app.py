@@ -28,9 +28,11 @@ from blazar.serve.request.steps import Failure, failure
 from blazar.serve.routes import (
     anthropic_api,
     audio_api,
+    batches_api,
     blazar_api,
     fleet_api,
     keys_api,
+    mcp_api,
     observe_api,
     ollama_admin,
     ollama_api,
@@ -145,6 +147,7 @@ def build_app(services: Services, access: Access | None = None) -> web.Applicati
     ollama_pull.register(app, services)
     ollama_blobs.register(app, services)
     anthropic_api.register(app, services)
+    batches_api.register(app, services)
     sessions_api.register(app, services)
     keys_api.register(app, services)
     audio_api.register(app, services)
@@ -152,4 +155,5 @@ def build_app(services: Services, access: Access | None = None) -> web.Applicati
     fleet_api.register(app, services)
     ui_api.register(app, services)
     ui_admin.register(app, services)
+    mcp_api.register(app, services)
     return app

@@ -22,6 +22,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from specs.manifest import Manifest
+
 DEFAULT_ORIGINS = (
     *(
         f"{scheme}://{host}{port}"
@@ -167,3 +169,15 @@ class BodyBudget:
         self.used -= size
         if size:
             self._freed.set()
+
+
+def exposure(host: str, manifest: Manifest) -> str | None:
+    """Why serving `manifest` on `host` is refused (None: it is not): an address beyond
+    loopback with no key declared, unless serving.allow_unauthenticated."""
+    if is_loopback(host) or manifest.keys or manifest.serving.allow_unauthenticated:
+        return None
+    return (
+        f"refusing to serve on {host} with no API key: anyone who can reach it could use "
+        "and manage this host. Add a key (`blazar keys add NAME --scope admin`), serve on "
+        "127.0.0.1, or set serving.allow_unauthenticated = true if you mean it"
+    )

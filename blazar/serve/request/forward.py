@@ -35,10 +35,12 @@ from aiohttp import (
 )
 
 from blazar.observe.trace import current
-from blazar.protocols import ProtocolError
+from blazar.protocols import LoadOnly, ProtocolError
 from blazar.serve.http import TRACE, trace_id
+from blazar.serve.request.asks import Ask, Done
 from blazar.serve.request.envelopes import for_path
-from blazar.serve.state.remotes import FORWARDED, Forward, Remote
+from blazar.serve.request.exchange import Sent, dumps, exchange
+from blazar.serve.state.remotes import FORWARDED, Fleet, Forward, Remote
 from blazar.serve.supervisor.scheduler import SchedulerError
 
 # Paths any OpenAI-compatible server speaks: forwarded as they came, to any remote.
@@ -236,3 +238,47 @@ class RemoteUpstream:
 
     def failed(self, exc: BaseException) -> ProtocolError:
         return remote_failed(self.remote, exc)
+
+
+async def carry(
+    fleet: Fleet,
+    request: web.Request,
+    ask: Ask | None,
+    wanted: Forward,
+    read_timeout: float,
+) -> web.StreamResponse:
+    """Carry the request out on `wanted.remote`; on a remote that does not answer, the
+    model's chain's next usable member, until none is left. `ask` None: as it came."""
+    tried: list[str] = []
+    while True:
+        check(request, wanted)
+        remote = wanted.remote
+        try:
+            if ask is None or raw_path(request, remote):
+                return await relay(fleet.client(), request, remote, read_timeout)
+            return await bridged(fleet, request, ask, wanted, read_timeout)
+        except ProtocolError as exc:
+            tried.append(remote.name)
+            nxt = fleet.member(wanted.model, tried) if spills(exc) else None
+            if nxt is None:
+                raise
+            wanted = Forward(nxt, f"failover: remote {remote.name}: {exc.message}", wanted.model)
+
+
+async def bridged(
+    fleet: Fleet, request: web.Request, ask: Ask, wanted: Forward, read_timeout: float
+) -> web.StreamResponse:
+    """The request translated for an OpenAI-only remote (the route's `Ask.openai` plan,
+    on the same call path as a local child), and its answer back."""
+    plan = ask.openai(None)
+    done = Done(ask.model, ask.started)
+    if isinstance(plan, LoadOnly):  # nothing to generate: nothing to load there either
+        body = ask.loaded(plan, unloaded=False)
+        return web.Response(
+            body=dumps(body),
+            headers={"Content-Type": "application/json", **ask.envelope.headers(request)},
+        )
+    body = {**plan.engine.body, "model": str(ask.body.get("model") or wanted.model)}
+    sent = Sent(dumps(body), body, {})
+    upstream = RemoteUpstream(fleet.client(), request, wanted.remote, read_timeout, wanted.model)
+    return await exchange(request, ask, plan, plan.engine, upstream, sent, done)

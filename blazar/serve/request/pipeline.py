@@ -32,34 +32,30 @@ envelope by the gateway's middleware (`steps.failure`).
 
 from __future__ import annotations
 
-import contextlib
-import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 from aiohttp import web
 
-from blazar.observe.speculation import HEADER, spec_header
+from blazar.observe.speculation import HEADER
 from blazar.observe.trace import current
 from blazar.protocols import EngineRequest, LoadOnly, ProtocolError
-from blazar.protocols.sse import SSEDecoder
 from blazar.serve.request import forward, steps
-from blazar.serve.request.asks import OPENAI_DIALECT, Answer, Ask, Done, Plan
+from blazar.serve.request.admission import admitted
+from blazar.serve.request.asks import OPENAI_DIALECT, Ask, Done, Plan
 from blazar.serve.request.child_calls import (
     Child,
     ChildUpstream,
-    Reply,
-    Upstream,
     decode,
     gate,
     refused,
 )
+from blazar.serve.request.exchange import Sent, dumps, events, exchange, fetch, whole
 from blazar.serve.request.grants import grant_of
-from blazar.serve.request.prompts import KINDS, Prompts
+from blazar.serve.request.prompts import Prompts
 from blazar.serve.request.singleflight import SingleFlight, deterministic
 from blazar.serve.state.remotes import Fleet, Forward
 from blazar.serve.state.sessions import Sessions
@@ -75,8 +71,6 @@ from blazar.serve.supervisor.scheduler import (
 from specs.serving import Serving
 
 PRIORITY = "x-blazar-priority"
-CAPPED = "x-blazar-max-tokens-capped"  # the output limit a request was served with
-OUTPUT_KEYS = ("max_completion_tokens", "max_tokens", "max_output_tokens", "n_predict")
 
 
 @dataclass
@@ -89,22 +83,6 @@ class Timed:
 
     def total(self) -> int:
         return time.perf_counter_ns() - self.started
-
-
-@dataclass(frozen=True)
-class Sent:
-    """An engine request as it goes out: its bytes, the body they encode, added headers."""
-
-    data: bytes
-    body: dict[str, Any]
-    headers: dict[str, str]
-
-
-def dumps(body: Any) -> bytes:
-    try:
-        return orjson.dumps(body)
-    except TypeError:  # an integer past 64 bits, say: json takes what orjson refuses
-        return json.dumps(body).encode()
 
 
 class Pipeline:
@@ -224,9 +202,11 @@ class Pipeline:
             if not released:
                 self.scheduler.release(timed.lease, keep_alive=seconds)
 
-    async def complete(self, ask: Ask, *, priority: bool = False) -> Any:
-        """The whole path for work no client waits on (a batch, a tool loop): this host's
-        model only, the answer as the plan's `Answer` builds it, decoded."""
+    async def _internal(
+        self, ask: Ask, priority: bool, keep_alive: float | None
+    ) -> tuple[Plan, Timed, Done, EngineRequest, Sent, ChildUpstream]:
+        """Steps 1 to 6 for work no client's HTTP request waits on: this host's model only.
+        The caller gives the slot back (`scheduler.release`)."""
         target = self.where(None, ask.model)
         if isinstance(target, Forward):  # never: where() forwards only for a client
             raise ProtocolError(404, f"model '{ask.model}' is not served here")
@@ -236,14 +216,29 @@ class Pipeline:
         if isinstance(plan, LoadOnly):
             raise ProtocolError(400, "nothing to generate", "invalid_request_error")
         steps.require(target.runtime, plan.need or ask.need, plan.needs, requested=ask.model)
-        timed = await self.lease(None, target, started=ask.started, priority=priority)
+        timed = await self.lease(
+            None, target, keep_alive=keep_alive, started=ask.started, priority=priority
+        )
         assert not isinstance(timed, Forward)
         try:
             done = self._done(ask, timed)
             engine = plan.engine if plan.prepare is None else await plan.prepare(done)
-            sent = await self._admitted(timed.lease, ask, engine)
-            upstream = ChildUpstream(self.children, timed.lease.url, target.runtime.name)
-            status, payload = await self._fetch(upstream, engine, sent)
+            sent = await admitted(self.prompts, self.sessions, timed.lease, ask, engine)
+        except BaseException:
+            self.scheduler.release(timed.lease, keep_alive=keep_alive)
+            raise
+        upstream = ChildUpstream(self.children, timed.lease.url, target.runtime.name)
+        return plan, timed, done, engine, sent, upstream
+
+    async def complete(
+        self, ask: Ask, *, priority: bool = False, keep_alive: float | None = None
+    ) -> Any:
+        """The whole path for work no client waits on (a batch, a tool loop): this host's
+        model only, the answer as the plan's `Answer` builds it, decoded; `keep_alive` is
+        the request's, for the tool loop of a client that asked for one."""
+        plan, timed, done, engine, sent, upstream = await self._internal(ask, priority, keep_alive)
+        try:
+            status, payload = await fetch(upstream, engine, sent)
             answer = plan.answer(done)
             if status != 200:
                 data = decode(payload)
@@ -251,70 +246,20 @@ class Pipeline:
             out = await answer.whole(payload)
             return decode(out) if isinstance(out, bytes) else out
         finally:
-            self.scheduler.release(timed.lease)
+            self.scheduler.release(timed.lease, keep_alive=keep_alive)
 
     async def events(self, ask: Ask, *, priority: bool = False) -> AsyncGenerator[Any, None]:
         """The whole path for a stream no client's HTTP request waits on (a realtime
-        session's answer): this host's model only, the engine's events decoded as they
-        arrive (JSON objects, then the text `[DONE]`), each noted on the current trace.
+        session's answer): the engine's events decoded as they arrive (`exchange.events`).
         The slot goes back when the stream ends, fails, or its consumer stops: use it
         under `contextlib.aclosing`, so that stopping early closes the engine's
-        connection (the child stops generating) and releases the slot at once. An
-        engine that answers whole yields that one answer; an error is raised."""
-        target = self.where(None, ask.model)
-        if isinstance(target, Forward):  # never: where() forwards only for a client
-            raise ProtocolError(404, f"model '{ask.model}' is not served here")
-        plan = self.plan(ask, target)
-        if isinstance(plan, LoadOnly):
-            raise ProtocolError(400, "nothing to generate", "invalid_request_error")
-        steps.require(target.runtime, plan.need or ask.need, plan.needs, requested=ask.model)
-        timed = await self.lease(None, target, started=ask.started, priority=priority)
-        assert not isinstance(timed, Forward)
-        trace = current()
-        reply: Reply | None = None
-        upstream = ChildUpstream(self.children, timed.lease.url, target.runtime.name)
+        connection (the child stops generating) and releases the slot at once."""
+        plan, timed, done, engine, sent, upstream = await self._internal(ask, priority, None)
         try:
-            done = self._done(ask, timed)
-            engine = plan.engine if plan.prepare is None else await plan.prepare(done)
-            sent = await self._admitted(timed.lease, ask, engine)
-            if trace is not None:
-                trace.sending(engine.path, sent.body)
-            try:
-                reply = await upstream.post(engine.path, sent.data)
-                streamed = reply.status == 200 and reply.content_type.startswith(
-                    "text/event-stream"
-                )
-                payload = b"" if streamed else await reply.read_all()
-            except upstream.errors as exc:
-                raise upstream.failed(exc) from None
-            if not streamed:
-                if trace is not None:
-                    trace.answered(payload, reply.status)
-                if reply.status != 200:
-                    data = decode(payload)
-                    raise plan.answer(done).refusal(reply.status, data) or refused(
-                        reply.status, data
-                    )
-                yield decode(payload)
-                return
-            decoder = SSEDecoder()
-            while True:
-                try:
-                    chunk = await reply.read()
-                except upstream.errors as exc:
-                    failed = upstream.failed(exc)
-                    if trace is not None:
-                        trace.failed(failed.status, failed.message, failed.code)
-                    raise failed from None
-                for event in decoder.feed(chunk) if chunk else decoder.close():
-                    if trace is not None:
-                        trace.event(event.data)
-                    yield event.data
-                if not chunk:
-                    return
+            async with aclosing(events(upstream, engine, sent, plan.answer(done))) as stream:
+                async for data in stream:
+                    yield data
         finally:
-            if reply is not None:  # kept if finished; else closed, and the child stops
-                upstream.release(reply)
             self.scheduler.release(timed.lease)
 
     def local(self, request: web.Request | None, ask: Ask) -> Target:
@@ -398,58 +343,6 @@ class Pipeline:
 
     # -- 6. admit -----------------------------------------------------------------------
 
-    async def _admitted(self, lease: Lease, ask: Ask, engine: EngineRequest) -> Sent:
-        """The preflight, the sessions' slot, the adapters and defaults: what to send."""
-        body = engine.body
-        slot = cap = None
-        kind = KINDS.get(engine.path)
-        runtime = lease.runtime
-        routed = (
-            kind is not None and self.sessions is not None and self.sessions.wants_tokens(lease)
-        )
-        if kind is not None and (routed or runtime.preflight != "off"):
-            slot, cap = await self._admit(lease, kind, body, ask.size or len(dumps(body)), routed)
-        sent = steps.engine_body(lease, body, engine.path)
-        if cap is None and slot is None:
-            if sent is ask.body and ask.raw is not None:
-                return Sent(ask.raw, sent, {})  # the common case: the client's bytes
-            return Sent(dumps(sent), sent, {})
-        out = dict(sent)
-        if slot is not None:
-            out["id_slot"] = slot
-        headers = {}
-        if cap is not None:
-            for key in OUTPUT_KEYS:
-                if key in out:
-                    out[key] = cap
-            headers[CAPPED] = str(cap)
-        return Sent(dumps(out), out, headers)
-
-    async def _admit(
-        self, lease: Lease, kind: str, body: dict[str, Any], size: int, routed: bool
-    ) -> tuple[int | None, int | None]:
-        """(the slot the sessions route the request to, the output cap of the preflight)."""
-        runtime = lease.runtime
-        tokens = None
-        if routed:
-            try:
-                tokens = await self.prompts.token_ids(lease.url, kind, body)
-            except ConnectionError:
-                tokens = None
-        cap = None
-        if runtime.preflight != "off":
-            cap = await self.prompts.preflight(
-                lease.member.instance, lease.url, model=runtime.name, ctx=runtime.ctx,
-                kind=kind, body=body, size=size, tokens=tokens,
-                strict=runtime.preflight == "strict",
-            )  # fmt: skip
-        slot = None
-        if self.sessions is not None and tokens is not None:
-            slot = await self.sessions.route(lease, tokens)
-        return slot, cap
-
-    # -- 7 and 8. call and answer -------------------------------------------------------
-
     def _done(self, ask: Ask, timed: Timed) -> Done:
         lease = timed.lease
         return Done(
@@ -465,145 +358,12 @@ class Pipeline:
         lease = timed.lease
         done = self._done(ask, timed)
         engine = plan.engine if plan.prepare is None else await plan.prepare(done)
-        sent = await self._admitted(lease, ask, engine)
+        sent = await admitted(self.prompts, self.sessions, lease, ask, engine)
         # Which speculative decoding mode answers (docs/tune.md); a whole answer adds its
         # acceptance rate from the engine's timings (`_whole`).
         sent.headers[HEADER] = lease.runtime.tuning.describe()
         upstream = ChildUpstream(self.children, lease.url, lease.runtime.name)
-        return await self._exchange(request, ask, plan, engine, upstream, sent, done)
-
-    async def _fetch(
-        self, upstream: Upstream, engine: EngineRequest, sent: Sent
-    ) -> tuple[int, bytes]:
-        """A whole exchange, noted on the trace (and gated by its sentinels)."""
-        trace = current()
-        if trace is not None:
-            trace.sending(engine.path, sent.body)
-        reply: Reply | None = None
-        try:
-            reply = await upstream.post(engine.path, sent.data)
-            payload = await reply.read_all()
-        except upstream.errors as exc:
-            raise upstream.failed(exc) from None
-        finally:
-            if reply is not None:
-                upstream.release(reply)
-        if trace is not None:  # read when the answer is gone, or now to enforce
-            trace.answered(payload, reply.status)
-            gate(reply.status)
-        return reply.status, payload
-
-    async def _exchange(
-        self,
-        request: web.Request,
-        ask: Ask,
-        plan: Plan,
-        engine: EngineRequest,
-        upstream: Upstream,
-        sent: Sent,
-        done: Done,
-    ) -> web.StreamResponse:
-        headers = {**ask.envelope.headers(request), **sent.headers}
-        if not engine.stream:
-            status, payload = await self._fetch(upstream, engine, sent)
-            return await self._whole(plan.answer(done), status, payload, headers)
-        trace = current()
-        if trace is not None:
-            trace.sending(engine.path, sent.body)
-        reply: Reply | None = None
-        try:
-            try:
-                reply = await upstream.post(engine.path, sent.data)
-                streamed = reply.status == 200 and reply.content_type.startswith(
-                    "text/event-stream"
-                )
-                payload = b"" if streamed else await reply.read_all()
-            except upstream.errors as exc:
-                raise upstream.failed(exc) from None
-            answer = plan.answer(done)
-            if not streamed:  # an error, or an engine that answered whole
-                if trace is not None:
-                    trace.answered(payload, reply.status)
-                    gate(reply.status)
-                return await self._whole(answer, reply.status, payload, headers)
-            return await self._stream(request, reply, upstream, answer, headers)
-        finally:
-            if reply is not None:  # kept if finished; else closed, and the child stops
-                upstream.release(reply)
-
-    async def _whole(
-        self, answer: Answer, status: int, payload: bytes, headers: dict[str, str]
-    ) -> web.Response:
-        if status != 200:
-            data = decode(payload)
-            raise answer.refusal(status, data) or refused(status, data)
-        mode = headers.get(HEADER)
-        if mode is not None and mode != "off":
-            with contextlib.suppress(orjson.JSONDecodeError, AttributeError):
-                headers[HEADER] = spec_header(mode, orjson.loads(payload).get("timings"))
-        out = await answer.whole(payload)
-        body = out if isinstance(out, bytes) else dumps(out)
-        return web.Response(body=body, headers={"Content-Type": "application/json", **headers})
-
-    async def _stream(
-        self,
-        request: web.Request,
-        reply: Reply,
-        upstream: Upstream,
-        answer: Answer,
-        headers: dict[str, str],
-    ) -> web.StreamResponse:
-        """Copy (or translate) the engine's stream as it arrives. A client that goes away
-        ends it here (the caller closes the engine's connection: the child stops); an
-        engine that breaks off gets the answer's error event."""
-        trace = current()
-        content_type = answer.content_type or reply.content_type
-        response = web.StreamResponse(
-            headers={"Content-Type": content_type, "Cache-Control": "no-cache", **headers}
-        )
-        await response.prepare(request)
-        decoder = None if answer.raw else SSEDecoder()
-        rewrite = answer.rewrites
-        try:
-            if decoder is not None and (first := answer.start()):
-                await response.write(first)
-            while True:
-                try:
-                    chunk = await reply.read()
-                except upstream.errors as exc:
-                    failed = upstream.failed(exc)
-                    if trace is not None:
-                        trace.failed(failed.status, failed.message, failed.code)
-                    await response.write(answer.error(failed))
-                    return response
-                if not chunk:
-                    break
-                if decoder is None:
-                    if trace is not None:
-                        trace.chunk(chunk)
-                    out = answer.feed_bytes(chunk) if rewrite else chunk
-                else:
-                    parts = []
-                    for event in decoder.feed(chunk):
-                        if trace is not None:
-                            trace.event(event.data)
-                        parts.append(answer.feed(event.data))
-                    out = b"".join(parts)
-                if out:
-                    await response.write(out)
-            tail = b""
-            if decoder is not None:
-                for event in decoder.close():
-                    if trace is not None:
-                        trace.event(event.data)
-                    tail += answer.feed(event.data)
-            tail += await answer.end()
-            if tail:
-                await response.write(tail)
-            await response.write_eof()
-        except ConnectionError:  # the client went away
-            pass
-        return response
+        return await exchange(request, ask, plan, engine, upstream, sent, done)
 
     # -- the rest -----------------------------------------------------------------------
 
@@ -637,9 +397,9 @@ class Pipeline:
             if isinstance(timed, Forward):
                 return timed
             try:
-                sent = await self._admitted(timed.lease, ask, plan.engine)
+                sent = await admitted(self.prompts, self.sessions, timed.lease, ask, plan.engine)
                 upstream = ChildUpstream(self.children, timed.lease.url, runtime.name)
-                return await self._fetch(upstream, plan.engine, sent)
+                return await fetch(upstream, plan.engine, sent)
             finally:
                 self.scheduler.release(timed.lease, keep_alive=seconds)
 
@@ -653,46 +413,10 @@ class Pipeline:
             trace.answered(payload, status)
             gate(status)
         done = Done(ask.model, ask.started, shared=not leader)
-        return await self._whole(plan.answer(done), status, payload, ask.envelope.headers(request))
+        return await whole(plan.answer(done), status, payload, ask.envelope.headers(request))
 
     async def forward(
         self, request: web.Request, ask: Ask | None, wanted: Forward
     ) -> web.StreamResponse:
-        """Carry the request out on `wanted.remote`; on a remote that does not answer, the
-        model's chain's next usable member, until none is left. `ask` None: as it came."""
-        tried: list[str] = []
-        read_timeout = self.serving.upstream_timeout
-        while True:
-            forward.check(request, wanted)
-            remote = wanted.remote
-            try:
-                if ask is None or forward.raw_path(request, remote):
-                    return await forward.relay(self.fleet.client(), request, remote, read_timeout)
-                return await self._bridged(request, ask, wanted, read_timeout)
-            except ProtocolError as exc:
-                tried.append(remote.name)
-                nxt = self.fleet.member(wanted.model, tried) if forward.spills(exc) else None
-                if nxt is None:
-                    raise
-                wanted = Forward(
-                    nxt, f"failover: remote {remote.name}: {exc.message}", wanted.model
-                )
-
-    async def _bridged(
-        self, request: web.Request, ask: Ask, wanted: Forward, read_timeout: float
-    ) -> web.StreamResponse:
-        """The request translated for an OpenAI-only remote, and its answer back."""
-        plan = ask.openai(None)
-        done = Done(ask.model, ask.started)
-        if isinstance(plan, LoadOnly):  # nothing to generate: nothing to load there either
-            body = ask.loaded(plan, unloaded=False)
-            return web.Response(
-                body=dumps(body),
-                headers={"Content-Type": "application/json", **ask.envelope.headers(request)},
-            )
-        body = {**plan.engine.body, "model": str(ask.body.get("model") or wanted.model)}
-        sent = Sent(dumps(body), body, {})
-        upstream = forward.RemoteUpstream(
-            self.fleet.client(), request, wanted.remote, read_timeout, wanted.model
-        )
-        return await self._exchange(request, ask, plan, plan.engine, upstream, sent, done)
+        """Carry the request out on a remote (`forward.carry`): `ask` None, as it came."""
+        return await forward.carry(self.fleet, request, ask, wanted, self.serving.upstream_timeout)

@@ -9,8 +9,10 @@ daemon replaces them on reload). Route modules receive it from
 (`blazar.serve.daemon`) assembles both.
 
 A model route is registered with `Services.route(ask)`: `ask` parses the client's
-request into an `Ask`, and the handler hands it to `Pipeline.serve`. Every model route
-is such a `PipelineRoute` (tests/test_pipeline_routes.py walks the router to prove it).
+request into an `Ask`, and the handler hands it to `Pipeline.serve` (or, for a request
+naming MCP servers in its `mcp` field, to the tool loop, which runs its rounds on the
+pipeline). Every model route is such a `PipelineRoute` (tests/test_pipeline_routes.py
+walks the router to prove it).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from blazar.protocols import ProtocolError
 from blazar.serve.http import Handler
 from blazar.serve.request.asks import Ask
 from blazar.serve.request.pipeline import Pipeline, Timed
+from blazar.serve.request.tool_loop import ToolLoop
+from blazar.serve.state.mcp import McpServers
 from blazar.serve.state.remotes import Fleet
 from blazar.serve.state.sessions import Sessions
 from blazar.serve.state.tracing import Observer
@@ -58,13 +62,22 @@ class PipelineRoute:
     """A model route's handler: the route's parser, then the pipeline. `call` is for a
     route whose engine call is its own (audio): the pipeline holds the slot around it
     (`Pipeline.held`), or for an `Ask` that is `deferred` (an async job) only checks it
-    (`Pipeline.local`) and `call` gets no slot."""
+    (`Pipeline.local`) and `call` gets no slot. A request with an `mcp` field goes to
+    the tool loop, which runs its rounds on the same pipeline (`tool_loop.ToolLoop`)."""
 
-    def __init__(self, pipeline: Pipeline, ask: Asker, call: Call | None = None) -> None:
-        self.pipeline, self.ask, self.call = pipeline, ask, call
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        ask: Asker,
+        call: Call | None = None,
+        tools: ToolLoop | None = None,
+    ) -> None:
+        self.pipeline, self.ask, self.call, self.tools = pipeline, ask, call, tools
 
     async def __call__(self, request: web.Request) -> web.StreamResponse:
         ask = await self.ask(request)
+        if self.tools is not None and ask.body.get("mcp") is not None:
+            return await self.tools.serve(request, ask)
         if self.call is None:
             return await self.pipeline.serve(request, ask)
         if ask.deferred:
@@ -91,7 +104,9 @@ class Services:
     # jobs keep a queued job queued for the next serve).
     closing: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     fleet: Fleet = field(default_factory=Fleet)  # remotes and failover chains (docs/fleet.md)
+    mcp: McpServers = field(default_factory=McpServers)  # [mcp.NAME] (docs/mcp.md)
     pipeline: Pipeline = field(init=False)
+    tools: ToolLoop = field(init=False)
 
     def __post_init__(self) -> None:
         self.observer.bind(self.scheduler)
@@ -99,6 +114,7 @@ class Services:
             self.scheduler, self.children, sessions=self.sessions, fleet=self.fleet,
             serving=self.serving,
         )  # fmt: skip
+        self.tools = ToolLoop(self.pipeline, self.mcp)
 
     def configure(self, serving: Serving) -> None:
         """The manifest's `[serving]` settings from now on (the daemon, on every pass)."""
@@ -108,7 +124,7 @@ class Services:
         """The handler of a model route whose requests `ask` parses (and, for a route
         whose engine call is its own, `call` makes); `handler.pipeline_route` is its
         `PipelineRoute`, for the test that walks the router."""
-        owner = PipelineRoute(self.pipeline, ask, call)
+        owner = PipelineRoute(self.pipeline, ask, call, self.tools)
 
         async def handler(request: web.Request) -> web.StreamResponse:
             return await owner(request)

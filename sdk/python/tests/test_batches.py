@@ -1,22 +1,24 @@
-"""`Client.batches`: Anthropic's Message Batches shapes, ready for the gateway's route.
+"""`Client.batches`: Anthropic's Message Batches API, against the gateway's route.
 
-Blazar does not serve `/v1/messages/batches` yet. What can be checked now: the
-methods and paths are the ones the official `anthropic` package calls (read out
-of its source), a batch's requests have the fields its `BatchCreateParams`
-declares and are checked before anything is sent, and the real gateway's answer
-today arrives as a typed error in Anthropic's envelope.
+The methods and paths are the ones the official `anthropic` package calls (read
+out of its source), a batch's requests have the fields its `BatchCreateParams`
+declares and are checked before anything is sent, and on the real gateway a
+batch runs (each result the answer to its own request), a bad request refuses
+it with a typed error in Anthropic's envelope, and a cancel ends it.
 """
 
 from __future__ import annotations
 
 import inspect
 import re
+import time
+from typing import Any
 
 import anthropic.resources.messages.batches as official
 import pytest
 from anthropic.types.messages import batch_create_params
 
-from blazar_sdk import Client, NotFoundError
+from blazar_sdk import BadRequestError, BlazarError, Client, NotFoundError
 from blazar_sdk.batches import ROUTES, check_requests
 
 # Official client method -> the SDK's name for the same call.
@@ -24,6 +26,7 @@ NAMES = {"create": "create", "retrieve": "get", "list": "list", "results": "resu
          "cancel": "cancel", "delete": "delete"}  # fmt: skip
 VERB = re.compile(r"self\._(get|post|delete|get_api_list)\(")
 ROUTE = re.compile(r'span_route="([^"]+)"')
+HI = [{"role": "user", "content": "hi"}]
 
 
 def test_methods_and_paths_are_anthropics() -> None:
@@ -50,10 +53,52 @@ def test_requests_have_anthropics_fields_and_are_checked_first() -> None:
         assert says in str(refused.value)
 
 
-def test_the_gateway_answers_in_anthropics_envelope_until_the_route_exists(client: Client) -> None:
-    params = {"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
-    with pytest.raises(NotFoundError) as refused:
-        client.batches.create([{"custom_id": "a", "params": params}])
-    assert refused.value.code == "not_found_error"  # Anthropic's error type
-    assert refused.value.body["type"] == "error" and refused.value.trace_id
-    assert "POST /v1/messages/batches: no such endpoint" in refused.value.message
+def _ended(client: Client, batch_id: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 120
+    while (batch := client.batches.get(batch_id))["processing_status"] != "ended":
+        assert time.monotonic() < deadline, batch
+        time.sleep(0.05)
+    return batch
+
+
+def test_a_batch_runs_on_the_gateway(client: Client) -> None:
+    requests = [
+        {"custom_id": f"r{n}", "params": {"model": "tiny", "max_tokens": n, "messages": HI}}
+        for n in (3, 5)
+    ]
+    batch = client.batches.create(requests)
+    assert batch["type"] == "message_batch" and batch["processing_status"] == "in_progress"
+    assert batch["request_counts"]["processing"] == 2
+    ended = _ended(client, batch["id"])
+    assert ended["request_counts"]["succeeded"] == 2 and ended["results_url"]
+    lines = {line["custom_id"]: line["result"] for line in client.batches.results(batch["id"])}
+    assert sorted(lines) == ["r3", "r5"]
+    for custom_id, result in lines.items():  # each the answer to its own request
+        assert result["type"] == "succeeded"
+        assert result["message"]["usage"]["output_tokens"] == int(custom_id[1:])
+    assert batch["id"] in [b["id"] for b in client.batches.list(limit=5)["data"]]
+    assert client.batches.delete(batch["id"]) == {
+        "id": batch["id"], "type": "message_batch_deleted"
+    }  # fmt: skip
+    with pytest.raises(NotFoundError) as gone:
+        client.batches.get(batch["id"])
+    assert gone.value.code == "not_found_error" and gone.value.trace_id
+
+
+def test_a_bad_request_refuses_the_batch_and_a_cancel_ends_it(client: Client) -> None:
+    good = {"model": "tiny", "max_tokens": 200, "messages": HI}
+    with pytest.raises(BadRequestError) as refused:
+        nope = {**good, "model": "nope"}
+        client.batches.create(
+            [{"custom_id": "a", "params": good}, {"custom_id": "b", "params": nope}]
+        )
+    assert "requests[1] (custom_id 'b'): model 'nope' not found" in refused.value.message
+    assert refused.value.code == "invalid_request_error"
+    batch = client.batches.create([{"custom_id": f"c{i}", "params": good} for i in range(12)])
+    with pytest.raises(BlazarError, match="has no results yet"):
+        next(client.batches.results(batch["id"]))
+    assert client.batches.cancel(batch["id"])["cancel_initiated_at"]
+    ended = _ended(client, batch["id"])
+    assert ended["request_counts"]["canceled"] >= 10, ended
+    kinds = {line["result"]["type"] for line in client.batches.results(batch["id"])}
+    assert "canceled" in kinds and kinds <= {"canceled", "succeeded"}

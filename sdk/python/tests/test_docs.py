@@ -31,7 +31,7 @@ def test_every_call_is_documented() -> None:
         for name, _ in inspect.getmembers(kind, inspect.isfunction):
             if not name.startswith("_"):
                 assert f"{name}(" in text, f"docs/sdk.md does not show {kind.__name__}.{name}"
-    assert len(EXAMPLES) >= 10 and sum(waiting for waiting, _ in EXAMPLES) == 1
+    assert len(EXAMPLES) >= 10 and sum(waiting for waiting, _ in EXAMPLES) == 0  # all run
 
 
 @pytest.mark.parametrize(("waiting", "code"), EXAMPLES, ids=[f"example{i}" for i, _ in

@@ -190,3 +190,30 @@ def test_a_missing_or_failing_handler_and_a_loop_that_goes_on_are_clear_errors(
         client.chat(GEMMA, ASK, tools=[get_weather], max_tool_rounds=0, **options)
     assert "after 0 rounds" in str(endless.value)
     assert endless.value.messages[-1]["tool_calls"]  # the call it was still making
+
+
+# With the MCP server's own definition of get_weather (tests/mcp_weather.py) seed 17 calls
+# it on a fresh serve; earlier requests on the slot change the numbers a little, so the
+# test takes the first seed whose answer the gateway made with a call
+# (tests/test_mcp_served.py checks the answer reads the report, on a serve of its own).
+MCP_SEEDS = (17, 2, 12, 45, 23)
+
+
+def test_the_gateway_runs_the_loop_with_mcp_tools(client: Client) -> None:
+    """`mcp=["weather"]`: the gateway offers the server's tools and calls them itself; the
+    SDK sees one request, the final answer, and no tool call of its own to run."""
+    for seed in MCP_SEEDS:
+        result = client.chat(GEMMA, ASK, mcp=["weather"], max_tokens=30, temperature=1.0,
+                             seed=seed)  # fmt: skip
+        rounds = client.explain(result.trace_id)["tool_rounds"]
+        if rounds[0]["calls"]:
+            break
+    else:
+        raise AssertionError(f"Gemma called get_weather with none of the seeds {MCP_SEEDS}")
+    assert result.rounds == 1 and not result.tool_calls
+    assert [c["tool"] for c in rounds[0]["calls"]] == ["get_weather"]
+    assert not rounds[0]["calls"][0]["error"]
+    with client.chat(GEMMA, ASK, mcp=["weather"], stream=True, max_tokens=30, temperature=1.0,
+                     seed=seed) as stream:  # fmt: skip
+        streamed = "".join(d.content or "" for d in stream)
+    assert streamed and len(stream.trace_ids) == 1

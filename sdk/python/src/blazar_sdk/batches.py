@@ -6,10 +6,8 @@ The shapes are Anthropic's: `create` takes `requests`, each `{"custom_id",
 `ended`, `request_counts`, `results_url`, ...); `results` are JSON Lines, one
 `{"custom_id", "result": {"type": "succeeded" | "errored" | "canceled" |
 "expired", ...}}` per request. Requests carry `anthropic-version`, so errors
-come in Anthropic's envelope.
-
-The gateway's batches route is not built yet: until it is, every call raises
-`NotFoundError` with the gateway's answer.
+come in Anthropic's envelope. The gateway runs a batch's requests in the
+background at low priority and keeps them across restarts (docs/compatibility.md).
 """
 
 from __future__ import annotations

@@ -1,0 +1,87 @@
+"""Step 6 of the request path: a leased request admitted, and its bytes made.
+
+`admitted` runs the prompt preflight (`prompts.Prompts.preflight`: a prompt that cannot
+fit its slot is a 400; an output that cannot is capped, said in
+`x-blazar-max-tokens-capped`), the sessions' slot routing (`id_slot`, restoring a banked
+session into it first), and puts the adapters' `lora` list and the model's defaults in
+the body (`steps.engine_body`). A body nothing changed goes as the client's bytes.
+`blazar.serve.request.pipeline` calls it after the lease.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from blazar.protocols import EngineRequest
+from blazar.serve.request import steps
+from blazar.serve.request.asks import Ask
+from blazar.serve.request.exchange import Sent, dumps
+from blazar.serve.request.prompts import KINDS, Prompts
+from blazar.serve.state.sessions import Sessions
+from blazar.serve.supervisor.scheduler import Lease
+
+CAPPED = "x-blazar-max-tokens-capped"  # the output limit a request was served with
+OUTPUT_KEYS = ("max_completion_tokens", "max_tokens", "max_output_tokens", "n_predict")
+
+
+async def admitted(
+    prompts: Prompts, sessions: Sessions | None, lease: Lease, ask: Ask, engine: EngineRequest
+) -> Sent:
+    """The preflight, the sessions' slot, the adapters and defaults: what to send."""
+    body = engine.body
+    slot = cap = None
+    kind = KINDS.get(engine.path)
+    runtime = lease.runtime
+    routed = kind is not None and sessions is not None and sessions.wants_tokens(lease)
+    if kind is not None and (routed or runtime.preflight != "off"):
+        slot, cap = await _admit(
+            prompts, sessions, lease, kind, body, ask.size or len(dumps(body)), routed
+        )
+    sent = steps.engine_body(lease, body, engine.path)
+    if cap is None and slot is None:
+        if sent is ask.body and ask.raw is not None:
+            return Sent(ask.raw, sent, {})  # the common case: the client's bytes
+        return Sent(dumps(sent), sent, {})
+    out = dict(sent)
+    if slot is not None:
+        out["id_slot"] = slot
+    headers = {}
+    if cap is not None:
+        for key in OUTPUT_KEYS:
+            if key in out:
+                out[key] = cap
+        headers[CAPPED] = str(cap)
+    return Sent(dumps(out), out, headers)
+
+
+async def _admit(
+    prompts: Prompts,
+    sessions: Sessions | None,
+    lease: Lease,
+    kind: str,
+    body: dict[str, Any],
+    size: int,
+    routed: bool,
+) -> tuple[int | None, int | None]:
+    """(the slot the sessions route the request to, the output cap of the preflight)."""
+    runtime = lease.runtime
+    tokens = None
+    if routed:
+        try:
+            tokens = await prompts.token_ids(lease.url, kind, body)
+        except ConnectionError:
+            tokens = None
+    cap = None
+    if runtime.preflight != "off":
+        cap = await prompts.preflight(
+            lease.member.instance, lease.url, model=runtime.name, ctx=runtime.ctx,
+            kind=kind, body=body, size=size, tokens=tokens,
+            strict=runtime.preflight == "strict",
+        )  # fmt: skip
+    slot = None
+    if sessions is not None and tokens is not None:
+        slot = await sessions.route(lease, tokens)
+    return slot, cap
+
+
+# -- 7 and 8. call and answer -------------------------------------------------------
