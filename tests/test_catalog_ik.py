@@ -24,7 +24,7 @@ from blazar.engines.service import Engines
 from blazar.errors import InvalidInput
 from blazar.paths import Paths
 from blazar.registry import Registry
-from blazar.serve.supervisor.runtime import build_runtimes
+from blazar.serve.supervisor.build import build_runtimes
 from blazar.store import Store
 from blazar.testing.tiny import write_tiny_model
 from reconcilers.ports import ObservedLane, OfferView

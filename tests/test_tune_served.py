@@ -21,7 +21,7 @@ import pytest
 
 from blazar.profiles import Profile, ProfileStore
 from blazar.reconcile import load
-from blazar.serve.supervisor.runtime import build_runtimes
+from blazar.serve.supervisor.build import build_runtimes
 from blazar.store import Store
 from blazar.tune.race import Figures, decide
 from tests.conftest import Blazar

@@ -60,9 +60,9 @@ from blazar.serve.state.mcp import McpServers
 from blazar.serve.state.remotes import Fleet
 from blazar.serve.state.sessions import Sessions
 from blazar.serve.state.tracing import Observer, Settings
+from blazar.serve.supervisor.build import build_runtimes
 from blazar.serve.supervisor.child_http import ChildConnections
 from blazar.serve.supervisor.instance import Instance
-from blazar.serve.supervisor.runtime import build_runtimes
 from blazar.serve.supervisor.scheduler import Scheduler
 from blazar.store import Store
 from blazar.wiring import offer_view

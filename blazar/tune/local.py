@@ -18,7 +18,8 @@ from typing import TypeVar
 from blazar.engines.process import EngineServer
 from blazar.errors import InvalidInput, NotFound
 from blazar.paths import Paths
-from blazar.serve.supervisor.runtime import ModelRuntime, build_runtimes, resolve
+from blazar.serve.supervisor.build import build_runtimes
+from blazar.serve.supervisor.runtime import ModelRuntime, resolve
 from blazar.store import Store
 from blazar.tuning import Tuning
 from specs.manifest import Manifest

@@ -27,7 +27,8 @@ from blazar.fit import estimate
 from blazar.hardware import memory_devices
 from blazar.paths import Paths
 from blazar.profiles import SETTINGS, Profile, ProfileStore
-from blazar.serve.supervisor.runtime import ModelRuntime, build_runtimes, default_threads, resolve
+from blazar.serve.supervisor.build import build_runtimes
+from blazar.serve.supervisor.runtime import ModelRuntime, default_threads, resolve
 from blazar.store import Store
 from blazar.tune.measure import Job, completion, measure
 from blazar.tune.plan import FIGURE, Options, Stage, stage_plan

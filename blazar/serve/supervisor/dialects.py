@@ -8,7 +8,7 @@ is `OPENAI`, which the request pipeline reads to translate ollama and Anthropic
 requests for it, as it does for OpenAI-only remotes. What such a lane cannot do is
 refused with these messages, before any spawn where the gateway can tell (an adapter
 named in the model, a session, embeddings), and by the launcher for what only the
-request body says (`REFUSED` there). The serve runtime (`runtime.build_runtimes`),
+request body says (`REFUSED` there). The serve runtime (`build.build_runtimes`),
 the scheduler and the sessions call these; pure.
 """
 

@@ -1,0 +1,245 @@
+"""The runtimes the gateway serves, built from the store (models held, the engine lanes,
+adapters, projectors, profiles) overlaid with the manifest's declarations
+(`blazar.serve.supervisor.runtime` holds what a runtime is and how it is resolved).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, TypedDict
+
+from blazar import cache_settings
+from blazar.chat_templates import AppliedTemplate, model_template
+from blazar.engines.lanes import observe as observe_lanes
+from blazar.engines.records import EngineRecord, EngineStore
+from blazar.gguf_info import rope_facts
+from blazar.profiles import ProfileStore
+from blazar.serve.supervisor import dialects
+from blazar.serve.supervisor.runtime import Adapter, ModelRuntime
+from blazar.store import LoraRecord, ModelRecord, Store
+from blazar.tuning import with_tuning
+from reconcilers.desired import routing_of
+from reconcilers.ports import OfferView
+from reconcilers.routing import route
+from specs.manifest import Manifest
+from specs.models import Model
+from specs.names import parse_name
+from specs.serving import Serving
+
+
+def build_runtimes(
+    store: Store,
+    manifest: Manifest,
+    offers: tuple[OfferView, ...] = (),
+    *,
+    slot_dir: Path | None = None,
+) -> dict[str, ModelRuntime]:
+    """Every model the gateway can serve now, keyed by its short name; `offers` (the
+    catalog's) name the lane to install in a refusal; `slot_dir` is where their sessions
+    are saved (`Paths.sessions`), or None for none."""
+    serving = manifest.serving
+    engines = EngineStore(store)
+    declared = {parse_name(k).short: k for k in manifest.models}
+    loras = store.list_loras()
+    projectors = {p.model: p for p in store.list_projectors() if p.vision}
+    lanes, routing = observe_lanes(store), routing_of(manifest)
+    runtimes: dict[str, ModelRuntime] = {}
+    by_name = {r.ref.short: r for r in store.list_models()}
+    profiles = ProfileStore(store).all_current()
+    for record in by_name.values():
+        name = record.ref.short
+        key = declared.get(name)
+        spec = manifest.models[key] if key is not None else None
+        if record.kind != "chat" or (spec is not None and spec.kind != "chat"):
+            lane = routing.pins.get(name) or routing.defaults.get(name) or ""
+            runtimes[name] = audio_runtime(record, spec, serving, engines, lane)
+            continue
+        pin = routing.pins.get(name)
+        lane = pin or routing.defaults.get(name, manifest.engine_routing.chat_kind)
+        if lane == dialects.MISTRALRS or record.is_set:  # an engine of OpenAI's API only
+            engine, refusal = dialects.openai_engine(record, spec, lane, engines, lanes)
+            runtime = _runtime(name, record.path, record.facts, spec, serving, engine, [],
+                               model_template(manifest, key, record.facts), refusal)  # fmt: skip
+            runtimes[name] = replace(runtime, **dialects.OPENAI_FIELDS, sha256=record.sha256,
+                                     singleflight=serving.singleflight)  # fmt: skip
+            continue
+        decided = route(
+            name, record.architecture, lanes, offers, pin=pin, default=lane, mode=routing.mode
+        )
+        engine = engines.get(decided.lane, decided.tag) if decided.lane and decided.tag else None
+        if engine is None and decided.refusal is None:
+            continue  # nothing to run it with yet: `blazar engine update` or apply
+        template = model_template(manifest, key, record.facts)
+        runtime = _runtime(
+            name, record.path, record.facts, spec, serving, engine, loras, template,
+            decided.refusal,
+        )  # fmt: skip
+        held = projectors.get(name)
+        if held is not None and (spec is None or spec.mmproj is not None):
+            # With its projector while the manifest declares one (or does not declare the
+            # model at all): a projector left from an earlier mmproj is not loaded.
+            runtime = replace(runtime, projector=held.path)
+        runtime = _with_sessions(runtime, record.sha256, spec, serving, slot_dir)
+        runtimes[name] = with_tuning(runtime, spec, profiles.get(name), manifest, by_name, store)
+    return runtimes
+
+
+# The lane each kind of speech model runs on by default, and the command that installs it.
+SPEECH_LANES = {"transcription": "whisper", "speech": "piper"}
+
+
+def audio_runtime(
+    record: ModelRecord, model: Model | None, serving: Serving, engines: EngineStore, lane: str
+) -> ModelRuntime:
+    """A transcription or speech model's runtime: its set's directory, served by the active
+    engine of its lane (whisper, piper); refused (400, before any spawn) with what to run
+    when no such engine is installed or the manifest declares another kind than it holds."""
+    name, kind = record.ref.short, record.kind
+    lane = lane or SPEECH_LANES.get(kind, "")
+    engine = engines.active(lane) if lane else None
+    refusal = None
+    if model is not None and model.kind != kind:
+        refusal = (
+            f"model '{name}' is declared kind = '{model.kind}' but holds a {kind} model: fix "
+            f"models.{name}.kind (or its source) in the manifest and apply"
+        )
+    elif engine is None:
+        refusal = (
+            f"model '{name}' is a {kind} model and no {lane} engine is installed: run "
+            f"`blazar engine update --kind {lane}` (or declare [engines.{lane}] kind = "
+            f"'{lane}' and apply), then retry"
+        )
+    return ModelRuntime(
+        name=name,
+        path=record.path,
+        ctx=0,
+        **_declared(model, serving, engine),
+        has_template=False,
+        chat_template=None,
+        embeddings=False,
+        pooling=None,
+        extra_args=(
+            ("--deterministic",) if model and model.deterministic and kind == "speech" else ()
+        )
+        + (tuple(model.args) if model else ()),
+        sha256=record.sha256,
+        preflight="off",
+        facts={**record.facts, "size": record.size},
+        engine_lane=lane if engine else "",
+        refusal=refusal,
+        kind=kind if model is None or model.kind == kind else model.kind,
+    )
+
+
+class _Declared(TypedDict):
+    aliases: tuple[str, ...]
+    slots: int
+    replicas: int
+    pin: bool
+    keep_alive: float
+    engine_tag: str
+    command: tuple[str, ...]
+
+
+def _declared(model: Model | None, serving: Serving, engine: EngineRecord | None) -> _Declared:
+    """What every model's runtime takes from its declaration (or the serving defaults,
+    for a model the manifest does not declare) and from the engine that runs it."""
+    keep_alive = (
+        serving.keep_alive if model is None or model.keep_alive is None else model.keep_alive
+    )
+    return {
+        "aliases": tuple(model.aliases) if model else (),
+        "slots": (model.slots if model and model.slots else None) or serving.default_slots,
+        "replicas": model.replicas if model else 0,
+        "pin": model.pin if model else False,
+        "keep_alive": float(keep_alive),
+        "engine_tag": engine.tag if engine else "",
+        "command": tuple(engine.command) if engine else (),
+    }
+
+
+def _runtime(
+    name: str,
+    path: str,
+    facts: dict[str, Any],
+    model: Model | None,
+    serving: Serving,
+    engine: EngineRecord | None,
+    loras: list[LoraRecord],
+    template: AppliedTemplate,
+    refusal: str | None = None,
+) -> ModelRuntime:
+    train_ctx = facts.get("context_length")
+    ctx = (model.ctx if model and model.ctx else None) or serving.default_ctx
+    if isinstance(train_ctx, int) and train_ctx > 0:
+        ctx = min(ctx, train_ctx)
+    adapters = tuple(
+        Adapter(
+            lo.name,
+            lo.path,
+            float(lo.settings.get("scale", 1.0)),
+            bool(lo.settings.get("always_on", False)),
+        )
+        for lo in loras
+        if lo.model == name
+    )
+    return ModelRuntime(
+        name=name,
+        path=path,
+        ctx=ctx,
+        **_declared(model, serving, engine),
+        has_template=bool(facts.get("has_chat_template")),
+        chat_template=template.text if template.declared else None,
+        embeddings=model.embeddings if model else False,
+        pooling=model.pooling if model else None,
+        extra_args=tuple(model.args) if model else (),
+        adapters=adapters,
+        template_problem=template.problem,
+        system=model.system if model else None,
+        params=dict(model.params or {}) if model else {},
+        facts=dict(facts),
+        engine_lane=engine.kind if engine else "",
+        refusal=refusal,
+    )
+
+
+def _with_sessions(
+    runtime: ModelRuntime,
+    sha256: str,
+    model: Model | None,
+    serving: Serving,
+    slot_dir: Path | None,
+) -> ModelRuntime:
+    """The runtime with its cache settings (checked against the GGUF) and session fields."""
+    cache = cache_settings.settings_for(model, serving)
+    facts = runtime.facts
+    train_ctx = facts.get("context_length")
+    # ctx again, as `_runtime` caps it, but up to the YaRN-extended limit with ctx_extend.
+    ctx = model.ctx if model and model.ctx else serving.default_ctx
+    limit = cache_settings.ctx_limit(cache, train_ctx if isinstance(train_ctx, int) else None)
+    ctx = min(ctx, limit) if limit else ctx
+    if cache.ctx_extend is not None and "rope_freq_base" not in facts:
+        facts = {**facts, **rope_facts(Path(runtime.path))}  # imported before Blazar read them
+    found = cache_settings.problems(cache, facts, name=runtime.name, ctx=ctx)
+    bank = model.session_bank if model and model.session_bank is not None else serving.session_bank
+    return replace(
+        runtime,
+        ctx=ctx,
+        slots=1 if cache.deterministic else runtime.slots,
+        sha256=sha256,
+        cache=cache,
+        settings_problem="; ".join(found) or None,
+        slot_dir=str(slot_dir) if slot_dir is not None else None,
+        session_bank=bank,
+        preflight=preflight_mode(serving.prompt_preflight),
+        singleflight=serving.singleflight,
+        facts=facts,
+    )
+
+
+def preflight_mode(setting: bool | str) -> str:
+    """serving.prompt_preflight as the runtime keeps it: on, strict or off."""
+    if setting == "strict":
+        return "strict"
+    return "on" if setting else "off"
