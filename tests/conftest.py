@@ -37,6 +37,7 @@ from tests.fixtures import (  # noqa: F401 (fixtures, registered by being import
 )
 from tests.leaks import Leaks
 from tests.offline import HINT, guard
+from tests.watchdog import Watchdog
 
 # The engine runs in child processes (never imported here), so check it is installed.
 if importlib.util.find_spec("xllamacpp") is None:
@@ -62,6 +63,7 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["HF_HOME"] = str(hf_home)
     config.add_cleanup(lambda: shutil.rmtree(hf_home, ignore_errors=True))
     config.pluginmanager.register(Leaks(), "blazar-leaks")
+    config.pluginmanager.register(Watchdog(config), "blazar-watchdog")
 
 
 OPT_IN = {
