@@ -1,4 +1,5 @@
-"""Images on a live `blazar serve`: a model with a vision projector, on all three protocols.
+"""Images on a live `blazar serve`: a model with a vision projector, on all three protocols
+(and OpenAI's Responses API).
 
 The model is the tiny test model with a tiny projector (`blazar.testing.tiny_vision`,
 LFM2-VL's layout: a bigger image becomes more prompt tokens), both written here and
@@ -136,6 +137,28 @@ def check_openai(served: Served, host: str) -> int:
     return small
 
 
+def check_responses(served: Served, host: str, small_chat: int) -> None:
+    """The Responses API's `input_image` parts: the same image counts as on chat, by data
+    URL or fetched; the fetch guard's refusal and a model without a projector are 400s."""
+    client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_retries=0)
+
+    def input_tokens(*urls: str, model: str = "eye") -> int:
+        parts: list[Any] = [{"type": "input_text", "text": QUESTION}]
+        parts += [{"type": "input_image", "image_url": u} for u in urls]
+        response = client.responses.create(
+            model=model, input=[{"role": "user", "content": parts}], max_output_tokens=2
+        )
+        assert response.usage is not None
+        return response.usage.input_tokens
+
+    assert input_tokens() < input_tokens(data_url(SMALL)) == small_chat
+    assert input_tokens(f"{host}/small.png") == small_chat  # fetched, sent inline
+    with pytest.raises(openai.BadRequestError, match=r"private address 10\.255\.255\.1"):
+        input_tokens(PRIVATE)
+    with pytest.raises(openai.BadRequestError, match="has no vision projector"):
+        input_tokens(data_url(SMALL), model="tiny")
+
+
 def check_ollama(served: Served, small_chat: int) -> None:
     """ollama's `images` (base64) on /api/chat and /api/generate; /api/show says vision."""
     client = ollama.Client(host=served.url)
@@ -239,5 +262,6 @@ def test_images_reach_the_engine_on_all_three_protocols(
             assert time.monotonic() < deadline, served.log
             time.sleep(0.2)
         small = check_openai(served, images.url)
+        check_responses(served, images.url, small)
         check_ollama(served, small)
         check_anthropic(served, images.url, small)

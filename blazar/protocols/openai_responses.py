@@ -18,8 +18,9 @@ endpoint says why a generation ended (`finish_reason`), constrains output with
   conversation before `input`, `input_items` lists what a response was asked).
   What Blazar cannot do is refused with the reason: server-side conversations
   (`conversation`), `background`, hosted tools,
-  forcing a tool call, images and files (not carried here; images go to the chat
-  endpoint), `top_logprobs`.
+  forcing a tool call, files and audio, `top_logprobs`. A user message's
+  `input_image` parts become the chat's `image_url` parts (the gateway fetches and
+  checks them as it does for chat, `blazar.serve.request.images`).
 - `openai_responses_stream` builds the Response object from the engine's answer,
   whole or as the Responses event sequence.
 
@@ -78,19 +79,47 @@ def _text(content: Any, where: str) -> str:
         return content
     if not isinstance(content, list):
         raise _bad(f"{where}: expected a string or a list of content parts")
-    texts = []
+    return "".join(_part_text(part, f"{where}[{j}]") for j, part in enumerate(content))
+
+
+def _part_text(part: Any, where: str) -> str:
+    kind = part.get("type") if isinstance(part, Mapping) else None
+    if kind == "input_image":
+        raise _bad(f"{where}: input_image parts are taken in user messages only")
+    if kind in MEDIA_PARTS:
+        raise _bad(
+            f"{where}: {kind} is not supported on /v1/responses: Blazar loads vision "
+            "projectors only; send text and images (input_image parts)"
+        )
+    if kind not in TEXT_PARTS or not isinstance(part.get(_key(kind)), str):
+        raise _bad(f"{where}: expected an input_text part with a string `text`")
+    text: str = part[_key(kind)]
+    return text
+
+
+def _user_content(content: Any, where: str) -> str | list[dict[str, Any]]:
+    """A user message's content: its text, or, when it holds `input_image` parts, the
+    chat's content parts (`text` and `image_url`, in order)."""
+    if not isinstance(content, list) or not any(
+        isinstance(p, Mapping) and p.get("type") == "input_image" for p in content
+    ):
+        return _text(content, where)
+    parts: list[dict[str, Any]] = []
     for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, Mapping) else None
-        if kind in MEDIA_PARTS:
+        if not (isinstance(part, Mapping) and part.get("type") == "input_image"):
+            parts.append({"type": "text", "text": _part_text(part, f"{where}[{j}]")})
+            continue
+        url = part.get("image_url")
+        if not isinstance(url, str) or not url:
             raise _bad(
-                f"{where}[{j}]: {kind} is not supported on /v1/responses: send text only, or "
-                "send images to /v1/chat/completions (image_url parts) for a model with a "
-                "vision projector"
+                f"{where}[{j}].image_url: Field required (an http(s) or data: URL; "
+                "file_id images need OpenAI's Files API, which Blazar does not have)"
             )
-        if kind not in TEXT_PARTS or not isinstance(part.get(_key(kind)), str):
-            raise _bad(f"{where}[{j}]: expected an input_text part with a string `text`")
-        texts.append(part[_key(kind)])
-    return "".join(texts)
+        image = {"url": url}
+        if isinstance(part.get("detail"), str):
+            image["detail"] = part["detail"]
+        parts.append({"type": "image_url", "image_url": image})
+    return parts
 
 
 def _key(kind: str) -> str:
@@ -119,9 +148,10 @@ def _messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
             role = item.get("role")
             if role not in ("user", "assistant", "system", "developer"):
                 raise _bad(f"{where}.role: expected user, assistant, system or developer")
+            read = _user_content if role == "user" else _text
             message: dict[str, Any] = {
                 "role": "system" if role == "developer" else role,
-                "content": _text(item.get("content"), f"{where}.content"),
+                "content": read(item.get("content"), f"{where}.content"),
             }
             if role == "assistant" and reasoning is not None:
                 message["reasoning_content"], reasoning = reasoning, None

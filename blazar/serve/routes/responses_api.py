@@ -26,22 +26,24 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-from blazar.protocols import LoadOnly, ProtocolError, openai_responses
+from blazar.protocols import LoadOnly, ProtocolError, openai_requests, openai_responses
 from blazar.protocols.openai_responses import ResponsesRequest, responses_request
 from blazar.protocols.openai_responses_stream import ResponseStream, response_object
 from blazar.protocols.sse import encode
 from blazar.serve.http import KEY_NAME, parse_json_object, read_json
+from blazar.serve.request import images
 from blazar.serve.request.asks import Answer, Ask, Done, Plan
 from blazar.serve.request.envelopes import OPENAI
 from blazar.serve.routes.services import Services
 from blazar.serve.supervisor.runtime import ModelRuntime
 from blazar.serve.supervisor.scheduler import Target
+from specs.serving import Serving
 
 NO_TEMPLATE_HINT = "use /v1/completions, or "
 RECENT_COUNT = 1000
@@ -235,9 +237,10 @@ class ResponsesAPI:
                 if response.get("store"):
                     self.recent.keep(owner, response, items, history)
 
+            has_images = bool(openai_requests.image_refs(req.engine.body))
             return ResponsesAsk(
                 str(body["model"]), "/v1/responses", body, hint=NO_TEMPLATE_HINT, req=req,
-                keep=keep,
+                keep=keep, images=has_images,
             )  # fmt: skip
 
         return ask
@@ -287,6 +290,22 @@ class ResponsesAsk(Ask):
 
     req: ResponsesRequest | None = None
     keep: Callable[[dict[str, Any]], None] = field(default=lambda _: None)
+
+    async def resolved(self, runtime: ModelRuntime, serving: Serving) -> None:
+        """The user messages' images (now the chat's `image_url` parts) fetched and
+        checked as chat's are; refused for a model without a projector."""
+        req = self.req
+        assert req is not None
+        if not runtime.has_vision:
+            raise ProtocolError(
+                400,
+                f"input_image: model '{self.model}' has no vision projector; declare one "
+                f"(`blazar mmproj {runtime.name} SOURCE`), use a model served with one, or "
+                "send text only",
+                "invalid_request_error",
+            )
+        _, body = await images.openai_body(serving, True, b"", req.engine.body)
+        self.req = replace(req, engine=replace(req.engine, body=body))
 
     def native(self, runtime: ModelRuntime, target: Target) -> Plan | LoadOnly:
         return self.openai(runtime)
