@@ -85,6 +85,29 @@ def _tail(text: str, lines: int = 20) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
+def run_cmake(
+    commands: Sequence[Sequence[str]],
+    log_path: Path,
+    what: str,
+    say: Callable[[str], None],
+    runner: Runner,
+) -> None:
+    """cmake's configure and build steps (`cmake_args`), their output in `log_path`; a
+    step that fails is a SourceBuildError naming `what` was built and the log's tail."""
+    with log_path.open("w", encoding="utf-8") as out:
+        for step, cmd in zip(("configure", "build"), commands, strict=True):
+            say(f"{step}: {' '.join(cmd)} (log: {log_path})")
+            out.write(f"$ {' '.join(cmd)}\n")
+            out.flush()
+            done = _run(runner, cmd, stdout=out, stderr=subprocess.STDOUT)
+            if done.returncode != 0:
+                out.close()
+                raise SourceBuildError(
+                    f"cmake {step} of {what} failed with exit code {done.returncode}; "
+                    f"last lines of {log_path}:\n{_tail(log_path.read_text(errors='replace'))}"
+                )
+
+
 def _git(runner: Runner, root: Path, *args: str) -> str | None:
     try:
         done = runner(["git", "-C", str(root), *args], capture_output=True, text=True)
@@ -368,18 +391,7 @@ def build_source(
         build_number=tree.build_number, commit=tree.commit, extra=extra,
     )  # fmt: skip
     log_path = work_dir / f"build-{backend}.log"
-    with log_path.open("w", encoding="utf-8") as out:
-        for step, cmd in zip(("configure", "build"), commands, strict=True):
-            say(f"{step}: {' '.join(cmd)} (log: {log_path})")
-            out.write(f"$ {' '.join(cmd)}\n")
-            out.flush()
-            done = _run(runner, cmd, stdout=out, stderr=subprocess.STDOUT)
-            if done.returncode != 0:
-                out.close()
-                raise SourceBuildError(
-                    f"cmake {step} of {tree.root} failed with exit code {done.returncode}; "
-                    f"last lines of {log_path}:\n{_tail(log_path.read_text(errors='replace'))}"
-                )
+    run_cmake(commands, log_path, str(tree.root), say, runner)
     built = build_dir / "bin"
     if not (built / "llama-server").is_file():
         raise SourceBuildError(f"the build finished but made no {built / 'llama-server'}")

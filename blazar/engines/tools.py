@@ -28,6 +28,7 @@ from blazar.engines.source import (
     cmake_args,
     engine_tag,
     resolve_source,
+    run_cmake,
 )
 
 QUANTIZE = "llama-quantize"
@@ -94,19 +95,7 @@ def build_quantize(
         build_number=tree.build_number, commit=tree.commit, target=QUANTIZE,
     )  # fmt: skip
     log_path = work_dir / "build-quantize.log"
-    with log_path.open("w", encoding="utf-8") as out:
-        for step, cmd in zip(("configure", "build"), commands, strict=True):
-            say(f"{step}: {' '.join(cmd)} (log: {log_path})")
-            out.write(f"$ {' '.join(cmd)}\n")
-            out.flush()
-            done = _run(runner, cmd, stdout=out, stderr=subprocess.STDOUT)
-            if done.returncode != 0:
-                out.close()
-                raise SourceBuildError(
-                    f"cmake {step} of {QUANTIZE} from {tree.root} failed with exit code "
-                    f"{done.returncode}; last lines of {log_path}:\n"
-                    f"{_tail(log_path.read_text(errors='replace'))}"
-                )
+    run_cmake(commands, log_path, f"{QUANTIZE} from {tree.root}", say, runner)
     made = build_dir / "bin" / QUANTIZE
     if not made.is_file():
         raise SourceBuildError(f"the build finished but made no {made}")
