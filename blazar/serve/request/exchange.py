@@ -23,7 +23,7 @@ import orjson
 from aiohttp import web
 
 from blazar.observe.speculation import HEADER, spec_header
-from blazar.observe.trace import current
+from blazar.observe.trace import Trace, current
 from blazar.protocols import EngineRequest
 from blazar.protocols.sse import SSEDecoder
 from blazar.serve.request.asks import Answer, Ask, Done, Plan
@@ -80,26 +80,43 @@ async def exchange(
         status, payload = await fetch(upstream, engine, sent)
         return await whole(plan.answer(done), status, payload, headers)
     trace = current()
-    if trace is not None:
-        trace.sending(engine.path, sent.body)
     reply: Reply | None = None
     try:
-        try:
-            reply = await upstream.post(engine.path, sent.data)
-            streamed = reply.status == 200 and reply.content_type.startswith("text/event-stream")
-            payload = b"" if streamed else await reply.read_all()
-        except upstream.errors as exc:
-            raise upstream.failed(exc) from None
+        reply, body = await _opened(upstream, engine, sent, trace)
         answer = plan.answer(done)
-        if not streamed:  # an error, or an engine that answered whole
+        if body is not None:  # an error, or an engine that answered whole
             if trace is not None:
-                trace.answered(payload, reply.status)
+                trace.answered(body, reply.status)
                 gate(reply.status)
-            return await whole(answer, reply.status, payload, headers)
+            return await whole(answer, reply.status, body, headers)
         return await stream(request, reply, upstream, answer, headers)
     finally:
         if reply is not None:  # kept if finished; else closed, and the child stops
             upstream.release(reply)
+
+
+async def _opened(
+    upstream: Upstream, engine: EngineRequest, sent: Sent, trace: Trace | None
+) -> tuple[Reply, bytes | None]:
+    """A request sent (noted on `trace`): its reply and, unless the reply is a 200 event
+    stream (None: the caller reads it), its whole body. The caller releases the reply;
+    one whose body did not arrive is released here."""
+    if trace is not None:
+        trace.sending(engine.path, sent.body)
+    try:
+        reply = await upstream.post(engine.path, sent.data)
+    except upstream.errors as exc:
+        raise upstream.failed(exc) from None
+    if reply.status == 200 and reply.content_type.startswith("text/event-stream"):
+        return reply, None
+    try:
+        payload = await reply.read_all()
+    except BaseException as exc:
+        upstream.release(reply)
+        if isinstance(exc, upstream.errors):
+            raise upstream.failed(exc) from None
+        raise
+    return reply, payload
 
 
 async def whole(
@@ -184,17 +201,10 @@ async def events(
     each noted on the current trace; an engine that answers whole yields that one answer;
     an error is raised (in `answer`'s words where it has them)."""
     trace = current()
-    if trace is not None:
-        trace.sending(engine.path, sent.body)
     reply: Reply | None = None
     try:
-        try:
-            reply = await upstream.post(engine.path, sent.data)
-            streamed = reply.status == 200 and reply.content_type.startswith("text/event-stream")
-            payload = b"" if streamed else await reply.read_all()
-        except upstream.errors as exc:
-            raise upstream.failed(exc) from None
-        if not streamed:
+        reply, payload = await _opened(upstream, engine, sent, trace)
+        if payload is not None:
             if trace is not None:
                 trace.answered(payload, reply.status)
             if reply.status != 200:
