@@ -323,10 +323,14 @@ def test_the_cli_runs_the_engines_itself_with_local(
     host: Host, blazar: Blazar, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("BLAZAR_HOME", str(host.home))
-    out = tmp_path / "local.wav"
-    blazar("tts", SENTENCE, "-o", str(out), "--local")
+    out, again = tmp_path / "local.wav", tmp_path / "again.wav"
+    declared = ("--manifest", str(host.manifest))  # joe is declared deterministic there
+    blazar("tts", SENTENCE, "-o", str(out), "--local", *declared)
     assert wav_info(out.read_bytes())[3] > 22050
-    assert words(blazar("whisper", str(out), "--local").output) == HEARD
+    blazar("tts", SENTENCE, "-o", str(again), "--local", *declared)
+    assert again.read_bytes() == out.read_bytes()  # the declaration reached its own child
+    assert out.read_bytes() == host.speech()  # and it speaks as the served child does
+    assert words(blazar("whisper", str(out), "--local", *declared).output) == HEARD
 
 
 def test_the_catalogs_search_and_say_what_is_pulled(

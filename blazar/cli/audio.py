@@ -129,7 +129,18 @@ def _engine_for(ctx: Context, model: str, kind: str, lane: str) -> tuple[Any, An
     return record, engine
 
 
-def _local(ctx: Context, engine: Any, model_path: str, call: Any) -> Any:
+def _declared_args(ctx: Context, manifest_path: Path | None, model: str, kind: str) -> list[str]:
+    """What the manifest adds to the model's engine child (`deterministic`, `args`), as
+    `blazar serve` would spawn it: `--local` must not answer differently."""
+    from blazar.reconcile import load_or_empty
+    from blazar.serve.supervisor.build import audio_args
+
+    manifest = load_or_empty(manifest_path or ctx.paths.manifest)
+    key = manifest.resolve_model(model)
+    return list(audio_args(manifest.models[key] if key is not None else None, kind))
+
+
+def _local(ctx: Context, engine: Any, model_path: str, call: Any, extra: list[str]) -> Any:
     """Run `call(url)` against an engine child of this command's own."""
     import asyncio
 
@@ -137,7 +148,7 @@ def _local(ctx: Context, engine: Any, model_path: str, call: Any) -> Any:
     from blazar.serve.supervisor.runtime import default_threads
 
     async def run() -> Any:
-        args = ["--model", model_path, "--threads", str(default_threads())]
+        args = ["--model", model_path, "--threads", str(default_threads()), *extra]
         log = ctx.paths.logs / f"local-{engine.tag}.log"
         async with EngineServer(engine.command, args, log) as server:
             return await asyncio.to_thread(call, server.url)
@@ -210,7 +221,8 @@ def whisper(
     if language:
         fields["language"] = language
     if local:
-        text = _whisper_local(ctx, chosen, data, fields, translate)
+        extra = _declared_args(ctx, manifest_path, chosen, "transcription")
+        text = _whisper_local(ctx, chosen, data, fields, translate, extra)
     else:
         from blazar.cli.serve import ensure_daemon
 
@@ -223,7 +235,12 @@ def whisper(
 
 
 def _whisper_local(
-    ctx: Context, model: str, data: bytes, fields: dict[str, str], translate: bool
+    ctx: Context,
+    model: str,
+    data: bytes,
+    fields: dict[str, str],
+    translate: bool,
+    extra: list[str],
 ) -> str:
     from blazar.engines.audio_bench import transcribe
     from blazar.protocols.openai_audio import Transcript, render, transcription_request
@@ -232,7 +249,9 @@ def _whisper_local(
         {k: [v] for k, v in fields.items()}, "translate" if translate else "transcribe"
     )
     record, engine = _engine_for(ctx, model, "transcription", "whisper")
-    lines = _local(ctx, engine, record.path, lambda url: transcribe(url, data, asked.query()))
+    lines = _local(
+        ctx, engine, record.path, lambda url: transcribe(url, data, asked.query()), extra
+    )
     heard = Transcript(task=asked.task)
     for line in lines:
         if line.get("type") == "error":
@@ -330,7 +349,7 @@ def tts(
     chosen = _choose(ctx, "speech", _voice_name(ctx, voice), "blazar tts --pull en_US-amy-medium")
     body = {"model": chosen, "input": text, "response_format": fmt, "speed": speed}
     if local:
-        audio = _tts_local(ctx, chosen, body)
+        audio = _tts_local(ctx, chosen, body, _declared_args(ctx, manifest_path, chosen, "speech"))
     else:
         from blazar.cli.serve import ensure_daemon
 
@@ -355,14 +374,16 @@ def _voice_name(ctx: Context, voice: str | None) -> str | None:
     return voice
 
 
-def _tts_local(ctx: Context, model: str, body: dict[str, Any]) -> bytes:
+def _tts_local(ctx: Context, model: str, body: dict[str, Any], extra: list[str]) -> bytes:
     from blazar.engines.audio_bench import synthesize_body
     from blazar.protocols.openai_audio import speech_request
 
     asked = speech_request(body)
     record, engine = _engine_for(ctx, model, "speech", "piper")
     return bytes(
-        _local(ctx, engine, record.path, lambda url: synthesize_body(url, asked.engine_body()))
+        _local(
+            ctx, engine, record.path, lambda url: synthesize_body(url, asked.engine_body()), extra
+        )
     )
 
 

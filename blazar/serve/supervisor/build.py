@@ -119,16 +119,23 @@ def audio_runtime(
         chat_template=None,
         embeddings=False,
         pooling=None,
-        extra_args=(
-            ("--deterministic",) if model and model.deterministic and kind == "speech" else ()
-        )
-        + (tuple(model.args) if model else ()),
+        extra_args=audio_args(model, kind),
         sha256=record.sha256,
         preflight="off",
         facts={**record.facts, "size": record.size},
         engine_lane=lane if engine else "",
         refusal=refusal,
         kind=kind if model is None or model.kind == kind else model.kind,
+    )
+
+
+def audio_args(model: Model | None, kind: str) -> tuple[str, ...]:
+    """What an audio model's declaration adds to its engine child's command line: a
+    speech model's `deterministic` and any model's `args`; served and `--local` alike."""
+    if model is None:
+        return ()
+    return (("--deterministic",) if model.deterministic and kind == "speech" else ()) + tuple(
+        model.args
     )
 
 
