@@ -9,9 +9,12 @@ store is opened (`open_database`): commands that open none do not pay for it.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import sqlite3
 import sys
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -67,14 +70,42 @@ def open_database(conn: sqlite3.Connection) -> sqlite_utils.Database:
         for name in hidden:
             sys.modules[name] = None  # type: ignore[assignment]  # `import name` fails
         try:
-            import sqlite_utils
+            import sqlite_utils  # noqa: F401  # imported here, with numpy and pandas hidden
         finally:
             for name in hidden:
                 if sys.modules.get(name, "") is None:
                     del sys.modules[name]
+    return _database_class()(conn, execute_plugins=False)
+
+
+@functools.cache
+def _database_class() -> type[sqlite_utils.Database]:
+    """sqlite-utils' `Database`, with `atomic()` opening its transaction IMMEDIATE.
+
+    sqlite-utils begins a deferred transaction: one that reads and then writes (a
+    condition's transition, a record and its journal) upgrades its read snapshot to a
+    write, and in WAL mode SQLite refuses that upgrade at once, without waiting out the
+    busy timeout, when another process (serve, while a CLI command applies) wrote in
+    between: "database is locked". IMMEDIATE takes the write lock first, waiting for it.
+    """
     import sqlite_utils
 
-    return sqlite_utils.Database(conn, execute_plugins=False)
+    class Database(sqlite_utils.Database):
+        @contextlib.contextmanager
+        def atomic(self) -> Iterator[sqlite_utils.Database]:
+            if self.conn.in_transaction:  # nested: sqlite-utils' savepoint
+                with super().atomic():
+                    yield self
+                return
+            self.conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self
+                self.conn.execute("COMMIT")
+            except BaseException:
+                self.rollback()
+                raise
+
+    return Database
 
 
 class Store:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -169,3 +171,34 @@ def test_key_use_is_kept_by_name(tmp_path: Path) -> None:
             "ci": "2026-12-01T11:00:00+00:00",
             "ops": "2026-12-01T09:00Z",
         }
+
+
+HOLDER = """
+import sqlite3, sys, time
+conn = sqlite3.connect(sys.argv[1], timeout=30)
+conn.execute("BEGIN IMMEDIATE")
+conn.execute("INSERT INTO key_usage (name, last_used) VALUES ('other', 'now')")
+print("holding", flush=True)
+time.sleep(0.5)
+conn.commit()
+"""
+
+
+def test_a_write_waits_for_another_process_writing_instead_of_failing(tmp_path: Path) -> None:
+    """serve and a CLI command write the same store: a transaction that reads and then
+    writes (a condition keeps its last transition) waits for the other's write lock and
+    goes on; begun deferred, its read snapshot went stale and SQLite refused it at once,
+    "database is locked" (seen while `blazar lora add` applied beside a running serve)."""
+    store = Store(tmp_path / "blazar.db")
+    store.set_condition("model", "tiny", "Ready", "False", "Pulling", "")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(tmp_path / "blazar.db")],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "holding\n"
+        store.set_condition("model", "tiny", "Ready", "True", "Served", "")
+    finally:
+        assert holder.wait(timeout=30) == 0
+    assert [(c.status, c.reason) for c in store.conditions()] == [("True", "Served")]
+    assert store.key_usage() == {"other": "now"}  # the other's write is kept too
