@@ -237,6 +237,40 @@ def test_a_child_that_fails_mid_stream_does_not_fail_over(remote: LoopbackHTTP) 
         child.stop()
 
 
+class OnceAConnection(OpenAIOnly):
+    """Answers the first request on a connection as keep-alive, then closes that
+    connection when the next request arrives on it, unanswered: what llama-server does
+    to a connection that carried a streamed answer, or that sat idle 5 s, when the
+    client reuses it before it has seen the close."""
+
+    def do_POST(self) -> None:
+        self.answered = getattr(self, "answered", 0) + 1
+        if self.answered == 1:
+            super().do_POST()
+            return
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.close_connection = True  # no byte back
+
+
+def test_a_remote_closing_a_reused_connection_is_asked_again_anew() -> None:
+    OpenAIOnly.seen.clear()
+    stale, child = LoopbackHTTP(OnceAConnection), LoopbackHTTP(HangsUp)
+    try:
+        with InProcessGateway(child.url) as gateway:
+            with_chain(gateway, stale.url).listed = ("far",)
+            oai = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="x", max_retries=0)
+            olla = ollama.Client(host=gateway.url)
+            for _ in range(2):  # each second request met a connection the remote closed
+                reply = oai.chat.completions.create(model="far", messages=HI)  # as it came
+                assert reply.choices[0].message.content == "from the remote"
+                said = olla.chat(model="far", messages=HI, stream=False)  # translated
+                assert said.message.content == "from the remote"
+            assert len(OpenAIOnly.seen) == 4  # each answered once: none was lost or doubled
+    finally:
+        stale.stop()
+        child.stop()
+
+
 def test_a_down_remote_is_never_waited_on(remote: LoopbackHTTP) -> None:
     child = LoopbackHTTP(HangsUp)
     try:

@@ -28,7 +28,6 @@ from typing import Any
 from aiohttp import (
     ClientError,
     ClientResponse,
-    ClientSession,
     ClientTimeout,
     ConnectionTimeoutError,
     web,
@@ -139,20 +138,21 @@ def headers_for(request: web.Request, remote: Remote, *, raw: bool = True) -> di
 
 
 async def relay(
-    session: ClientSession, request: web.Request, remote: Remote, read_timeout: float
+    fleet: Fleet, request: web.Request, remote: Remote, read_timeout: float
 ) -> web.StreamResponse:
     """The client's request as it came; the answer back as it arrives (its status and
     headers too: another Blazar already answered in the client's protocol)."""
     body = await request.read()
     response: web.StreamResponse | None = None
     try:
-        async with session.request(
+        resp = await fleet.send(
             request.method,
             remote.url + request.path_qs,
             data=body,
             headers=headers_for(request, remote),
             timeout=timeout_for(remote, read_timeout),
-        ) as resp:
+        )
+        async with resp:
             remote.forwarded += 1
             remote.note(True)
             headers = {
@@ -209,13 +209,13 @@ class RemoteUpstream:
 
     def __init__(
         self,
-        session: ClientSession,
+        fleet: Fleet,
         request: web.Request,
         remote: Remote,
         read_timeout: float,
         model: str,
     ) -> None:
-        self.session, self.request, self.remote = session, request, remote
+        self.fleet, self.request, self.remote = fleet, request, remote
         self.read_timeout, self.model = read_timeout, model
 
     async def post(self, path: str, body: bytes) -> RemoteReply:
@@ -223,7 +223,8 @@ class RemoteUpstream:
             **headers_for(self.request, self.remote, raw=False),
             "Content-Type": "application/json",
         }
-        resp = await self.session.post(
+        resp = await self.fleet.send(
+            "POST",
             self.remote.url + path,
             data=body,
             headers=headers,
@@ -255,7 +256,7 @@ async def carry(
         remote = wanted.remote
         try:
             if ask is None or raw_path(request, remote):
-                return await relay(fleet.client(), request, remote, read_timeout)
+                return await relay(fleet, request, remote, read_timeout)
             return await bridged(fleet, request, ask, wanted, read_timeout)
         except ProtocolError as exc:
             tried.append(remote.name)
@@ -280,5 +281,5 @@ async def bridged(
         )
     body = {**plan.engine.body, "model": str(ask.body.get("model") or wanted.model)}
     sent = Sent(dumps(body), body, {})
-    upstream = RemoteUpstream(fleet.client(), request, wanted.remote, read_timeout, wanted.model)
+    upstream = RemoteUpstream(fleet, request, wanted.remote, read_timeout, wanted.model)
     return await exchange(request, ask, plan, plan.engine, upstream, sent, done)

@@ -35,7 +35,14 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from aiohttp import ClientSession, ClientTimeout, web
+from aiohttp import (
+    ClientResponse,
+    ClientSession,
+    ClientTimeout,
+    ServerDisconnectedError,
+    TCPConnector,
+    web,
+)
 
 from specs.manifest import Manifest
 from specs.names import parse_name
@@ -165,6 +172,11 @@ class Forward:
     model: str
 
 
+# llama-server closes a keep-alive connection after 5 s idle: keep none that long, so a
+# request is not sent on a connection the remote is closing at that moment.
+KEEP_IDLE = 4.0
+
+
 @dataclass
 class Fleet:
     """Every remote and every model's failover chain; the daemon replaces them on reload."""
@@ -172,6 +184,7 @@ class Fleet:
     remotes: dict[str, Remote] = field(default_factory=dict)
     chains: dict[str, tuple[str, ...]] = field(default_factory=dict)  # model -> remotes
     session: ClientSession | None = None
+    fresh: ClientSession | None = None  # no keep-alive: the second try of a request
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
 
     def configure(self, manifest: Manifest) -> None:
@@ -251,10 +264,27 @@ class Fleet:
     # -- probing ------------------------------------------------------------------------
 
     def client(self) -> ClientSession:
-        """The one HTTP client to the remotes (probes and forwarded requests)."""
+        """The one HTTP client to the remotes (probes and forwarded requests); it keeps
+        no connection idle for `KEEP_IDLE` or more."""
         if self.session is None or self.session.closed:
-            self.session = ClientSession(auto_decompress=False)
+            connector = TCPConnector(keepalive_timeout=KEEP_IDLE)
+            self.session = ClientSession(connector=connector, auto_decompress=False)
         return self.session
+
+    async def send(self, method: str, url: str, **options: Any) -> ClientResponse:
+        """The request, its answer's head read, on a kept-alive connection; when the
+        remote closed that connection as it was reused, with no byte back, once more on a
+        new one. A llama-server closes its side after a streamed answer and after 5 s
+        idle, and the pool may not have seen the close yet (a loaded machine): that
+        request never reached the server. (A server that died while answering is asked
+        once more too, and then fails as it did: nothing had come back to the client.)"""
+        try:
+            return await self.client().request(method, url, **options)
+        except ServerDisconnectedError:
+            if self.fresh is None or self.fresh.closed:
+                connector = TCPConnector(force_close=True)
+                self.fresh = ClientSession(connector=connector, auto_decompress=False)
+            return await self.fresh.request(method, url, **options)
 
     async def probe(self, remote: Remote) -> None:
         """One health check: `/health` (else `/v1/models` for servers without one), then
@@ -310,9 +340,10 @@ class Fleet:
                     due.setdefault(name, 0.0)
 
     async def close(self) -> None:
-        if self.session is not None:
-            await self.session.close()
-            self.session = None
+        for session in (self.session, self.fresh):
+            if session is not None:
+                await session.close()
+        self.session = self.fresh = None
 
 
 FLEET = web.AppKey("fleet", Fleet)  # the gateway app's fleet, for the request path
