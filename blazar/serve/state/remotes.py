@@ -44,6 +44,7 @@ from aiohttp import (
     web,
 )
 
+from blazar.serve.supervisor.child_http import REUSE_IDLE
 from specs.manifest import Manifest
 from specs.names import parse_name
 
@@ -172,11 +173,6 @@ class Forward:
     model: str
 
 
-# llama-server closes a keep-alive connection after 5 s idle: keep none that long, so a
-# request is not sent on a connection the remote is closing at that moment.
-KEEP_IDLE = 4.0
-
-
 @dataclass
 class Fleet:
     """Every remote and every model's failover chain; the daemon replaces them on reload."""
@@ -265,9 +261,9 @@ class Fleet:
 
     def client(self) -> ClientSession:
         """The one HTTP client to the remotes (probes and forwarded requests); it keeps
-        no connection idle for `KEEP_IDLE` or more."""
+        no connection idle for `REUSE_IDLE` or more."""
         if self.session is None or self.session.closed:
-            connector = TCPConnector(keepalive_timeout=KEEP_IDLE)
+            connector = TCPConnector(keepalive_timeout=REUSE_IDLE)
             self.session = ClientSession(connector=connector, auto_decompress=False)
         return self.session
 

@@ -32,7 +32,8 @@ from typing import Any, cast
 from urllib.parse import urlsplit
 
 # llama-server closes a keep-alive connection after 5 s idle: reuse none that old, so a
-# request is never sent on a connection the child is closing at that moment.
+# request is never sent on a connection the child is closing at that moment (the
+# remotes' pool, `state.remotes.Fleet.client`, keeps none longer either).
 REUSE_IDLE = 4.0
 CONNECT_TIMEOUT = 10.0
 READ_AHEAD = 1 << 20  # bytes read from a child beyond what a slow client took: then pause
