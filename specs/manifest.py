@@ -137,6 +137,11 @@ class Manifest(Table):
                 return name
         return None
 
+    def declared_model(self, ref: str) -> Model | None:
+        """The declaration a name or alias refers to; None when none is declared."""
+        key = self.resolve_model(ref)
+        return self.models[key] if key is not None else None
+
     def engine_for(self, model: str) -> str | None:
         """The engine `model` runs on when not routed by architecture: its own, the only one
         declared of its kind, or the default lane of its kind ('llamacpp' for chat); None

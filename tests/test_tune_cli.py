@@ -73,9 +73,14 @@ def test_tune_records_a_profile_and_the_next_spawn_serves_with_it(
 
     blazar("bench", "tiny")
     blazar("bench", "tiny", "--spec", "ngram")
+    undeclared = blazar("bench", "tiny", "--spec", "draft", ok=False)  # yours declares none
+    assert undeclared.exit_code == 1 and "model 'tiny' declares no draft" in undeclared.output
+    (blazar_home / "config").mkdir(parents=True, exist_ok=True)
+    (blazar_home / "config" / "blazar.toml").write_text(manifest.read_text())
+    blazar("bench", "tiny", "--spec", "draft")  # tiny's declared draft, `other`
     history = [json.loads(line) for line in blazar("bench", "--history", "tiny", "--json")
                .output.splitlines()]  # fmt: skip
-    assert [h["spec"] for h in history] == ["off", "ngram"]
+    assert [h["spec"] for h in history] == ["off", "ngram", "draft"]
     assert all(h["decode_tps"] > 0 and h["prompt_tps"] > 0 for h in history)
     assert "ngram" in blazar("bench", "--history", "tiny").output
 

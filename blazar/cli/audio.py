@@ -136,8 +136,7 @@ def _declared_args(ctx: Context, manifest_path: Path | None, model: str, kind: s
     from blazar.serve.supervisor.build import audio_args
 
     manifest = load_or_empty(manifest_path or ctx.paths.manifest)
-    key = manifest.resolve_model(model)
-    return list(audio_args(manifest.models[key] if key is not None else None, kind))
+    return list(audio_args(manifest.declared_model(model), kind))
 
 
 def _local(ctx: Context, engine: Any, model_path: str, call: Any, extra: list[str]) -> Any:

@@ -391,8 +391,8 @@ def _spec_args(ctx: Context, model: str, spec: str) -> list[str]:
     if spec == "ngram":
         return Tuning(spec="ngram").flags()
     manifest = load_or_empty(ctx.paths.manifest)
-    key = manifest.resolve_model(model)
-    draft = manifest.models[key].draft if key else None
+    declared = manifest.declared_model(model)
+    draft = declared.draft if declared else None
     if draft is None:
         raise InvalidInput(
             f"model '{model}' declares no draft: set models.{model}.draft (`blazar drafts "

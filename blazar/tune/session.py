@@ -104,8 +104,7 @@ class Tuner:
         if self.runtime.kind != "chat" or self.runtime.refusal:
             why = self.runtime.refusal or f"it is a {self.runtime.kind} model"
             raise InvalidInput(f"model '{name}' cannot be tuned: {why}")
-        key = manifest.resolve_model(self.runtime.name)
-        self.model: Model | None = manifest.models[key] if key else None
+        self.model: Model | None = manifest.declared_model(self.runtime.name)
         self.held = {r.ref.short: r for r in store.list_models()}
         profile = ProfileStore(store).current(self.runtime.name, self.runtime.sha256)
         self.base: dict[str, Any] = dict(profile.settings) if profile else {}
