@@ -3,7 +3,9 @@
 Opened through sqlite-utils in WAL mode (readers never block the writer);
 migrations from `blazar.migrations` run on every open. Callers get and put
 plain dataclasses; every multi-row write runs in one transaction so the store
-is never left half-written. sqlite-utils itself is imported when the first
+is never left half-written. The writers that batch what serve saw (traces, audio jobs,
+message batches, key use) go through `insert_isolated`, so one record the store refuses
+never costs the others. sqlite-utils itself is imported when the first
 store is opened (`open_database`): commands that open none do not pay for it.
 """
 
@@ -14,8 +16,8 @@ import functools
 import json
 import sqlite3
 import sys
-from collections.abc import Iterator
-from dataclasses import asdict
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "HELD_KINDS",
+    "RECORD_FAULTS",
     "Condition",
     "KeyRecord",
     "LoraRecord",
@@ -46,7 +49,10 @@ __all__ = [
     "ProjectorRecord",
     "SessionRecord",
     "Store",
+    "Written",
+    "insert_isolated",
     "open_database",
+    "storable",
     "utcnow",
     "utcnow_us",
 ]
@@ -106,6 +112,99 @@ def _database_class() -> type[sqlite_utils.Database]:
                 raise
 
     return Database
+
+
+# What one record's values can make a write fail with while the store itself is fine: text
+# SQLite cannot take as UTF-8 (a lone surrogate: a byte that was not UTF-8, decoded with
+# surrogateescape), an integer past 64 bits, a type it cannot bind, a constraint. A fault
+# of the store (locked, full, unreadable: sqlite3.OperationalError and its kin) is not one.
+RECORD_FAULTS: tuple[type[Exception], ...] = (
+    ValueError,  # UnicodeEncodeError among them
+    OverflowError,
+    TypeError,
+    sqlite3.InterfaceError,
+    sqlite3.ProgrammingError,
+    sqlite3.IntegrityError,
+    sqlite3.DataError,
+)
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def storable(value: Any) -> Any:
+    """`value` as SQLite can always bind it: text with every lone surrogate escaped (one
+    that carried a byte, as surrogateescape makes them, as `\\xNN`; any other as
+    `\\uNNNN`), an integer past 64 bits as its digits, another type as its `str`."""
+    if value is None or isinstance(value, float | bytes):
+        return value
+    if isinstance(value, int):
+        return int(value) if _INT64[0] <= value <= _INT64[1] else str(value)
+    text = value if isinstance(value, str) else str(value)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "".join(_escaped(ch) for ch in text)
+    return text
+
+
+def _escaped(ch: str) -> str:
+    code = ord(ch)
+    if 0xDC80 <= code <= 0xDCFF:  # surrogateescape's: the byte it stood for
+        return f"\\x{code - 0xDC00:02x}"
+    if 0xD800 <= code <= 0xDFFF:
+        return f"\\u{code:04x}"
+    return ch
+
+
+@dataclass(frozen=True)
+class Written:
+    """What `insert_isolated` did with a batch's rows."""
+
+    rows: int = 0  # written as they were
+    escaped: int = 0  # refused, then written with their values made `storable`
+    dropped: int = 0  # refused even so: left out, so that the rest was written
+
+    @property
+    def total(self) -> int:
+        return self.rows + self.escaped
+
+
+def insert_isolated(conn: sqlite3.Connection, sql: str, rows: Sequence[Sequence[Any]]) -> Written:
+    """Run `sql` once per row within the caller's transaction (begun here if none is open;
+    the caller commits), so that one bad row never costs the rest of its batch.
+
+    All rows at once first (one `executemany`, the usual case). If a row is refused for
+    what it holds (`RECORD_FAULTS`), that attempt is rolled back to a savepoint and the
+    rows go one by one: a refused row once more with its values made `storable`, and one
+    refused even then is left out and counted. A fault of the store itself is raised as
+    before, for the caller's retry.
+    """
+    if not rows:
+        return Written()
+    if not conn.in_transaction:
+        conn.execute("BEGIN")
+    conn.execute("SAVEPOINT isolated")
+    try:
+        conn.executemany(sql, rows)
+    except RECORD_FAULTS:
+        conn.execute("ROLLBACK TO isolated")
+        conn.execute("RELEASE isolated")
+    else:
+        conn.execute("RELEASE isolated")
+        return Written(rows=len(rows))
+    written = escaped = dropped = 0
+    for row in rows:
+        try:
+            conn.execute(sql, row)
+            written += 1
+            continue
+        except RECORD_FAULTS:
+            pass
+        try:
+            conn.execute(sql, [storable(v) for v in row])
+            escaped += 1
+        except RECORD_FAULTS:
+            dropped += 1
+    return Written(written, escaped, dropped)
 
 
 class Store:
@@ -279,7 +378,8 @@ class Store:
         # One plain upsert: its first statement writes, so SQLite waits for the write lock
         # (busy timeout) instead of failing on a read snapshot another writer made stale.
         with self.db.conn:
-            self.db.conn.executemany(
+            insert_isolated(
+                self.db.conn,
                 "INSERT INTO key_usage (name, last_used) VALUES (?, ?) "
                 "ON CONFLICT(name) DO UPDATE SET last_used = excluded.last_used",
                 list(last_used.items()),

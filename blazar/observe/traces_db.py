@@ -6,6 +6,10 @@ request never waits for SQLite. `prune` keeps at most `count` traces younger tha
 `max_age` seconds (serving.trace_retention). `find` and `recent` read them back:
 the gateway's `/api/why` after its in-memory ring, and `blazar why` directly from
 the store when no daemon answers. Table `traces` (migration m005_traces).
+
+One record never costs its batch: a record the store refuses (text that is not UTF-8,
+from a header or a body) is written escaped, or left out and counted
+(`blazar.store.insert_isolated`); the observer counts what was left out.
 """
 
 from __future__ import annotations
@@ -16,26 +20,33 @@ from typing import Any
 
 import orjson
 
-from blazar.store import Store
+from blazar.store import Store, Written, insert_isolated
+
+INSERT = "INSERT INTO traces (trace_id, time, model, status, record) VALUES (?, ?, ?, ?, ?)"
 
 
-def write(store: Store, records: list[dict[str, Any]]) -> None:
-    """Insert a batch of trace records in one transaction."""
-    rows = [(r["id"], r["time"], r.get("model"), r.get("status"), _text(r)) for r in records]
+def write(store: Store, records: list[dict[str, Any]]) -> Written:
+    """Insert a batch of trace records in one transaction; what was written as it was,
+    escaped, or left out (a record without an id or a time, or not JSON at all)."""
+    rows = [
+        (r.get("id"), r.get("time"), r.get("model"), r.get("status"), _text(r)) for r in records
+    ]
     with store.db.atomic():
-        store.db.conn.executemany(
-            "INSERT INTO traces (trace_id, time, model, status, record) VALUES (?, ?, ?, ?, ?)",
-            rows,
-        )
+        return insert_isolated(store.db.conn, INSERT, rows)
 
 
-def _text(record: dict[str, Any]) -> str:
+def _text(record: dict[str, Any]) -> str | None:
     """A record as compact JSON: orjson (this runs under the GIL the requests need), or
-    json for what orjson cannot write (an integer past 64 bits)."""
+    json for what orjson cannot write (an integer past 64 bits, a lone surrogate, which
+    json escapes); None for what neither can (the row is then refused and counted)."""
     try:
         return orjson.dumps(record).decode()
     except TypeError:
-        return json.dumps(record, separators=(",", ":"))
+        pass
+    try:
+        return json.dumps(record, separators=(",", ":"), default=repr)
+    except (TypeError, ValueError):
+        return None
 
 
 def prune(store: Store, *, max_age: float, count: int, now: float | None = None) -> int:

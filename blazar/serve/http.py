@@ -21,6 +21,7 @@ import orjson
 from aiohttp import web
 
 from blazar.protocols import ProtocolError
+from blazar.store import storable
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 TRACE = "x-request-id"  # the header a client may send and every response carries
@@ -42,11 +43,37 @@ def new_trace_id() -> str:
     return f"{_ID_PREFIX}{next(_ID_COUNTER):016x}"
 
 
+MAX_TRACE_ID = 256  # characters of a client's x-request-id kept (a UUID has 36)
+
+
+def header_text(value: str, limit: int = MAX_TRACE_ID) -> str:
+    """A header's value as text any record can hold: decided here, where it arrives.
+
+    aiohttp decodes header bytes as UTF-8 with surrogateescape, so a byte that is not
+    UTF-8 (HTTP allows 0x80-0xFF in a field value) arrives as a lone surrogate, which
+    SQLite, orjson and a UTF-8 log refuse later, far from here (one 0xFF in an
+    x-request-id once cost a whole second of traces), and which aiohttp leaves out when
+    it writes the header back. Such a byte becomes the text `\\xff`, and a character
+    that does not print (a tab) its escape (`\\t`); text that is well formed, what
+    clients match on, is kept as it is. At most `limit` characters are kept.
+    """
+    if value.isprintable() and len(value) <= limit:
+        return value
+    text = str(storable(value[: limit * 4]))  # a byte that was not UTF-8: `\xNN`, as stored
+    return "".join(ch if ch.isprintable() else _escape(ch) for ch in text)[:limit]
+
+
+def _escape(ch: str) -> str:
+    return ch.encode("unicode_escape").decode("ascii")
+
+
 def trace_id(request: web.Request) -> str:
-    """The request's trace id: the client's `x-request-id`, or a new one (kept per request)."""
+    """The request's trace id: the client's `x-request-id` (as `header_text` makes it), or
+    a new one; kept per request, so the response header carries what the trace records."""
     trace = request.get(TRACE_KEY)
     if trace is None:
-        trace = request[TRACE_KEY] = request.headers.get(TRACE) or new_trace_id()
+        sent = request.headers.get(TRACE)
+        trace = request[TRACE_KEY] = header_text(sent) if sent else new_trace_id()
     return trace
 
 

@@ -16,9 +16,10 @@ retryable (its work was lost with the process). Finished jobs are pruned after
 `serving.audio_job_retention`. The jobs in memory are what the API reads; writes
 to the store go behind, in a worker thread, under the apply lock (as the key-usage
 writes do: an apply's transactions fail if another writer commits under them),
-retried until the lock is free. The route module (`blazar.serve.routes.audio_api`) makes
-one `AudioJobs` per app under `blazar serve`; serve closes it before the
-scheduler, so a queued job stays queued.
+retried until the lock is free; a row the store refuses for what it holds (a filename
+byte that is not UTF-8) is written escaped, or left out and logged, never the others.
+The route module (`blazar.serve.routes.audio_api`) makes one `AudioJobs` per app under
+`blazar serve`; serve closes it before the scheduler, so a queued job stays queued.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from blazar.serve.supervisor.scheduler import (
     SchedulerError,
     Starting,
 )
+from blazar.store import insert_isolated
 
 QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED = (
     "queued", "running", "succeeded", "failed", "cancelled"
@@ -362,11 +364,20 @@ class AudioJobs:
                 conn,
             ):
                 marks = ", ".join("?" for _ in COLUMNS)
-                conn.executemany(
+                written = insert_isolated(
+                    conn,
                     f"INSERT OR REPLACE INTO audio_jobs ({', '.join(COLUMNS)}) VALUES ({marks})",
-                    [[r[c] for c in COLUMNS] for r in rows],
+                    [[r.get(c) for c in COLUMNS] for r in rows],
                 )
                 conn.executemany("DELETE FROM audio_jobs WHERE id = ?", [[g] for g in gone])
+            if written.escaped or written.dropped:
+                logger.warning(
+                    "audio jobs: %d written escaped, %d refused and left out (the other %d "
+                    "written)",
+                    written.escaped,
+                    written.dropped,
+                    written.rows,
+                )
         except (LockTimeout, sqlite3.Error) as exc:
             if timeout > 0:
                 logger.warning("audio jobs not written to the store: %s", exc)

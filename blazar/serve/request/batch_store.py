@@ -5,7 +5,9 @@
 `BatchStore.write` (under the apply lock, as the audio jobs and key usage do: an
 apply's transactions fail if another writer commits under them); it loads them all at
 start (`load`: the params only of requests still queued) and reads a batch's results
-back page by page (`results`), so results never stay in serve's memory.
+back page by page (`results`), so results never stay in serve's memory. A row the store
+refuses costs only itself (`blazar.store.insert_isolated`): it is written escaped, or
+left out and logged, and the rest of the write goes in.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from blazar.locking import LockTimeout, apply_lock
+from blazar.store import insert_isolated
 
 BATCH_COLUMNS = ("id", "key", "status", "requests", "created_at", "expires_at", "ended_at",
                  "cancel_initiated_at")  # fmt: skip
@@ -67,7 +70,8 @@ class BatchStore:
         timeout: float,
     ) -> bool:
         """Upsert rows and delete gone batches in one transaction; False when the apply
-        lock or the database could not be had (the caller keeps the rows and retries)."""
+        lock or the database could not be had (the caller keeps the rows and retries). A
+        row refused for what it holds is written escaped, or left out and logged."""
         try:
             with (
                 apply_lock(self.lock, timeout=timeout),
@@ -78,12 +82,20 @@ class BatchStore:
                     ("message_batches", BATCH_COLUMNS, batches),
                     ("message_batch_requests", REQUEST_COLUMNS, requests),
                 ):
-                    if rows:
-                        marks = ", ".join("?" for _ in columns)
-                        conn.executemany(
-                            f"INSERT OR REPLACE INTO {table} ({', '.join(columns)}) "
-                            f"VALUES ({marks})",
-                            [[r[c] for c in columns] for r in rows],
+                    marks = ", ".join("?" for _ in columns)
+                    written = insert_isolated(
+                        conn,
+                        f"INSERT OR REPLACE INTO {table} ({', '.join(columns)}) VALUES ({marks})",
+                        [[r.get(c) for c in columns] for r in rows],
+                    )
+                    if written.escaped or written.dropped:
+                        logger.warning(
+                            "%s: %d row(s) written escaped, %d refused and left out (the "
+                            "other %d written)",
+                            table,
+                            written.escaped,
+                            written.dropped,
+                            written.rows,
                         )
                 for batch_id in gone:
                     for sql in (

@@ -21,7 +21,9 @@ the fleet's remotes, the last apply) and the pure `model_condition` and
 (an instance event, a pass: the daemon's `_on_instance` and `run_pass`) or every
 EVERY seconds. It writes in a worker thread under the apply lock (an apply's
 transactions fail when another writer commits under them) and, while an apply holds
-the lock, tries again RETRY seconds later. Serve removes the conditions it owns when
+the lock, tries again RETRY seconds later. A condition whose text the store refuses (an
+error message with a byte that is not UTF-8) is written escaped, or left out and
+logged; the others are written all the same. Serve removes the conditions it owns when
 it starts and when it stops: they describe a serve that runs.
 """
 
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -37,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from blazar.locking import LockTimeout, apply_lock
-from blazar.store import Store
+from blazar.store import RECORD_FAULTS, Store, storable
 
 if TYPE_CHECKING:
     from blazar.serve.supervisor.runtime import ModelRuntime
@@ -50,6 +53,7 @@ EVERY = 1.0  # seconds between looks when nothing pokes the writer
 RETRY = 0.25  # seconds before writing again when an apply held the lock
 STOP_WAIT = 5.0  # seconds serve waits for the lock at stop to remove its conditions
 RESYNC = 30.0  # seconds after which the writer compares with the store even unchanged
+logger = logging.getLogger("blazar.serve")
 
 Key = tuple[str, str, str]  # (kind, name, type)
 
@@ -298,4 +302,20 @@ class StatusWriter:
                 store.delete_condition(*key)
             for key, status in wanted.items():
                 if stored.get(key) != status:
-                    store.set_condition(*key, status.status, status.reason, status.message)
+                    _set(store, status)
+
+
+def _set(store: Store, status: Status) -> None:
+    """Write one condition (its own transaction); refused for what it holds, once more
+    with its text made `storable`, and left out and logged if refused even so."""
+    fields = (*status.key, status.status, status.reason, status.message)
+    try:
+        store.set_condition(*fields)
+        return
+    except RECORD_FAULTS:
+        pass
+    try:
+        store.set_condition(*(str(storable(f)) for f in fields))
+    except RECORD_FAULTS as exc:
+        kind, name, type_ = (storable(f) for f in status.key)
+        logger.warning("%s %s: its %s condition is not recorded (%s)", kind, name, type_, exc)

@@ -11,7 +11,9 @@ for cache-busting, counts the request in `Metrics`, keeps the record in a bounde
 ring, queues it for the store and exports its spans (serving.otlp_endpoint).
 
 The store is written by `run` (a task of the daemon) about once a second, in one
-worker thread with its own connection, and pruned by serving.trace_retention.
+worker thread with its own connection, and pruned by serving.trace_retention. A record
+the store refuses costs only itself: it is written escaped, or left out and counted in
+`blazar_trace_records_dropped_total` (`traces_db.write`).
 `/metrics` (`blazar.serve.routes.observe_api`) calls `metrics_text`, which first scrapes
 each ready child's own `/metrics` and relabels them; what is read at scrape time
 and the live summary (`stats`) are in `blazar.serve.state.live`. The daemon forwards
@@ -31,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import generate_latest
+from prometheus_client import Counter, generate_latest
 from prometheus_client.metrics_core import Metric
 
 from blazar.observe import cachebust, traces_db
@@ -117,6 +119,13 @@ class Observer:
         # must not raise.
         self.listeners: list[Callable[[Trace, dict[str, Any] | None], None]] = []
         self.metrics.registry.register(live.StateCollector(self._scheduler, self._children))
+        # Incremented in the store's thread: prometheus_client's own counter, which locks.
+        self.dropped = Counter(
+            "blazar_trace_records_dropped",
+            "Trace records the store refused even escaped, left out so that the rest of "
+            "their batch was written.",
+            registry=self.metrics.registry,
+        )
         self.configure(settings or Settings())
 
     def bind(self, scheduler: Scheduler) -> None:
@@ -283,7 +292,20 @@ class Observer:
         return fn(self._store, *args)
 
     def _write(self, store: Store, batch: list[dict[str, Any]]) -> None:
-        traces_db.write(store, batch)
+        written = traces_db.write(store, batch)
+        if written.escaped:
+            logger.warning(
+                "%d trace record(s) held text the store refused; written escaped",
+                written.escaped,
+            )
+        if written.dropped:
+            self.dropped.inc(written.dropped)
+            logger.warning(
+                "%d trace record(s) refused by the store even escaped; left out, the "
+                "other %d written (blazar_trace_records_dropped_total)",
+                written.dropped,
+                written.total,
+            )
         if time.monotonic() - self._pruned > PRUNE_EVERY:
             self._prune(store)
 
