@@ -99,6 +99,22 @@ def server_argv(command: Sequence[str], args: Sequence[str], host: str) -> tuple
 # -- the log ---------------------------------------------------------------------------------
 
 
+def owner_only(path: str, flags: int) -> int:
+    """An `opener` for `open()` that makes the file readable by its owner only (0600),
+    also when it existed with a wider mode: logs quote what clients and children sent."""
+    fd = os.open(path, flags, 0o600)
+    os.fchmod(fd, 0o600)
+    return fd
+
+
+def restrict_rotations(path: Path, backups: int) -> None:
+    """Make `path`'s rotated files (`NAME.1` ... `NAME.<backups>`) owner-only too: ones
+    written before logs were opened `owner_only` kept the mode they were made with."""
+    for index in range(1, backups + 1):
+        with contextlib.suppress(OSError):
+            path.with_name(f"{path.name}.{index}").chmod(0o600)
+
+
 class LogFile:
     """A child's log: lines appended, rotated at `max_bytes` with `backups` old files.
 
@@ -124,8 +140,9 @@ class LogFile:
         data = (line + "\n").encode("utf-8", "replace")
         if self._fh is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fh = self.path.open("ab")
+            self._fh = open(self.path, "ab", opener=owner_only)  # noqa: SIM115 (kept open)
             self._size = self._fh.tell()
+            restrict_rotations(self.path, self.backups)
         if self._size + len(data) > self.max_bytes and self._size > 0:
             self._rotate()
         assert self._fh is not None
@@ -159,7 +176,7 @@ class LogFile:
             os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
         else:
             self.path.unlink(missing_ok=True)
-        self._fh = self.path.open("ab")
+        self._fh = open(self.path, "ab", opener=owner_only)  # noqa: SIM115 (kept open)
         self._size = 0
 
     def flush(self) -> None:

@@ -262,7 +262,8 @@ class Serving(Table):
         default=128,
         ge=1,
         description="Open connections one client address may hold; more are answered 503 "
-        "and closed.",
+        "and closed. Every local process is the one client 127.0.0.1: raise it where many "
+        "local tools share the gateway.",
     )
 
     # -- observability (docs/observability.md) --

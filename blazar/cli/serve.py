@@ -21,6 +21,7 @@ from typing import Any
 
 import click
 
+from blazar.children import owner_only
 from blazar.cli.context import Context, pass_context
 from blazar.cli.format import echo_json, table
 from blazar.errors import BlazarError
@@ -332,7 +333,7 @@ def ensure_daemon(paths: Paths, url: str | None) -> str:
     log.parent.mkdir(parents=True, exist_ok=True)
     exe = Path(sys.executable).with_name("blazar")
     command = [str(exe)] if exe.exists() else [sys.executable, "-m", "blazar.cli.main"]
-    with log.open("ab") as out:
+    with open(log, "ab", opener=owner_only) as out:  # serve.log: 0600 (docs/security.md)
         subprocess.Popen(
             [*command, "serve"], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True,

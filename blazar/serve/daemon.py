@@ -133,7 +133,7 @@ class Daemon:
         self.host = options.host or serving.host
         self.access = Access(bind_host=self.host)
         self.services: Services | None = None
-        self.limits = Limits()
+        self.limits = Limits.of(serving)
         self.tls: TLSFiles | None = None
         self.manifest_keys = self.manifest.keys  # the keys the access layer enforces
         self.fleet = Fleet()  # remotes and failover chains, probed by `Fleet.run`

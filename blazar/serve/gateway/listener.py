@@ -11,6 +11,12 @@ handler) that:
   of its last response (aiohttp's keep-alive deadline, which also closes a
   connection that stays silent or stops halfway through its headers: slowloris).
 
+A request head aiohttp's parser refuses (a control byte or bare CR in a header, a
+line over 8,190 bytes, a bad request line) is answered 400 and logged as one line
+with its cause and the client's address (`malformed_head`): aiohttp's own handler
+logs the raw line, which may hold a key, with a traceback, at ERROR, for anything
+anyone can send without a key.
+
 Bodies have their own deadline in the access middleware (`blazar.serve.gateway.access`).
 With `serving.tls_cert`/`tls_key` the site speaks TLS only (`TLSFiles`): a pair
 that is missing, unreadable or mismatched refuses to start, naming the file, and
@@ -21,6 +27,8 @@ context, so new connections get the new certificate without a restart.
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 import ssl
 from collections import Counter
 from collections.abc import Callable
@@ -29,8 +37,12 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from blazar.errors import BlazarError
+from specs.serving import Serving
+
+log = logging.getLogger(__name__)
 
 _BUSY_TEXT = b"too many open connections from this address; retry later\n"
 BUSY = (
@@ -128,8 +140,29 @@ class Admission:
             del self.open[client]
 
 
+# The prose that opens a line of a parse error's message ("Invalid header value char",
+# "Got more than 8190 bytes when reading"): words, with no quote, slash, underscore or
+# backslash, so none of the request's own bytes, which follow it after a colon or a
+# quote (or make up the whole message: a refused path, which never holds a space).
+_PROSE = re.compile(r"[A-Za-z][A-Za-z0-9 ,.()-]*")
+
+
+def malformed_head(exc: HttpProcessingError) -> str:
+    """Why aiohttp's parser refused a request head, in its words but without the bytes it
+    quotes (the C parser adds the raw line under its reason, the Python one after a
+    colon): the prose lines of its message, or the error's class when it has none."""
+    reasons = []
+    for line in str(exc.message).splitlines():
+        match = _PROSE.match(line.strip())
+        text = match.group(0).strip(" ,.") if match else ""
+        if " " in text:  # a phrase, not the `b` of a quoted b'...'
+            reasons.append(text)
+    return ": ".join(reasons)[:200] or type(exc).__name__
+
+
 class GatewayHandler(web.RequestHandler):
-    """aiohttp's request handler, admitted per client address first."""
+    """aiohttp's request handler, admitted per client address first, that logs a
+    malformed request as one line without its bytes."""
 
     def __init__(self, manager: web.Server, *, admission: Admission, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
@@ -158,13 +191,38 @@ class GatewayHandler(web.RequestHandler):
         self.client = None
         super().connection_lost(exc)
 
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        """A request head aiohttp's parser refused: one line in serve's log, a 400 that
+        quotes nothing back, and the connection closed. Any other error is aiohttp's to
+        report (a handler's exception is Blazar's bug: its traceback belongs in the log)."""
+        if not isinstance(exc, HttpProcessingError):
+            return super().handle_error(request, status, exc, message)
+        reason = malformed_head(exc)
+        client = self.client or request.remote or "unknown"
+        log.info("refused a malformed request from %s: %s (%s)", client, reason, type(exc).__name__)
+        if request.writer.output_size > 0:  # a response has begun: only closing is left
+            raise ConnectionError(f"malformed request from {client} after a response began")
+        response = web.Response(status=status, text=f"{status} Bad Request: {reason}\n")
+        response.force_close()
+        return response
+
 
 @dataclass
 class Limits:
     """What a new connection is held to, read when it opens (so a reload applies)."""
 
-    header_timeout: float = 30.0
-    max_connections_per_client: int = 128
+    header_timeout: float
+    max_connections_per_client: int
+
+    @classmethod
+    def of(cls, serving: Serving) -> Limits:
+        return cls(serving.header_timeout, serving.max_connections_per_client)
 
 
 class GatewaySite(web.BaseSite):
