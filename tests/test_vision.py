@@ -40,6 +40,7 @@ WEBP = base64.b64decode("UklGRhoAAABXRUJQVlA4TA0AAAAvAAAAEAcQERGIiP4HAA==")
 CAP = 64 * 1024  # serving.image_max_size below
 HUGE = SMALL + b"\0" * CAP  # a PNG padded past the cap
 PRIVATE = "http://10.255.255.1/x.png"  # refused before any connection is tried
+FULL_WIDTH = "１２７.０.０.１"  # 127.0.0.1 to aiohttp, a name to urlsplit: fetched until issue 28
 QUESTION = "what is this"
 
 
@@ -119,6 +120,8 @@ def check_openai(served: Served, host: str) -> int:
         PRIVATE: "private address 10.255.255.1",
         f"{host}/to-private": "private address 10.255.255.1",  # checked again on a redirect
         f"http://[::1]:{host.rsplit(':', 1)[1]}/small.png": "loopback address ::1",
+        # allowed as 127.0.0.1, refused as written: the host reads otherwise to a person
+        f"http://{FULL_WIDTH}:{host.rsplit(':', 1)[1]}/small.png": "reads as the address",
         f"{host}/huge.png": "over the gateway's limit of 0.1 MiB",
         f"{host}/streamed-huge": "over the gateway's limit",
         data_url(HUGE): "over the gateway's limit",
@@ -213,8 +216,10 @@ def check_anthropic(served: Served, host: str, small_chat: int) -> None:
                                                              url_image]}],
     )  # fmt: skip
     assert counted.input_tokens == big
+    full_width = f"http://{FULL_WIDTH}:{host.rsplit(':', 1)[1]}"  # allowed as 127.0.0.1
     refusals: list[tuple[dict[str, Any], str]] = [
         ({"type": "url", "url": PRIVATE}, "private address 10.255.255.1"),
+        ({"type": "url", "url": f"{full_width}/small.png"}, "reads as the address '127.0.0.1'"),
         ({"type": "url", "url": f"{host}/huge.png"}, "over the gateway's limit"),
         (source(HUGE), "over the gateway's limit"),
         ({"type": "url", "url": f"{host}/page"}, "not an image"),

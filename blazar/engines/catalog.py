@@ -36,6 +36,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from blazar import urls
 from blazar.errors import BlazarError, InvalidInput, NotFound
 
 SHIPPED = "shipped with Blazar"
@@ -255,7 +256,8 @@ def load_catalog(
     if not fetch:
         return Catalog(location, note=f"not fetched yet: `blazar engine offers` fetches {location}")
     try:
-        with urllib.request.urlopen(location, timeout=30) as resp:
+        url = urls.target(location, credentials=True).url  # as urllib dials it
+        with urllib.request.urlopen(url, timeout=30) as resp:
             text = resp.read().decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         if cached.exists():

@@ -25,6 +25,7 @@ import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path, PurePosixPath
 
+from blazar import urls
 from blazar.errors import BlazarError, VerificationFailed
 from blazar.hashing import sha256_file
 
@@ -68,6 +69,7 @@ def download(
     `.part` is kept, so re-running resumes) and VerificationFailed when the
     size or sha256 is wrong (the `.part` is deleted).
     """
+    url = urls.target(url, credentials=True).url  # its host as urllib dials it (blazar.urls)
     expected = sha256.lower() if sha256 else None
     if dest.exists() and expected is not None:
         if sha256_file(dest)[0] == expected:

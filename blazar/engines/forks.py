@@ -20,6 +20,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from blazar import urls
 from blazar.engines.base import InstalledEngine
 from blazar.engines.catalog import Offer
 from blazar.engines.source import BACKENDS, Runner, SourceBuildError, build_source
@@ -41,15 +42,18 @@ def _git(runner: Runner, *args: str, cwd: Path | None = None) -> subprocess.Comp
 
 def fetch_git(offer: Offer, into: Path, runner: Runner = subprocess.run) -> Path:
     """A checkout of exactly `offer.commit`, verified against its tree hash."""
+    repo = offer.repo
+    if repo.partition("://")[0].lower() in urls.WEB:  # git dials the host as yarl reads it
+        repo = urls.target(repo, credentials=True).url
     into.mkdir(parents=True, exist_ok=True)
     dest = Path(tempfile.mkdtemp(prefix=f"fork-{offer.id}-", dir=into))
     _git(runner, "init", "--quiet", str(dest))
     # By SHA first (git's protocol v2 serves any reachable commit); a server that refuses
     # that gets a full fetch, and the commit is checked out from it.
-    done = _git(runner, "fetch", "--quiet", "--depth", "1", offer.repo, offer.commit, cwd=dest)
+    done = _git(runner, "fetch", "--quiet", "--depth", "1", repo, offer.commit, cwd=dest)
     target = "FETCH_HEAD"
     if done.returncode != 0:
-        done = _git(runner, "fetch", "--quiet", offer.repo, "+refs/*:refs/fetched/*", cwd=dest)
+        done = _git(runner, "fetch", "--quiet", repo, "+refs/*:refs/fetched/*", cwd=dest)
         target = offer.commit
     if done.returncode != 0:
         said = (done.stderr or "").strip().splitlines() or ["git failed"]

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from blazar import urls
 from blazar.engines.base import KIND, InstalledEngine, publish, staging
 from blazar.engines.download import Progress, download, unpack
 from blazar.errors import BlazarError, NotFound, VerificationFailed
@@ -168,7 +169,7 @@ def fetch_release(
     base = feed_url(feed)
     repo = repo or os.environ.get(REPO_ENV) or DEFAULT_REPO
     which = "latest" if version is None else "tags/" + urllib.parse.quote(normalize_tag(version))
-    url = f"{base}/repos/{repo}/releases/{which}"
+    url = urls.target(f"{base}/repos/{repo}/releases/{which}", credentials=True).url
     req = urllib.request.Request(
         url, headers={"Accept": "application/vnd.github+json", "User-Agent": "blazar"}
     )

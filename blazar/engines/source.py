@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from blazar import urls
 from blazar.engines.base import KIND, InstalledEngine, lane_dir, publish, staging
 from blazar.errors import AlreadyExists, BlazarError, InvalidInput
 
@@ -163,6 +164,8 @@ def split_ref(spec: str) -> tuple[str, str | None]:
 
 def _clone(spec: str, work_dir: Path, runner: Runner) -> Path:
     url, ref = split_ref(spec)
+    if url.partition("://")[0].lower() in urls.WEB:  # git dials the host as yarl reads it
+        url = urls.target(url, credentials=True).url
     dest = Path(tempfile.mkdtemp(prefix="git-", dir=work_dir))
     env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
     # Full commit history (the build number is its length), file contents on demand.

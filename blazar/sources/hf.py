@@ -42,6 +42,7 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.hf_api import RepoSibling
 
+from blazar import urls
 from blazar.errors import VerificationFailed
 from blazar.filesets import is_safetensors_model, safetensors_files, set_digest
 from blazar.hashing import sha256_file
@@ -64,7 +65,10 @@ T = TypeVar("T")
 
 
 def hub_endpoint(env: Mapping[str, str]) -> str:
-    return (env.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+    """The hub's base URL (`HF_ENDPOINT`, else huggingface.co) with its host as the HTTP
+    client dials it (`blazar.urls.target`); an ambiguous host is refused."""
+    endpoint = env.get("HF_ENDPOINT") or DEFAULT_ENDPOINT
+    return urls.target(endpoint, credentials=True).url.rstrip("/")
 
 
 def hub_token(env: Mapping[str, str]) -> str | bool | None:

@@ -10,17 +10,20 @@ reaches the engine as a `data:` URL: llama-server fetches an http(s) URL itself 
 is given one (seen with xllamacpp 2026.10.11549), from wherever it points, so none is
 passed on.
 
-The checks are pure (`check_url`, `address_refusal`, `content_type_refusal`,
-`decode_data_url`, `check_image`, `sniff`); `fetch_image` is the one effect. It takes
-the limits of `[serving]` (`Limits.of`): `image_max_size` bytes, `image_fetch_timeout`
-seconds in all, redirects followed by hand (at most `MAX_REDIRECTS`, each location
-checked again), and no address that is private, loopback, link-local, shared,
-multicast, reserved or unspecified, unless it lies in `image_fetch_networks`. The
-address is checked after DNS resolution by the connection's own resolver
-(`GuardedResolver`), so the address checked is the one connected to. Only PNG, JPEG,
-GIF and BMP, which this engine decodes, are passed (by their bytes, whatever a header
-or media type claims). Every refusal is a 400 in the protocol's shape that says
-which image, what is wrong and what to do.
+The checks are pure (`check_url`, `content_type_refusal`, `decode_data_url`,
+`check_image`, `sniff`, and `blazar.urls.address_refusal`); `fetch_image` is the one
+effect. It takes the limits of `[serving]` (`Limits.of`): `image_max_size` bytes,
+`image_fetch_timeout` seconds in all, redirects followed by hand (at most
+`MAX_REDIRECTS`, each location checked again), and no address that is private,
+loopback, link-local, shared, multicast, reserved or unspecified, unless it lies in
+`image_fetch_networks`. Every hop's URL goes through `blazar.urls.target` first, which
+reads its host as aiohttp will (IDNA/NFKC: `１２７.０.０.１` is 127.0.0.1) and refuses one
+written so that it reads otherwise to a person; the request goes to the URL it built. An
+address literal is checked before connecting, a name after DNS resolution by the
+connection's own resolver (`GuardedResolver`), so the address checked is the one
+connected to. Only PNG, JPEG, GIF and BMP, which this engine decodes, are passed (by
+their bytes, whatever a header or media type claims). Every refusal is a 400 in the
+protocol's shape that says which image, what is wrong and what to do.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 import aiohttp
+import yarl
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
 
@@ -48,6 +52,7 @@ from blazar.protocols import (
     ollama,
     openai_requests,
 )
+from blazar.urls import RefusedUrl, Target, address_refusal, target
 from specs.serving import Serving
 
 __all__ = [
@@ -149,54 +154,19 @@ def decode_data_url(url: str, where: str, limits: Limits) -> tuple[str, bytes]:
     return declared, data
 
 
-def check_url(url: str, where: str) -> str:
-    """The host of an image URL the gateway may fetch (http or https, no credentials)."""
+def check_url(url: str, where: str) -> Target:
+    """Where fetching an image URL connects (`blazar.urls.target`: http or https, no
+    credentials, a host that reads the same to the connector as to a person), or a 400."""
     try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018  # raises for a port that is not a number
+        scheme = urlsplit(url).scheme
     except ValueError:
         raise _bad(f"{where}: {url[:200]!r} is not a URL") from None
-    if parts.scheme not in ("http", "https"):
-        raise _bad(
-            f"{where}: image URLs must be http(s) or data: URLs, not {parts.scheme or 'a path'}"
-        )
-    if not parts.hostname:
-        raise _bad(f"{where}: the image URL names no host")
-    if parts.username is not None or parts.password is not None:
-        raise _bad(f"{where}: the image URL carries credentials; the gateway sends none")
-    return parts.hostname
-
-
-def _embedded_v4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
-    """The IPv4 address inside an IPv4-mapped, NAT64 or 6to4 address."""
-    if ip.ipv4_mapped is not None:
-        return ip.ipv4_mapped
-    if ip in ipaddress.ip_network("64:ff9b::/96"):
-        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
-    return ip.sixtofour
-
-
-def address_refusal(address: str, networks: Sequence[Any] = ()) -> str | None:
-    """Why the gateway may not fetch from `address` (None: it may): not a public address,
-    and not in the allowed `networks`."""
-    ip = ipaddress.ip_address(address.split("%")[0])  # an IPv6 zone id
-    if any(ip.version == n.version and ip in n for n in networks):
-        return None
-    if isinstance(ip, ipaddress.IPv6Address) and (inner := _embedded_v4(ip)) is not None:
-        return address_refusal(str(inner), networks)
-    for what, test in (
-        ("loopback", ip.is_loopback),
-        ("unspecified", ip.is_unspecified),
-        ("link-local", ip.is_link_local),
-        ("multicast", ip.is_multicast),
-        ("private", ip.is_private),
-        ("reserved", ip.is_reserved),
-    ):
-        if test:
-            return f"{what} address {ip}"
-    if not ip.is_global:  # 100.64.0.0/10 (carrier-grade NAT) and the like
-        return f"non-public address {ip}"
-    return None
+    if scheme not in ("http", "https"):
+        raise _bad(f"{where}: image URLs must be http(s) or data: URLs, not {scheme or 'a path'}")
+    try:
+        return target(url)
+    except RefusedUrl as exc:
+        raise _bad(f"{where}: {exc}") from None
 
 
 def content_type_refusal(content_type: str | None) -> str | None:
@@ -209,15 +179,13 @@ def content_type_refusal(content_type: str | None) -> str | None:
     return None
 
 
-def _refused_host(host: str, where: str, limits: Limits) -> None:
-    """A URL whose host is an address literal is checked before any connection."""
-    try:
-        ipaddress.ip_address(host.strip("[]").split("%")[0])
-    except ValueError:
-        return  # a name: checked once resolved (`GuardedResolver`)
-    why = address_refusal(host.strip("[]"), limits.networks)
-    if why is not None:
-        raise _refused(where, why)
+def _refused_address(hop: Target, where: str, limits: Limits) -> None:
+    """An address literal is checked before any connection (aiohttp asks no resolver for
+    one); a name is checked once resolved (`GuardedResolver`)."""
+    if hop.address is not None:
+        why = address_refusal(str(hop.address), limits.networks)
+        if why is not None:
+            raise _refused(where, why)
 
 
 def _refused(where: str, why: str) -> ProtocolError:
@@ -265,13 +233,22 @@ async def fetch_image(url: str, where: str, limits: Limits) -> str:
             connector=connector, timeout=timeout, trust_env=False
         ) as session:
             for _ in range(MAX_REDIRECTS + 1):
-                _refused_host(check_url(url, where), where, limits)
-                async with session.get(url, allow_redirects=False) as response:
+                hop = check_url(url, where)
+                _refused_address(hop, where, limits)
+                # its host is ASCII as checked: yarl reads it back unchanged (a property
+                # tests/test_urls_hostile.py checks)
+                async with session.get(yarl.URL(hop.url), allow_redirects=False) as response:
                     if response.status in (301, 302, 303, 307, 308):
                         location = response.headers.get("Location")
                         if not location:
                             raise _bad(f"{where}: {url} redirects without a Location")
-                        url = urljoin(url, location)
+                        try:  # checked on the next turn
+                            url = urljoin(hop.url, location)
+                        except ValueError:  # urlsplit's: brackets around a non-address
+                            raise _bad(
+                                f"{where}: {hop.url} redirects to {location[:200]!r}, which "
+                                "is not a URL"
+                            ) from None
                         continue
                     data = await _body(response, url, where, limits)
                     kind = check_image(data, where, limits)

@@ -7,7 +7,9 @@ protocol; anything else is treated as an OpenAI-compatible server) and
 `GET /v1/models` for the names it serves (unless `models` lists them). Two
 failures in a row mark a remote down and one success up again
 (`next_health`, pure); a request that fails to reach it counts as a failure
-too. Nothing ever waits on a down remote.
+too. Nothing ever waits on a down remote. A remote's `url` is requested as aiohttp
+dials it (`blazar.urls.target`); one whose host reads otherwise to a person (full-width
+digits, `127.1`) is refused: it stays down with the reason, and nothing is sent to it.
 
 The request path asks two things (`blazar.serve.request.pipeline`): which remote
 serves a name this host does not (`remote_for`), and, when this host cannot
@@ -44,6 +46,7 @@ from aiohttp import (
     web,
 )
 
+from blazar import urls
 from blazar.serve.supervisor.child_http import REUSE_IDLE
 from specs.manifest import Manifest
 from specs.names import parse_name
@@ -108,6 +111,7 @@ class Remote:
     last_checked: float | None = None  # wall clock
     forwarded: int = 0
     failed: int = 0
+    refused: str | None = None  # why its url is never dialled (`blazar.urls.target`)
 
     def settings(self) -> tuple[object, ...]:
         return (self.url, self.key_env, self.declared, self.timeout, self.health_interval)
@@ -188,16 +192,26 @@ class Fleet:
         its health and counts."""
         fresh: dict[str, Remote] = {}
         for name, declared in manifest.remotes.items():
+            try:  # requests go to the URL as checked, its host as aiohttp dials it
+                url, refused = urls.target(declared.url, credentials=True).url, None
+            except urls.RefusedUrl as exc:
+                url, refused = declared.url, f"{exc}; fix remotes.{name}.url"
             remote = Remote(
                 name,
-                base_url(declared.url),
+                base_url(url),
                 declared.key_env,
                 tuple(declared.models),
                 declared.timeout,
                 declared.health_interval,
+                refused=refused,
             )
             old = self.remotes.get(name)
-            fresh[name] = old if old is not None and old.settings() == remote.settings() else remote
+            if old is not None and old.settings() == remote.settings():
+                remote = old
+            elif refused is not None:  # down for good: nothing is sent to it
+                remote.health, remote.last_error = Health.DOWN, refused
+                logger.error("remote %s: %s", name, refused)
+            fresh[name] = remote
         changed = fresh.keys() != self.remotes.keys() or any(
             fresh[n] is not self.remotes.get(n) for n in fresh
         )
@@ -285,6 +299,9 @@ class Fleet:
     async def probe(self, remote: Remote) -> None:
         """One health check: `/health` (else `/v1/models` for servers without one), then
         the names it serves."""
+        if remote.refused is not None:
+            remote.note(False, remote.refused)
+            return
         session = self.client()
         timeout = ClientTimeout(total=remote.timeout)
         try:

@@ -3,7 +3,8 @@
 The shape is `blazar.serve.supervisor.instance.Instance`'s: exactly one owner task
 starts, restarts and stops the server (for `command`, a child spawned by
 `blazar.children.spawn_stdio` in its own process group, dying with serve; for `url`,
-an HTTP session); everyone else posts commands to its mailbox (`start`,
+an HTTP session to the URL as `blazar.urls.target` reads it, an ambiguous host refused
+as a failed start); everyone else posts commands to its mailbox (`start`,
 `ensure_ready`, `stop`, `close`) and awaits what the owner answers. Its helper tasks
 only observe (the handshake, the child's exit, a `ping` every `health_every` seconds,
 a changed tool list) and post events, each tagged with the generation it is about so
@@ -34,7 +35,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from blazar import children
+from blazar import children, urls
 from blazar.children import ChildLog
 from blazar.errors import BlazarError
 from blazar.protocols import mcp
@@ -298,7 +299,12 @@ class McpServer:
             link: Link = stdio
         else:
             assert spec.url is not None
-            link = HttpLink(spec.url, spec.key, notice)
+            try:  # the URL as checked, its host as aiohttp dials it
+                url = urls.target(spec.url, credentials=True).url
+            except urls.RefusedUrl as err:
+                self._mailbox.put_nowait(_Event("down", gen, str(err)))
+                return
+            link = HttpLink(url, spec.key, notice)
         self._link = link
         self._emit("starting")
         self._helper(self._handshake(gen, link))
