@@ -6,8 +6,8 @@ after an interruption resumes it with an HTTP Range request. The bytes are
 hashed while they stream, and the file only gets its final name (an atomic
 rename) once its size and sha256 match, so a file at `dest` is always whole.
 A checksum mismatch deletes the `.part`: nothing unverified is ever kept.
-`unpack` opens downloaded .zip and .tar.gz archives without letting a member
-escape the target directory.
+`unpack` opens downloaded .zip and .tar.gz archives through `blazar.archives`:
+bounded before they are read, no member escaping the target directory.
 """
 
 from __future__ import annotations
@@ -16,16 +16,13 @@ import hashlib
 import http.client
 import os
 import re
-import shutil
-import stat
-import tarfile
 import urllib.error
 import urllib.request
-import zipfile
 from collections.abc import Callable, Mapping
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from blazar import urls
+from blazar.archives import SOFTWARE, ArchiveError, UnsafeArchive, extract  # noqa: F401 (re-export)
 from blazar.errors import BlazarError, VerificationFailed
 from blazar.hashing import sha256_file
 
@@ -37,14 +34,6 @@ Progress = Callable[[int, int | None], None]
 
 class DownloadError(BlazarError):
     """A download could not be completed: network trouble or an HTTP error."""
-
-
-class ArchiveError(BlazarError):
-    """A downloaded archive cannot be read."""
-
-
-class UnsafeArchive(VerificationFailed):
-    """An archive has members that would land outside the directory it unpacks into."""
 
 
 def part_path(dest: Path) -> Path:
@@ -199,65 +188,19 @@ def _total_from_content_range(value: str) -> int | None:
     return int(last) if last.isdigit() else None
 
 
-def _refuse(name: str, archive: Path) -> UnsafeArchive:
-    return UnsafeArchive(
-        f"{archive.name} has a member {name!r} that points outside the engine directory; "
-        "refusing to unpack it."
-    )
-
-
-def _safe_member(name: str, archive: Path) -> PurePosixPath:
-    path = PurePosixPath(name.replace("\\", "/"))
-    if path.is_absolute() or ".." in path.parts or re.match(r"^[A-Za-z]:", name):
-        raise _refuse(name, archive)
-    return path
-
-
 def unpack(archive: Path, into: Path) -> None:
-    """Unpack a .zip or .tar.gz into `into`, refusing members that would escape it.
+    """Unpack a .zip or .tar.gz into `into` (empty), bounded and refusing members that
+    would escape it (`blazar.archives`, with the limits for downloaded software).
 
     Executable bits survive (zip entries made on Unix carry them). Raises
-    UnsafeArchive for absolute, `..` or link-out members, before writing any.
+    UnsafeArchive, naming the member and why, for absolute, `..` or link-out members and
+    for members over the caps or a compression bomb; nothing is left in `into` then.
     """
-    try:
-        if archive.name.endswith(".zip"):
-            _unzip(archive, into)
-        elif archive.name.endswith((".tar.gz", ".tgz")):
-            with tarfile.open(archive, "r:gz") as tar:
-                members = tar.getmembers()
-                for member in members:
-                    _safe_member(member.name, archive)
-                tar.extractall(into, members=members, filter="data")
-        else:
-            raise ArchiveError(f"{archive.name} is neither a .zip nor a .tar.gz archive")
-    except tarfile.FilterError as exc:
-        raise UnsafeArchive(f"{archive.name}: {exc}; refusing to unpack it") from exc
-    except (zipfile.BadZipFile, tarfile.TarError, EOFError, UnicodeDecodeError) as exc:
-        raise ArchiveError(f"cannot unpack {archive.name}: {exc}") from exc
-
-
-def _unzip(archive: Path, into: Path) -> None:
-    root = into.resolve()
-    with zipfile.ZipFile(archive) as zf:
-        infos = zf.infolist()
-        for info in infos:
-            _safe_member(info.filename, archive)
-        for info in infos:
-            target = into / _safe_member(info.filename, archive)
-            if not target.parent.resolve().is_relative_to(root):  # through a symlink
-                raise _refuse(info.filename, archive)
-            mode = info.external_attr >> 16
-            if info.is_dir():
-                target.mkdir(parents=True, exist_ok=True)
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if stat.S_ISLNK(mode):
-                link = zf.read(info).decode()
-                if not (target.parent / link).resolve().is_relative_to(root):
-                    raise _refuse(f"{info.filename} -> {link}", archive)
-                target.symlink_to(link)
-                continue
-            with zf.open(info) as src, target.open("wb") as dst:
-                shutil.copyfileobj(src, dst)
-            if mode & 0o111:
-                target.chmod(0o755)
+    if not archive.name.endswith((".zip", ".tar.gz", ".tgz")):
+        raise ArchiveError(f"{archive.name} is neither a .zip nor a .tar.gz archive")
+    extract(
+        archive,
+        into,
+        limits=SOFTWARE,
+        then="nothing was installed: check where the archive came from",
+    )

@@ -22,14 +22,13 @@ import os
 import re
 import shutil
 import subprocess
-import tarfile
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from blazar import urls
+from blazar import archives, urls
 from blazar.engines.base import KIND, InstalledEngine, lane_dir, publish, staging
 from blazar.errors import AlreadyExists, BlazarError, InvalidInput
 
@@ -193,11 +192,11 @@ def resolve_source(spec: str, work_dir: Path, *, runner: Runner = subprocess.run
     if path.is_dir():
         top = path
     elif path.is_file():
-        if not tarfile.is_tarfile(path):
+        if archives.kind(path) != "tar":
             raise InvalidInput(f"{spec} is not a directory or a tar archive of a llama.cpp tree")
         top = Path(tempfile.mkdtemp(prefix="unpack-", dir=work_dir))
-        with tarfile.open(path) as archive:
-            archive.extractall(top, filter="data")
+        then = "nothing was built: check where the archive came from, or give a checkout"
+        archives.extract(path, top, limits=archives.SOFTWARE, then=then)
     elif _GIT_URL.match(spec):
         top = _clone(spec, work_dir, runner)
     else:

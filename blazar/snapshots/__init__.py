@@ -16,9 +16,11 @@ the store held); the others are
 Saved KV session files and engines are not in it (an engine build's state, and
 engines are reinstalled by `apply`); their records are. Restore reads the whole
 archive into a staging directory and checks every member against the listing
-before anything is replaced: a damaged, truncated or altered archive is refused
-whole. It never overwrites a manifest or a store that holds something unless
-`force` is given, and then it first snapshots what it replaces. The store is
+before anything is replaced (its name and declared size from its header, before
+its data is read; its sha256 as it streams; `blazar.archives`): a damaged,
+truncated or altered archive is refused whole, naming the member and why. It
+never overwrites a manifest or a store that holds something unless `force` is
+given, and then it first snapshots what it replaces. The store is
 restored with the backup API into the live database under the apply lock, so
 no reader sees half of it; records whose files are not on this host are then
 dropped in one transaction (`apply` fetches them again), so no record points at

@@ -13,14 +13,13 @@ import socket
 import sqlite3
 import tarfile
 import uuid
-import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
-from blazar import __version__
+from blazar import __version__, archives
 from blazar.errors import AlreadyExists, BlazarError, InvalidInput, VerificationFailed
 from blazar.hashing import CHUNK, sha256_file
 from blazar.locking import apply_lock
@@ -30,6 +29,8 @@ FORMAT = 1
 LISTING = "snapshot.json"
 DB_MEMBER = f"data/{DB_NAME}"
 BLOBS_MEMBER = "data/models/blobs"
+# `snapshot.json` lists each member in about 150 bytes: 8 MiB holds some 50,000 of them.
+LISTING_LIMIT = 8 * 1024 * 1024
 # Tables counted in the listing (what `snapshot list` shows) and checked for content
 # before a restore replaces a store.
 COUNTED = ("models", "loras", "keys", "sessions", "traces", "engines", "events")
@@ -78,6 +79,8 @@ class Listing:
             files = tuple(
                 Member(str(f["name"]), int(f["size"]), str(f["sha256"])) for f in data["files"]
             )
+            if any(m.size < 0 for m in files):
+                raise ValueError("a member's size is negative")
             return cls(
                 created=str(data["created"]),
                 blazar=str(data["blazar"]),
@@ -281,27 +284,37 @@ def _add_verified(tar: tarfile.TarFile, path: Path, entry: Member) -> None:
 # -- read ---------------------------------------------------------------------------------
 
 
-def _open(path: Path) -> tarfile.TarFile:
+# What restore tells the user when it refuses an archive.
+_REFUSED = (
+    "nothing was restored: restore another snapshot (`blazar snapshot list` shows them) "
+    "or take a new one with `blazar snapshot create`"
+)
+
+
+def _listing_bytes(path: Path) -> bytes:
+    """`snapshot.json`, the first member, read with a size limit before it is parsed."""
     if not path.is_file():
         raise InvalidInput(f"no snapshot at {path}: `blazar snapshot list` shows the snapshots")
     try:
-        return tarfile.open(path, "r:*")
-    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
-        raise DamagedSnapshot(f"{path} is not a readable tar archive ({exc})") from None
+        data = archives.read_first(path, LISTING, limit=LISTING_LIMIT, then=_REFUSED)
+    except (archives.UnsafeArchive, archives.ArchiveError) as exc:
+        raise DamagedSnapshot(str(exc)) from None
+    if data is None:
+        raise DamagedSnapshot(f"{path} is not a Blazar snapshot: no {LISTING} first")
+    return data
+
+
+def _parse_listing(data: bytes, path: Path) -> Listing:
+    try:
+        parsed = json.loads(data)
+    except ValueError as exc:
+        raise DamagedSnapshot(f"{path}: cannot read {LISTING} ({exc})") from None
+    return Listing.from_json(parsed, str(path))
 
 
 def read_listing(path: Path) -> Listing:
     """The listing of an archive (its first member), without reading the rest."""
-    with _open(path) as tar:
-        try:
-            first = tar.next()
-            if first is None or first.name != LISTING or not first.isfile():
-                raise DamagedSnapshot(f"{path} is not a Blazar snapshot: no {LISTING} first")
-            fh = tar.extractfile(first)
-            data = json.loads(fh.read() if fh else b"")
-        except (tarfile.TarError, OSError, EOFError, zlib.error, ValueError) as exc:
-            raise DamagedSnapshot(f"{path}: cannot read {LISTING} ({exc})") from None
-    return Listing.from_json(data, str(path))
+    return _parse_listing(_listing_bytes(path), path)
 
 
 def list_snapshots(paths: Paths) -> list[tuple[Path, Listing | None, str]]:
@@ -329,48 +342,23 @@ def _safe_name(name: str) -> bool:
 
 
 def unpack_verified(path: Path, into: Path) -> Listing:
-    """Extract every member into `into`, each checked against the listing; raise
-    DamagedSnapshot (leaving `into` to the caller to remove) on any difference."""
-    listing = read_listing(path)
-    expected = {m.name: m for m in listing.files}
-    seen: set[str] = set()
-    with _open(path) as tar:
-        try:
-            for info in tar:
-                if info.name == LISTING or info.isdir():
-                    continue
-                entry = expected.get(info.name)
-                if entry is None or not info.isfile() or not _safe_name(info.name):
-                    raise DamagedSnapshot(
-                        f"{path} holds {info.name!r}, which its listing does not name: it was "
-                        "altered; nothing was restored"
-                    )
-                if info.name in seen:
-                    raise DamagedSnapshot(f"{path} holds {info.name!r} twice; nothing was restored")
-                seen.add(info.name)
-                target = into / info.name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                digest, size = hashlib.sha256(), 0
-                source = tar.extractfile(info)
-                assert source is not None  # a regular file
-                with target.open("wb") as out:
-                    while chunk := source.read(CHUNK):
-                        digest.update(chunk)
-                        size += len(chunk)
-                        out.write(chunk)
-                if size != entry.size or digest.hexdigest() != entry.sha256:
-                    raise DamagedSnapshot(
-                        f"{path}: {info.name} does not match the sha256 in the snapshot's "
-                        "listing: the archive is damaged; nothing was restored"
-                    )
-        except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+    """Extract every member into `into` (empty), each checked against the listing before
+    its data is read and hashed as it streams (`blazar.archives`); raise DamagedSnapshot,
+    naming the member and why, on any difference, leaving `into` empty."""
+    data = _listing_bytes(path)
+    listing = _parse_listing(data, path)
+    expected = {LISTING: archives.Expected(len(data), hashlib.sha256(data).hexdigest())}
+    for member in listing.files:
+        if member.name in expected or not _safe_name(member.name):
             raise DamagedSnapshot(
-                f"{path} is damaged or truncated ({exc}); nothing was restored"
-            ) from None
-    missing = sorted(set(expected) - seen)
-    if missing:
-        raise DamagedSnapshot(
-            f"{path} lacks {', '.join(missing)}, which its listing names: it is truncated; "
-            "nothing was restored"
+                f"{path}: its listing names {member.name!r}, which a snapshot cannot hold "
+                f"(twice, or outside config/ and data/); {_REFUSED}"
+            )
+        expected[member.name] = archives.Expected(member.size, member.sha256)
+    try:
+        archives.extract(
+            path, into, limits=archives.for_listing(expected), expected=expected, then=_REFUSED
         )
+    except (archives.UnsafeArchive, archives.ArchiveError) as exc:
+        raise DamagedSnapshot(str(exc)) from None
     return listing
