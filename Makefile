@@ -69,7 +69,7 @@ quantize-tool: $(VENV)/.installed-test
 
 ## run: set up Blazar and run it on its default model (Gemma 3 270M).
 run: $(VENV)/.installed-run
-	$(BIN)/python -m blazar.quickstart
+	$(BIN)/python -m blazar.cli.quickstart
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .

@@ -119,14 +119,20 @@ def main() -> int:
         print(json.dumps(found, indent=1))
         return 0
     print(f"threads per engine: {found['threads']}, median of {found['runs']} runs each")
-    print(f"model load (spawn to healthy): whisper-base {found['whisper_load_s']:.2f} s, "
-          f"en_US-joe-medium {found['piper_load_s']:.2f} s")  # fmt: skip
-    print(f"synthesis: {found['speech_audio_s']:.2f} s of speech in {found['synthesis_s']:.2f} s"
-          f" ({found['synthesis_speed']:.1f}x real time)")  # fmt: skip
+    print(
+        f"model load (spawn to healthy): whisper-base {found['whisper_load_s']:.2f} s, "
+        f"en_US-joe-medium {found['piper_load_s']:.2f} s"
+    )
+    print(
+        f"synthesis: {found['speech_audio_s']:.2f} s of speech in {found['synthesis_s']:.2f} s"
+        f" ({found['synthesis_speed']:.1f}x real time)"
+    )
     for key, what in (("speech", "that speech"), ("clip", "the bench clip")):
         audio = found["speech_audio_s"] if key == "speech" else found["clip_audio_s"]
-        print(f"transcription of {what} ({audio:.2f} s): {found[f'transcription_{key}_s']:.2f} s, "
-              f"real-time factor {found[f'transcription_{key}_rtf']:.2f}")  # fmt: skip
+        print(
+            f"transcription of {what} ({audio:.2f} s): {found[f'transcription_{key}_s']:.2f} s, "
+            f"real-time factor {found[f'transcription_{key}_rtf']:.2f}"
+        )
     print(f"heard: {found['heard']!r}")
     return 0
 

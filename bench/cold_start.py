@@ -106,8 +106,7 @@ def post(url: str, body: dict[str, Any], timeout: float = START_TIMEOUT) -> Any:
 
 
 def completion_body(model: str) -> dict[str, Any]:
-    return {"model": model, "prompt": "The capital of France is", "max_tokens": 1,
-            "temperature": 0}  # fmt: skip
+    return {"model": model, "prompt": "The capital of France is", "max_tokens": 1, "temperature": 0}
 
 
 def engine_argv(serve: Serve, model: str) -> list[str]:
@@ -172,9 +171,12 @@ def read_port(proc: subprocess.Popen[bytes], log_path: Path) -> int:
 def cold_direct(argv: list[str], model: str, log_path: Path) -> float:
     started = time.perf_counter()
     proc = subprocess.Popen(
-        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         start_new_session=True,
-    )  # fmt: skip
+    )
     try:
         url = f"http://127.0.0.1:{read_port(proc, log_path)}"
         deadline = time.monotonic() + START_TIMEOUT

@@ -41,11 +41,15 @@ from blazar.testing.tiny import write_tiny_model  # noqa: E402
 from tests.fixtures import ENGINE_VERSION  # noqa: E402
 
 BODIES = {
-    "chat": ("/v1/chat/completions",
-             {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}),
-    "stream": ("/v1/completions",
-               {"model": "tiny", "prompt": "x", "max_tokens": 64, "stream": True}),
-}  # fmt: skip
+    "chat": (
+        "/v1/chat/completions",
+        {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
+    ),
+    "stream": (
+        "/v1/completions",
+        {"model": "tiny", "prompt": "x", "max_tokens": 64, "stream": True},
+    ),
+}
 
 
 async def load(url: str, n: int, clients: int, body: bytes) -> None:
@@ -88,13 +92,22 @@ def _measure(tree: Path, root: Path, path: str, requests: int, clients: int) -> 
         f'[models.tiny]\nsource = "{tiny.as_uri()}"\nslots = {clients}\n'
     )
     wheels = Path.home() / ".cache" / "blazar-tests" / "wheels"
-    env = dict(os.environ, BLAZAR_HOME=str(root / "home"),
-               BLAZAR_WHEEL_CACHE=os.environ.get("BLAZAR_WHEEL_CACHE", str(wheels)))  # fmt: skip
+    env = dict(
+        os.environ,
+        BLAZAR_HOME=str(root / "home"),
+        BLAZAR_WHEEL_CACHE=os.environ.get("BLAZAR_WHEEL_CACHE", str(wheels)),
+    )
     out = root / "callgrind.out"
     command = [
-        "valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--instr-atstart=no",
-        str(tree / ".venv/bin/python"), str(tree / ".venv/bin/blazar"), "serve", str(manifest),
-    ]  # fmt: skip
+        "valgrind",
+        "--tool=callgrind",
+        f"--callgrind-out-file={out}",
+        "--instr-atstart=no",
+        str(tree / ".venv/bin/python"),
+        str(tree / ".venv/bin/blazar"),
+        "serve",
+        str(manifest),
+    ]
     with open(root / "serve.log", "wb") as log:
         serve = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, env=env, cwd=tree)
     ready = threading.Event()
@@ -114,8 +127,9 @@ def _measure(tree: Path, root: Path, path: str, requests: int, clients: int) -> 
         time.sleep(1.5)  # the trace writer's flush
 
         def control(*args: str) -> None:
-            subprocess.run(["callgrind_control", *args, str(serve.pid)], check=True,
-                           capture_output=True)  # fmt: skip
+            subprocess.run(
+                ["callgrind_control", *args, str(serve.pid)], check=True, capture_output=True
+            )
 
         control("-z")
         control("-i", "on")
@@ -133,8 +147,10 @@ def _measure(tree: Path, root: Path, path: str, requests: int, clients: int) -> 
     finally:
         serve.send_signal(signal.SIGTERM)
         serve.wait(600)
-    dumps = sorted((p for p in root.glob("callgrind.out.*") if p.suffix[1:].isdigit()),
-                   key=lambda p: int(p.suffix[1:]))  # fmt: skip
+    dumps = sorted(
+        (p for p in root.glob("callgrind.out.*") if p.suffix[1:].isdigit()),
+        key=lambda p: int(p.suffix[1:]),
+    )
     return (total(dumps[0]) - total(dumps[1])) / requests
 
 
@@ -151,8 +167,10 @@ def main() -> None:
     figures = {}
     for tree in args.trees:
         figures[str(tree)] = measure(tree.resolve(), args.path, args.requests, args.clients)
-        print(f"{tree}: {figures[str(tree)] / 1e3:,.0f} k instructions per {args.path} request",
-              flush=True)  # fmt: skip
+        print(
+            f"{tree}: {figures[str(tree)] / 1e3:,.0f} k instructions per {args.path} request",
+            flush=True,
+        )
     base = next(iter(figures.values()))
     for tree, count in list(figures.items())[1:]:
         print(f"{tree} vs {args.trees[0]}: {count / base:.3f}x")

@@ -79,9 +79,10 @@ def question(url: str) -> bytes:
     """joe asking QUESTION, as PCM16 at 24 kHz."""
     body = {"model": "joe", "input": QUESTION, "response_format": "wav"}
     request = urllib.request.Request(
-        f"{url}/v1/audio/speech", data=json.dumps(body).encode(),
+        f"{url}/v1/audio/speech",
+        data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json"},
-    )  # fmt: skip
+    )
     with urllib.request.urlopen(request, timeout=600) as resp:
         pcm, rate = pcm_of_wav(resp.read())
     return resample(pcm, rate, RATE)
@@ -93,13 +94,17 @@ async def session(url: str, pcm: bytes, tokens: int, language: str) -> dict[str,
     out: dict[str, Any] = {"text": "", "audio_s": 0.0}
     async with aiohttp.ClientSession() as http, http.ws_connect(ws_url) as ws:
         heard = {"model": "whisper-base", "language": language or None}
-        settings = {"instructions": INSTRUCTIONS, "temperature": 0,
-                    "max_response_output_tokens": tokens,
-                    "input_audio_transcription": heard}  # fmt: skip
+        settings = {
+            "instructions": INSTRUCTIONS,
+            "temperature": 0,
+            "max_response_output_tokens": tokens,
+            "input_audio_transcription": heard,
+        }
         await ws.send_json({"type": "session.update", "session": settings})
         for part in chunks(pcm, RATE, 0.1):
-            await ws.send_json({"type": "input_audio_buffer.append",
-                                "audio": base64.b64encode(part).decode()})  # fmt: skip
+            await ws.send_json(
+                {"type": "input_audio_buffer.append", "audio": base64.b64encode(part).decode()}
+            )
         began = time.perf_counter()
         await ws.send_json({"type": "input_audio_buffer.commit"})
         await ws.send_json({"type": "response.create"})
@@ -145,21 +150,29 @@ def main() -> int:
     load_before = os.getloadavg()[0]
     with served("blazar-bench-realtime-", models(args.tiny)) as serve:
         found = asyncio.run(measure(serve.url, args.runs, args.tokens, args.language))
-    found.update(runs=args.runs, model="tiny" if args.tiny else "gemma3-270m",
-                 language=args.language or "detected",
-                 cores=os.cpu_count(), load_before=load_before,
-                 load_after=os.getloadavg()[0])  # fmt: skip
+    found.update(
+        runs=args.runs,
+        model="tiny" if args.tiny else "gemma3-270m",
+        language=args.language or "detected",
+        cores=os.cpu_count(),
+        load_before=load_before,
+        load_after=os.getloadavg()[0],
+    )
     if args.json:
         print(json.dumps(found, indent=1))
         return 0
     load = f"load average {found['load_before']:.1f} before, {found['load_after']:.1f} after"
-    print(f"{found['model']}, language {found['language']}, median of {found['runs']} sessions; "
-          f"{found['cores']} cores, {load}")  # fmt: skip
+    print(
+        f"{found['model']}, language {found['language']}, median of {found['runs']} sessions; "
+        f"{found['cores']} cores, {load}"
+    )
     print("seconds from input_audio_buffer.commit to:")
     for moment in MOMENTS:
         print(f"  {moment.replace('_', ' '):12} {found[f'{moment}_s']:6.2f}")
-    print(f"first audio before the last text in {found['audio_before_last_text']} of "
-          f"{found['runs']} runs; {found['answer_audio_s']:.1f} s of speech")  # fmt: skip
+    print(
+        f"first audio before the last text in {found['audio_before_last_text']} of "
+        f"{found['runs']} runs; {found['answer_audio_s']:.1f} s of speech"
+    )
     print(f"heard: {found['heard']!r}\nanswer: {found['text']!r}")
     return 0
 

@@ -72,12 +72,12 @@ def first_token(
     url: str, model: str, messages: list[dict[str, str]]
 ) -> tuple[float, dict[str, Any]]:
     """Seconds to the first content token of a streamed chat, and the final timings."""
-    body = {"model": model, "messages": messages, "max_tokens": 8, "temperature": 0,
-            "stream": True}  # fmt: skip
+    body = {"model": model, "messages": messages, "max_tokens": 8, "temperature": 0, "stream": True}
     request = urllib.request.Request(
-        f"{url}/v1/chat/completions", data=json.dumps(body).encode(),
+        f"{url}/v1/chat/completions",
+        data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json"},
-    )  # fmt: skip
+    )
     started = time.perf_counter()
     ttft = None
     timings: dict[str, Any] = {}
@@ -152,14 +152,18 @@ def measure(rounds: int, words: int) -> dict[str, Any]:
         for r in range(rounds):
             order = MODELS if r % 2 == 0 else MODELS[::-1]
             for model in order:
-                answer = post(f"{serve.url}/v1/chat/completions",
-                              {"model": model, "messages": history, "max_tokens": 1,
-                               "temperature": 0})  # fmt: skip
+                answer = post(
+                    f"{serve.url}/v1/chat/completions",
+                    {"model": model, "messages": history, "max_tokens": 1, "temperature": 0},
+                )
                 prompt_tokens = answer["usage"]["prompt_tokens"]
                 post(f"{serve.url}/api/blazar/stop", {"model": model})
                 question = f"And what happened on day {r + 2}?"
-                turn = [*history, {"role": "assistant", "content": "They saw the old bridge."},
-                        {"role": "user", "content": question}]  # fmt: skip
+                turn = [
+                    *history,
+                    {"role": "assistant", "content": "They saw the old bridge."},
+                    {"role": "user", "content": question},
+                ]
                 ttft, timings = first_token(serve.url, model, turn)
                 results[model]["ttft_s"].append(ttft)
                 results[model]["prompt_ms"].append(timings.get("prompt_ms"))

@@ -30,8 +30,11 @@ from typing import Any
 from served import Serve, SetupFailed, served
 
 MODES = ("dense", "ngram", "draft")
-SPEC = {"dense": 'spec = "off"', "ngram": 'spec = "ngram"',
-        "draft": 'spec = "draft"\ndraft = "gemma-draft"'}  # fmt: skip
+SPEC = {
+    "dense": 'spec = "off"',
+    "ngram": 'spec = "ngram"',
+    "draft": 'spec = "draft"\ndraft = "gemma-draft"',
+}
 
 
 def models(root: Path) -> str:
@@ -47,9 +50,10 @@ def models(root: Path) -> str:
 def complete(serve: Serve, model: str, prompt: str, tokens: int) -> dict[str, Any]:
     body = {"model": model, "prompt": prompt, "max_tokens": tokens, "temperature": 0}
     request = urllib.request.Request(
-        f"{serve.url}/v1/completions", json.dumps(body).encode(),
+        f"{serve.url}/v1/completions",
+        json.dumps(body).encode(),
         {"Content-Type": "application/json"},
-    )  # fmt: skip
+    )
     with urllib.request.urlopen(request, timeout=600) as resp:
         return dict(json.load(resp)["timings"])
 
@@ -96,9 +100,14 @@ def main() -> int:
     except SetupFailed as exc:
         print(f"setup failed: {exc}", file=sys.stderr)
         return 1
-    report = {"load_average_at_start": load, "cores": os.cpu_count(), "rounds": args.rounds,
-              "tokens": args.tokens, "seconds": round(time.monotonic() - started),
-              "workloads": results}  # fmt: skip
+    report = {
+        "load_average_at_start": load,
+        "cores": os.cpu_count(),
+        "rounds": args.rounds,
+        "tokens": args.tokens,
+        "seconds": round(time.monotonic() - started),
+        "workloads": results,
+    }
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -106,17 +115,21 @@ def main() -> int:
         f"Gemma 3 270M, decode tokens/s (median of {args.rounds} rounds, {args.tokens} tokens "
         f"a request; load average {load:.1f} on {os.cpu_count()} cores at the start)"
     )
-    print(f"{'workload':<12} {'dense':>8} {'ngram':>8} {'draft':>8} {'ngram/dense':>12} "
-          f"{'ngram acc.':>11} {'draft acc.':>11}")  # fmt: skip
+    print(
+        f"{'workload':<12} {'dense':>8} {'ngram':>8} {'draft':>8} {'ngram/dense':>12} "
+        f"{'ngram acc.':>11} {'draft acc.':>11}"
+    )
     for workload, by_mode in results.items():
         tps = {m: by_mode[m]["decode_tps"] for m in MODES}
 
         def share(value: float | None) -> str:
             return "-" if value is None else f"{value:.0%}"
 
-        print(f"{workload:<12} {tps['dense']:>8.1f} {tps['ngram']:>8.1f} {tps['draft']:>8.1f} "
-              f"{tps['ngram'] / tps['dense']:>11.2f}x {share(by_mode['ngram']['acceptance']):>11} "
-              f"{share(by_mode['draft']['acceptance']):>11}")  # fmt: skip
+        print(
+            f"{workload:<12} {tps['dense']:>8.1f} {tps['ngram']:>8.1f} {tps['draft']:>8.1f} "
+            f"{tps['ngram'] / tps['dense']:>11.2f}x {share(by_mode['ngram']['acceptance']):>11} "
+            f"{share(by_mode['draft']['acceptance']):>11}"
+        )
     return 0
 
 

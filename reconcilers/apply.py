@@ -107,9 +107,14 @@ def route_notes(
         if any(arch in offered[c].architectures for c in coming if c in offered):
             continue
         decided = route(
-            model.name, arch, lanes, offers, pin=routing.pins.get(model.name),
-            default=routing.defaults.get(model.name, "llamacpp"), mode=routing.mode,
-        )  # fmt: skip
+            model.name,
+            arch,
+            lanes,
+            offers,
+            pin=routing.pins.get(model.name),
+            default=routing.defaults.get(model.name, "llamacpp"),
+            mode=routing.mode,
+        )
         if decided.refusal is not None:
             notes.append(Note(f"models.{model.name}", decided.refusal))
     return notes
@@ -177,9 +182,12 @@ def execute(
             )
     touched = {(a.kind, a.name) for a in plan.actions}
     kinds = (
-        ("engine", engines), ("model", models), ("projector", projectors), ("lora", loras),
+        ("engine", engines),
+        ("model", models),
+        ("projector", projectors),
+        ("lora", loras),
         ("key", keys),
-    )  # fmt: skip
+    )
     for kind, names in kinds:
         for name in names:
             if (kind, name) not in touched:

@@ -140,10 +140,13 @@ def caught_up(fork: ObservedLane, lanes: Sequence[ObservedLane]) -> str | None:
     """Why the active mainstream engine of the fork's kind now supports every architecture
     the fork adds, or None while it does not (or its support is not recorded yet)."""
     mainstream = next(
-        (lane for lane in lanes
-         if lane.origin == "mainstream" and lane.kind == fork.kind and lane.active),
+        (
+            lane
+            for lane in lanes
+            if lane.origin == "mainstream" and lane.kind == fork.kind and lane.active
+        ),
         None,
-    )  # fmt: skip
+    )
     if mainstream is None or not fork.adds:
         return None
     if not all(mainstream.support.get(arch) is True for arch in fork.adds):
@@ -177,9 +180,11 @@ def plan_forks(lanes: Sequence[ObservedLane], now: datetime, retire_days: int) -
 
     def move(lane: ObservedLane, to: str, change: Change, reason: str, why: str) -> None:
         details: dict[str, object] = {
-            "lane": lane.lane, "state": {"from": lane.state, "to": to}, "since": stamp,
+            "lane": lane.lane,
+            "state": {"from": lane.state, "to": to},
+            "since": stamp,
             "why": why,
-        }  # fmt: skip
+        }
         actions.append(Action("engine", lane.lane, change, reason, details))
 
     for lane in lanes:

@@ -32,9 +32,13 @@ def plan_keys(
 ) -> tuple[list[Action], list[str]]:
     """Pure: (actions, managed keys kept because --prune was not given)."""
     return plan_kind(
-        "key", desired, observed, prune=prune,
-        created=lambda key: {"models": list(key.models)}, compare=_compare,
-    )  # fmt: skip
+        "key",
+        desired,
+        observed,
+        prune=prune,
+        created=lambda key: {"models": list(key.models)},
+        compare=_compare,
+    )
 
 
 def apply_key(action: Action, desired: DesiredKey | None, port: KeysPort) -> None:

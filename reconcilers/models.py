@@ -56,9 +56,14 @@ def plan_models(
 ) -> tuple[list[Action], list[str]]:
     """Pure: (actions, managed models kept because --prune was not given)."""
     return plan_kind(
-        "model", desired, observed, prune=prune, created=_details, compare=_compare,
+        "model",
+        desired,
+        observed,
+        prune=prune,
+        created=_details,
+        compare=_compare,
         deleted=lambda have: {"sha256": have.sha256},
-    )  # fmt: skip
+    )
 
 
 def apply_model(

@@ -1,6 +1,6 @@
 """The ports: the only way reconcilers touch the world.
 
-`blazar.wiring` supplies real implementations (store, registry, engine
+`blazar.reconcile.ports` supplies real implementations (store, registry, engine
 lanes, model sources); tests supply in-memory fakes. Observed state comes
 back as the plain values below.
 """

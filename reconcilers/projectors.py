@@ -47,9 +47,15 @@ def plan_projectors(
     """Pure: (actions, managed projectors kept because --prune was not given). Named after
     their model; the skeleton is `reconcilers.planner`'s."""
     return plan_kind(
-        KIND, desired, observed, prune=prune, created=lambda p: {"source": p.source},
-        compare=_compare, key=lambda p: str(p.model), missing="not held",
-    )  # fmt: skip
+        KIND,
+        desired,
+        observed,
+        prune=prune,
+        created=lambda p: {"source": p.source},
+        compare=_compare,
+        key=lambda p: str(p.model),
+        missing="not held",
+    )
 
 
 def apply_projector(

@@ -79,25 +79,32 @@ def route(
             return Route(None, None, f"{how} to lane {name!r}, which has no engine installed")
         if lane.state == RETIRED:
             return Route(
-                None, None, f"{how} to retired lane {name!r}",
+                None,
+                None,
+                f"{how} to retired lane {name!r}",
                 f"model '{model}' is pinned to the fork lane '{name}', which was retired "
                 f"({lane.reason or 'mainstream supports its architectures'}): remove "
                 f"models.{model}.engine from the manifest and apply",
-            )  # fmt: skip
+            )
         if mode == AUTO and architecture and lane.support.get(architecture) is False:
             return Route(
-                None, None, f"{how} to lane {name!r}, which cannot load {architecture}",
+                None,
+                None,
+                f"{how} to lane {name!r}, which cannot load {architecture}",
                 f"model '{model}' is pinned to engine lane '{name}' ({lane.active}), which does "
                 f"not support architecture '{architecture}': remove models.{model}.engine to "
                 f"route it automatically, or {install_hint(architecture, offers, kind)}",
-            )  # fmt: skip
+            )
         return Route(lane.lane, lane.active, how)
     forks = [
         lane
         for lane in lanes
-        if lane.origin == "fork" and lane.kind == kind and _served(lane)
-        and architecture is not None and architecture in lane.adds
-    ]  # fmt: skip
+        if lane.origin == "fork"
+        and lane.kind == kind
+        and _served(lane)
+        and architecture is not None
+        and architecture in lane.adds
+    ]
     if forks:
         fork = min(forks, key=lambda f: (f.state != "active", f.lane))
         why = f"fork lane {fork.lane!r} adds {architecture}"
@@ -105,14 +112,23 @@ def route(
             why += f" ({fork.state}: {fork.reason})" if fork.reason else f" ({fork.state})"
         return Route(fork.lane, fork.active, why)
     mainstream = next(
-        (lane for lane in lanes if lane.origin == "mainstream" and lane.kind == kind
-         and lane.active is not None and lane.lane == default),
+        (
+            lane
+            for lane in lanes
+            if lane.origin == "mainstream"
+            and lane.kind == kind
+            and lane.active is not None
+            and lane.lane == default
+        ),
         None,
     ) or next(
-        (lane for lane in lanes if lane.origin == "mainstream" and lane.kind == kind
-         and lane.active is not None),
+        (
+            lane
+            for lane in lanes
+            if lane.origin == "mainstream" and lane.kind == kind and lane.active is not None
+        ),
         None,
-    )  # fmt: skip
+    )
     if mainstream is None:
         return Route(None, None, f"no {kind} engine is installed")
     if not architecture:
@@ -123,8 +139,10 @@ def route(
     if support:
         return Route(mainstream.lane, mainstream.active, f"mainstream supports {architecture}")
     return Route(
-        None, None, f"no installed engine supports {architecture}",
+        None,
+        None,
+        f"no installed engine supports {architecture}",
         f"model '{model}' has architecture '{architecture}', which no installed engine supports "
         f"({mainstream.lane} {mainstream.active} does not load it): "
         f"{install_hint(architecture, offers, kind)}",
-    )  # fmt: skip
+    )

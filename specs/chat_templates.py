@@ -1,7 +1,7 @@
 """What a model's `chat_template` declares: a built-in name, Jinja text, or a file.
 
 `specs.fields.ChatTemplate` validates the manifest field with
-`check_chat_template`; `blazar.chat_templates` calls `classify_chat_template`
+`check_chat_template`; `blazar.launch.served_template` calls `classify_chat_template`
 to turn a declaration into the Jinja text the engine is given. The rule, in
 order (it is also the field's documentation):
 
@@ -15,7 +15,7 @@ order (it is also the field's documentation):
 Why Blazar ships them rather than passing a name to llama.cpp: with `--jinja`
 llama.cpp takes every `--chat-template` value but `chatml` as Jinja text, so
 `gemma` rendered every prompt as the word "gemma" (see LLAMA_SERVER_FACTS.md).
-Pure: the templates are files in `blazar/templates/`, one per name below (a
+Pure: the templates are files in `blazar/launch/templates/`, one per name below (a
 test keeps the two lists equal).
 """
 

@@ -76,10 +76,25 @@ _RESERVED_ARGS = {
 
 
 _CHAT_ONLY = (
-    "ctx", "chat_template", "embeddings", "pooling", "system", "params", "session_bank",
-    "cache_type", "kv_unified", "cache_ram_mb", "cache_reuse", "ctx_extend", "load_mode",
-    "deterministic", "flash_attn", "mmproj", "mmproj_sha256", *SPEC_FIELDS,
-)  # fmt: skip
+    "ctx",
+    "chat_template",
+    "embeddings",
+    "pooling",
+    "system",
+    "params",
+    "session_bank",
+    "cache_type",
+    "kv_unified",
+    "cache_ram_mb",
+    "cache_reuse",
+    "ctx_extend",
+    "load_mode",
+    "deterministic",
+    "flash_attn",
+    "mmproj",
+    "mmproj_sha256",
+    *SPEC_FIELDS,
+)
 AUTO_PROJECTOR = "auto"  # mmproj = "auto": the projector in the model's Hugging Face repo
 
 
@@ -293,30 +308,42 @@ class Model(Table):
         "a model may be its own draft.",
     )
     draft_max: int | None = Field(
-        default=None, ge=1, le=256,
+        default=None,
+        ge=1,
+        le=256,
         description="Most tokens the draft proposes per step. Default: the engine's (3).",
-    )  # fmt: skip
+    )
     draft_min: int | None = Field(
-        default=None, ge=0, le=256,
+        default=None,
+        ge=0,
+        le=256,
         description="Fewest tokens the draft proposes per step. Default: the engine's (0).",
-    )  # fmt: skip
+    )
     draft_p_min: float | None = Field(
-        default=None, ge=0, le=1,
+        default=None,
+        ge=0,
+        le=1,
         description="Least probability a drafted token needs for the draft to go on. "
         "Default: the engine's.",
-    )  # fmt: skip
+    )
     ngram_size_n: int | None = Field(
-        default=None, ge=1, le=1024,
+        default=None,
+        ge=1,
+        le=1024,
         description="n-gram lookup: tokens of context it matches. Default: the engine's (12).",
-    )  # fmt: skip
+    )
     ngram_size_m: int | None = Field(
-        default=None, ge=1, le=1024,
+        default=None,
+        ge=1,
+        le=1024,
         description="n-gram lookup: most tokens it drafts at a match. Default: the engine's (48).",
-    )  # fmt: skip
+    )
     ngram_min_hits: int | None = Field(
-        default=None, ge=1, le=1024,
+        default=None,
+        ge=1,
+        le=1024,
         description="n-gram lookup: matches seen before it drafts. Default: the engine's (1).",
-    )  # fmt: skip
+    )
     args: list[str] = Field(
         default=[],
         description="Extra llama-server flags, such as ['--batch-size', '1024'].",

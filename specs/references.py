@@ -24,8 +24,11 @@ DEFAULT_ENGINE = "llamacpp"
 # uses when the manifest declares no engine of that kind (docs/audio.md).
 ENGINE_FOR_KIND = {"chat": "llamacpp", "transcription": "whisper", "speech": "piper"}
 # Every kind of engine a model of each kind may run on (chat: llama.cpp or mistral.rs).
-ENGINES_FOR_KIND = {"chat": ("llamacpp", "mistralrs"), "transcription": ("whisper",),
-                    "speech": ("piper",)}  # fmt: skip
+ENGINES_FOR_KIND = {
+    "chat": ("llamacpp", "mistralrs"),
+    "transcription": ("whisper",),
+    "speech": ("piper",),
+}
 
 
 def default_kind(doc: Mapping[str, Any], kind: str = "chat") -> str:

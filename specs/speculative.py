@@ -5,7 +5,7 @@ stand for, and the rules that make a declaration one the engine can honour.
 lookup's knobs) and calls `check_speculation` from its validator: a knob for a mode the
 model is pinned away from, a draft mode without a draft, a speculative embedding model
 are refused, never ignored. Pure: the draft's vocabulary is checked where the GGUFs are
-(`blazar.vocab`), at diff and before a spawn.
+(`blazar.models.vocab`), at diff and before a spawn.
 """
 
 from __future__ import annotations
@@ -51,8 +51,11 @@ def check_speculation(model: Any) -> None:
             "set draft to a declared model with the same vocabulary (`blazar drafts MODEL` "
             "lists them), or choose spec = 'ngram'",
         )
-    pinned_away = {"off": (*DRAFT_KNOBS, "draft", *NGRAM_KNOBS), "ngram": (*DRAFT_KNOBS, "draft"),
-                   "draft": NGRAM_KNOBS}.get(mode, ())  # fmt: skip
+    pinned_away = {
+        "off": (*DRAFT_KNOBS, "draft", *NGRAM_KNOBS),
+        "ngram": (*DRAFT_KNOBS, "draft"),
+        "draft": NGRAM_KNOBS,
+    }.get(mode, ())
     for field in pinned_away:
         if field in given and getattr(model, field) is not None:
             kind = "the n-gram lookup" if field in NGRAM_KNOBS else "draft decoding"

@@ -3,7 +3,7 @@
 A user who declares a field believes Blazar acts on it. Until the work that
 implements a field lands, `blazar diff`, `apply` and `serve` refuse a
 manifest that uses it, naming the field and saying it is not supported yet
-(`blazar.reconcile.load` calls `unsupported`). Pure: a function of the
+(`blazar.reconcile.apply.load` calls `unsupported`). Pure: a function of the
 manifest. When a field becomes real, its entry here goes away.
 """
 

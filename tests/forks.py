@@ -112,9 +112,14 @@ class ForkRepo:
 
 
 def offer_toml(
-    offer_id: str, repo: str, commit: str, tree: str, *, adds: str = "nova",
+    offer_id: str,
+    repo: str,
+    commit: str,
+    tree: str,
+    *,
+    adds: str = "nova",
     upstream: str | None = "b12000",
-) -> str:  # fmt: skip
+) -> str:
     lines = [
         f"[offers.{offer_id}]",
         f'description = "adds {adds} (test fork)"',

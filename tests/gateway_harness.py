@@ -31,7 +31,7 @@ from blazar.serve.supervisor.child_http import ChildConnections
 from blazar.serve.supervisor.instance import State
 from blazar.serve.supervisor.runtime import ModelRuntime
 from blazar.serve.supervisor.scheduler import Scheduler
-from blazar.store import Store
+from blazar.store.db import Store
 
 
 def one_chunk_of_a_stream(handler: BaseHTTPRequestHandler) -> None:
@@ -50,10 +50,22 @@ def one_chunk_of_a_stream(handler: BaseHTTPRequestHandler) -> None:
 
 def runtime(name: str, **fields: Any) -> ModelRuntime:
     base: dict[str, Any] = dict(
-        name=name, path=f"/m/{name}.gguf", aliases=(), ctx=512, slots=1, replicas=0, pin=False,
-        keep_alive=300.0, engine_tag="b1-cpu", command=("llama-server",), has_template=True,
-        chat_template=None, embeddings=False, pooling=None, extra_args=(),
-    )  # fmt: skip
+        name=name,
+        path=f"/m/{name}.gguf",
+        aliases=(),
+        ctx=512,
+        slots=1,
+        replicas=0,
+        pin=False,
+        keep_alive=300.0,
+        engine_tag="b1-cpu",
+        command=("llama-server",),
+        has_template=True,
+        chat_template=None,
+        embeddings=False,
+        pooling=None,
+        extra_args=(),
+    )
     base.update(fields)
     return ModelRuntime(**base)
 

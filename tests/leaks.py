@@ -191,8 +191,9 @@ class Leaks:
         found = reap(left_behind(before, home, self.shared)) if before else []
         problems = []
         if pending and item.get_closest_marker("pending_tasks_expected") is None:
-            problems.append("asyncio tasks still pending when their loop closed:\n  " +
-                            "\n  ".join(pending))  # fmt: skip
+            problems.append(
+                "asyncio tasks still pending when their loop closed:\n  " + "\n  ".join(pending)
+            )
         if found:
             problems.append("processes left running (killed now):\n  " + "\n  ".join(found))
         if problems:

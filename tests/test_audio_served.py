@@ -200,9 +200,12 @@ def test_subtitle_and_verbose_formats_parse(host: Host) -> None:
     assert vtt.startswith("WEBVTT\n\n")
     assert re.search(r"\d\d:\d\d:\d\d\.\d{3} --> \d\d:\d\d:\d\d\.\d{3}\n", vtt)
     verbose = client.audio.transcriptions.create(
-        model="whisper-base", file=("fox.wav", audio), response_format="verbose_json",
-        timestamp_granularities=["word", "segment"], language="en",
-    )  # fmt: skip
+        model="whisper-base",
+        file=("fox.wav", audio),
+        response_format="verbose_json",
+        timestamp_granularities=["word", "segment"],
+        language="en",
+    )
     assert verbose.language == "english" and words(verbose.text) == HEARD
     rate, _, _, frames, _ = wav_info(audio)
     assert abs(verbose.duration - frames / rate) < 0.1
@@ -219,28 +222,60 @@ def test_bad_input_gets_openais_errors(host: Host) -> None:
     client = host.client
     audio = host.speech()
     cases: list[tuple[Callable[[], Any], int, str]] = [
-        (lambda: client.audio.transcriptions.create(model="whisper-base",
-         file=("x.wav", b"this is not audio at all")), 400, "not audio that can be decoded"),
-        (lambda: client.audio.transcriptions.create(model="whisper-base", file=("x.wav", b"")),
-         400, "the audio file is empty"),
-        (lambda: client.audio.transcriptions.create(model="large-v9", file=("x.wav", audio)),
-         404, "model 'large-v9' not found"),
-        (lambda: client.audio.transcriptions.create(model="joe", file=("x.wav", audio)),
-         400, "model 'joe' is a speech (text to speech) voice"),
-        (lambda: client.audio.speech.create(model="tiny", voice="alloy", input="hi"),
-         400, "model 'tiny' is a chat model, and this endpoint needs a speech"),
-        (lambda: client.audio.speech.create(model="whisper-base", voice="alloy", input="hi"),
-         400, "is a transcription (speech to text) model"),
-        (lambda: client.chat.completions.create(
-            model="joe", messages=[{"role": "user", "content": "hi"}]),
-         400, "model 'joe' is a speech (text to speech) voice, and this endpoint needs a chat"),
-        (lambda: client.audio.speech.create(model="joe", voice="joe", input="hi",
-                                            response_format="mp3"),
-         400, "the piper lane encodes wav and pcm"),
-        (lambda: client.audio.transcriptions.create(
-            model="whisper-base", file=("big.wav", b"\0" * (9 * 1024 * 1024))),
-         413, "larger than the 8.0 MiB the gateway accepts (serving.max_audio_upload)"),
-    ]  # fmt: skip
+        (
+            lambda: client.audio.transcriptions.create(
+                model="whisper-base", file=("x.wav", b"this is not audio at all")
+            ),
+            400,
+            "not audio that can be decoded",
+        ),
+        (
+            lambda: client.audio.transcriptions.create(model="whisper-base", file=("x.wav", b"")),
+            400,
+            "the audio file is empty",
+        ),
+        (
+            lambda: client.audio.transcriptions.create(model="large-v9", file=("x.wav", audio)),
+            404,
+            "model 'large-v9' not found",
+        ),
+        (
+            lambda: client.audio.transcriptions.create(model="joe", file=("x.wav", audio)),
+            400,
+            "model 'joe' is a speech (text to speech) voice",
+        ),
+        (
+            lambda: client.audio.speech.create(model="tiny", voice="alloy", input="hi"),
+            400,
+            "model 'tiny' is a chat model, and this endpoint needs a speech",
+        ),
+        (
+            lambda: client.audio.speech.create(model="whisper-base", voice="alloy", input="hi"),
+            400,
+            "is a transcription (speech to text) model",
+        ),
+        (
+            lambda: client.chat.completions.create(
+                model="joe", messages=[{"role": "user", "content": "hi"}]
+            ),
+            400,
+            "model 'joe' is a speech (text to speech) voice, and this endpoint needs a chat",
+        ),
+        (
+            lambda: client.audio.speech.create(
+                model="joe", voice="joe", input="hi", response_format="mp3"
+            ),
+            400,
+            "the piper lane encodes wav and pcm",
+        ),
+        (
+            lambda: client.audio.transcriptions.create(
+                model="whisper-base", file=("big.wav", b"\0" * (9 * 1024 * 1024))
+            ),
+            413,
+            "larger than the 8.0 MiB the gateway accepts (serving.max_audio_upload)",
+        ),
+    ]
     for call, status, says in cases:
         with pytest.raises(openai.APIStatusError) as info:
             call()

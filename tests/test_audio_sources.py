@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from blazar.errors import VerificationFailed
-from blazar.filesets import set_digest
+from blazar.models.filesets import set_digest
 from blazar.paths import Paths
 from blazar.sources import fetch
-from blazar.store import Store
+from blazar.store.db import Store
 from specs.names import parse_name
 from tests.conftest import Blazar
 from tests.hf_endpoint import FakeHub
@@ -71,9 +71,12 @@ def sha(data: bytes) -> str:
 
 def test_a_repo_is_a_set_of_files_each_verified(hub: FakeHub, tmp_path: Path) -> None:
     got = fetch(
-        "hf://Systran/faster-whisper-base", sha256=None, downloads=tmp_path,
-        env={"HF_ENDPOINT": hub.url}, kind="transcription",
-    )  # fmt: skip
+        "hf://Systran/faster-whisper-base",
+        sha256=None,
+        downloads=tmp_path,
+        env={"HF_ENDPOINT": hub.url},
+        kind="transcription",
+    )
     assert got.names == ("config.json", "model.bin", "tokenizer.json", "vocabulary.txt")
     assert [f.read_bytes() for f in got.files] == [WHISPER_FILES[n] for n in got.names]
     assert got.hashes == {n: sha(WHISPER_FILES[n]) for n in got.names}
@@ -82,16 +85,21 @@ def test_a_repo_is_a_set_of_files_each_verified(hub: FakeHub, tmp_path: Path) ->
     hub.wrong_bytes.add("model.bin")
     with pytest.raises(VerificationFailed, match=r"model\.bin from .* nothing was kept"):
         fetch(
-            "hf://Systran/faster-whisper-base", sha256=None, downloads=tmp_path / "again",
-            env={"HF_ENDPOINT": hub.url}, kind="transcription",
-        )  # fmt: skip
+            "hf://Systran/faster-whisper-base",
+            sha256=None,
+            downloads=tmp_path / "again",
+            env={"HF_ENDPOINT": hub.url},
+            kind="transcription",
+        )
 
 
 def test_a_directory_is_the_files_under_it(hub: FakeHub, tmp_path: Path) -> None:
     got = fetch(
-        f"hf://rhasspy/piper-voices/{AMY}@v1.0.0", sha256=None, downloads=tmp_path,
+        f"hf://rhasspy/piper-voices/{AMY}@v1.0.0",
+        sha256=None,
+        downloads=tmp_path,
         env={"HF_ENDPOINT": hub.url},
-    )  # fmt: skip
+    )
     assert got.names == ("MODEL_CARD", "en_US-amy-medium.onnx", "en_US-amy-medium.onnx.json")
     assert got.detail["directory"] == AMY
 

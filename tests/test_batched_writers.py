@@ -40,7 +40,7 @@ from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from blazar.observe import traces_db
+from blazar.observe import trace_store as trace_store
 from blazar.paths import Paths
 from blazar.protocols.openai_audio import transcription_request
 from blazar.serve.gateway import audit
@@ -55,7 +55,7 @@ from blazar.serve.state.remotes import FLEET
 from blazar.serve.state.tracing import Observer
 from blazar.serve.supervisor.child_http import ChildConnections
 from blazar.serve.supervisor.scheduler import Scheduler
-from blazar.store import Store, Written, insert_isolated, storable
+from blazar.store.db import Store, Written, insert_isolated, storable
 
 FF = b"\xff".decode("utf-8", "surrogateescape")  # 0xFF as aiohttp hands it on: '\udcff'
 
@@ -88,13 +88,13 @@ def test_a_trace_batch_keeps_every_good_record(
 ) -> None:
     good = [record(f"good{i}") for i in range(4)]
     with Store(tmp_path / "blazar.db") as store:
-        written = traces_db.write(store, [*good[:2], poison, *good[2:]])
+        written = trace_store.write(store, [*good[:2], poison, *good[2:]])
         for rec in good:
-            assert traces_db.find(store, rec["id"]) == rec
+            assert trace_store.find(store, rec["id"]) == rec
         assert written.dropped == dropped and written.total == 4 + (1 - dropped)
-        assert traces_db.count(store) == written.total
+        assert trace_store.count(store) == written.total
         if found_as is not None:
-            kept = traces_db.find(store, found_as)
+            kept = trace_store.find(store, found_as)
             assert kept is not None and kept["time"] == poison["time"]
 
 
@@ -388,7 +388,7 @@ def test_any_header_bytes_give_a_trace_found_by_the_id_the_response_carried(
             status, echoed = gw.ask(sent)
             assert status == 404  # no such model: answered, and traced
             gw.call(gw.observer.flush())
-            found = traces_db.find(store, echoed)
+            found = trace_store.find(store, echoed)
             assert found is not None and found["id"] == echoed
             value = sent.strip(b" \t")
             if value and all(0x20 <= b <= 0x7E for b in value) and len(value) <= MAX_TRACE_ID:

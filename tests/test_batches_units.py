@@ -23,14 +23,16 @@ from blazar.protocols import anthropic_batches as shapes
 from blazar.serve.request.asks import Ask
 from blazar.serve.request.batch_store import BatchStore
 from blazar.serve.request.batches import MessageBatches, may_start
-from blazar.store import Store
+from blazar.store.db import Store
 
 HI = [{"role": "user", "content": "hi"}]
 
 
 def request(custom_id: str, **params: Any) -> dict[str, Any]:
-    return {"custom_id": custom_id, "params": {"model": "m", "max_tokens": 4, "messages": HI,
-                                               **params}}  # fmt: skip
+    return {
+        "custom_id": custom_id,
+        "params": {"model": "m", "max_tokens": 4, "messages": HI, **params},
+    }
 
 
 @pytest.mark.parametrize(
@@ -81,16 +83,30 @@ def test_pages_go_both_ways_and_objects_are_anthropic_s() -> None:
     assert shapes.page(ids, 2, "c", None) == (["e", "d"], False)
     assert shapes.page(ids, 1, "c", None) == (["d"], True)
     assert shapes.page(ids, 9, None, "zz") == ([], False)
-    for query, says in (({"limit": "0"}, "limit"), ({"limit": "x"}, "limit"),
-                        ({"before_id": "a", "after_id": "b"}, "both")):  # fmt: skip
+    for query, says in (
+        ({"limit": "0"}, "limit"),
+        ({"limit": "x"}, "limit"),
+        ({"before_id": "a", "after_id": "b"}, "both"),
+    ):
         with pytest.raises(ProtocolError, match=says):
             shapes.page_bounds(query)
     body = shapes.batch_object(
-        "msgbatch_1", shapes.ENDED, ["succeeded", "errored", "queued"], created_at=0.0,
-        expires_at=86400.0, ended_at=5.5, cancel_initiated_at=None, base_url="http://h:1",
-    )  # fmt: skip
-    assert body["request_counts"] == {"processing": 1, "succeeded": 1, "errored": 1,
-                                      "canceled": 0, "expired": 0}  # fmt: skip
+        "msgbatch_1",
+        shapes.ENDED,
+        ["succeeded", "errored", "queued"],
+        created_at=0.0,
+        expires_at=86400.0,
+        ended_at=5.5,
+        cancel_initiated_at=None,
+        base_url="http://h:1",
+    )
+    assert body["request_counts"] == {
+        "processing": 1,
+        "succeeded": 1,
+        "errored": 1,
+        "canceled": 0,
+        "expired": 0,
+    }
     assert body["created_at"] == "1970-01-01T00:00:00Z" and body["ended_at"].endswith("5.500000Z")
     assert body["results_url"] == "http://h:1/v1/messages/batches/msgbatch_1/results"
     assert shapes.errored(503, "busy", "all_slots_busy") == {
@@ -130,11 +146,14 @@ class StandIn:
 def runner(tmp_path: Path, pipeline: StandIn, clock: list[float]) -> MessageBatches:
     Store(tmp_path / "blazar.db").close()  # migrated
     return MessageBatches(
-        BatchStore(tmp_path / "blazar.db", tmp_path / "apply.lock"), pipeline,  # type: ignore[arg-type]
+        BatchStore(tmp_path / "blazar.db", tmp_path / "apply.lock"),
+        pipeline,  # type: ignore[arg-type]
         lambda params: Ask(params["model"], "/v1/messages", params),
-        in_flight=lambda: 1, expiry=lambda: 100.0, retention=lambda: 1000.0,
+        in_flight=lambda: 1,
+        expiry=lambda: 100.0,
+        retention=lambda: 1000.0,
         clock=lambda: clock[0],
-    )  # fmt: skip
+    )
 
 
 async def turns(n: int = 20) -> None:
@@ -158,8 +177,9 @@ def test_cancel_expiry_failures_and_a_restart(tmp_path: Path) -> None:
         pipeline = StandIn(fail={3: ProtocolError(400, "too long for the context")})
         batches = runner(tmp_path, pipeline, clock)
         await batches.start()
-        asked = shapes.batch_requests({"requests": [request(f"r{i}", max_tokens=i)
-                                                    for i in range(1, 5)]})  # fmt: skip
+        asked = shapes.batch_requests(
+            {"requests": [request(f"r{i}", max_tokens=i) for i in range(1, 5)]}
+        )
         first = batches.submit(asked, key="k")
         await turns()
         assert pipeline.in_flight == 1  # one at a time on a model with one slot

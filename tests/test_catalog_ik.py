@@ -18,14 +18,14 @@ import pytest
 from blazar.engines.base import InstalledEngine
 from blazar.engines.catalog import SHIPPED, load_catalog
 from blazar.engines.lanes import FORK, LaneRecord, LaneStore
+from blazar.engines.ledger import EngineStore
 from blazar.engines.probe import probe
-from blazar.engines.records import EngineStore
 from blazar.engines.service import Engines
 from blazar.errors import InvalidInput
+from blazar.models.registry import Registry
 from blazar.paths import Paths
-from blazar.registry import Registry
 from blazar.serve.supervisor.build import build_runtimes
-from blazar.store import Store
+from blazar.store.db import Store
 from blazar.testing.tiny import write_tiny_model
 from reconcilers.ports import ObservedLane, OfferView
 from reconcilers.routing import route
@@ -77,9 +77,13 @@ def test_a_model_of_a_listed_architecture_is_refused_then_routed_to_the_ik_lane(
 ) -> None:
     ik = shipped(paths)
     main = ObservedLane(
-        "llamacpp", "llamacpp", "mainstream", active="b11549-cpu", build=11549,
+        "llamacpp",
+        "llamacpp",
+        "mainstream",
+        active="b11549-cpu",
+        build=11549,
         support={"llama": True, "openpangu": False},
-    )  # fmt: skip
+    )
     refused = route("pangu", "openpangu", [main], [ik])
     assert refused.lane is None and "blazar engine install --lane ik" in (refused.refusal or "")
 
@@ -103,9 +107,10 @@ def test_a_model_of_a_listed_architecture_is_refused_then_routed_to_the_ik_lane(
             engines.activate(lane, engine_tag, "first install")
         lanes.record_support("llamacpp", "b11549-cpu", "openpangu", False, "probe")
         lanes.put(
-            LaneRecord("ik", "llamacpp", FORK, offer=offer.to_json(),
-                       architectures=offer.architectures)
-        )  # fmt: skip
+            LaneRecord(
+                "ik", "llamacpp", FORK, offer=offer.to_json(), architectures=offer.architectures
+            )
+        )
         runtimes = build_runtimes(store, Manifest(), (ik,))
     assert (runtimes["openpangu"].engine_lane, runtimes["openpangu"].engine_tag) == ("ik", tag)
     assert runtimes["openpangu"].refusal is None

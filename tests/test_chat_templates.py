@@ -11,7 +11,12 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from blazar.chat_templates import MAX_TEMPLATE_BYTES, TEMPLATES_DIR, applied_template, builtin_text
+from blazar.launch.served_template import (
+    MAX_TEMPLATE_BYTES,
+    TEMPLATES_DIR,
+    applied_template,
+    builtin_text,
+)
 from blazar.serve.supervisor.runtime import ModelRuntime
 from blazar.testing.tiny import write_tiny_model
 from specs.chat_templates import BUILTIN_TEMPLATES, classify_chat_template
@@ -116,10 +121,22 @@ def test_applied_template_reads_each_form(tmp_path: Path, monkeypatch: pytest.Mo
 
 def runtime(**fields: object) -> ModelRuntime:
     base: dict[str, object] = dict(
-        name="m", path="/m.gguf", aliases=(), ctx=512, slots=1, replicas=0, pin=False,
-        keep_alive=300.0, engine_tag="b1-cpu", command=("llama-server",), has_template=False,
-        chat_template=None, embeddings=False, pooling=None, extra_args=(),
-    )  # fmt: skip
+        name="m",
+        path="/m.gguf",
+        aliases=(),
+        ctx=512,
+        slots=1,
+        replicas=0,
+        pin=False,
+        keep_alive=300.0,
+        engine_tag="b1-cpu",
+        command=("llama-server",),
+        has_template=False,
+        chat_template=None,
+        embeddings=False,
+        pooling=None,
+        extra_args=(),
+    )
     base.update(fields)
     return ModelRuntime(**base)  # type: ignore[arg-type]  # fields of mixed types
 

@@ -23,7 +23,7 @@ import ollama
 import openai
 import pytest
 
-from blazar.chat_templates import builtin_text
+from blazar.launch.served_template import builtin_text
 from blazar.testing.tiny import write_tiny_model
 from specs.chat_templates import BUILTIN_TEMPLATES
 from tests.fixtures import ENGINE, WHEELS

@@ -1,4 +1,4 @@
-"""The child-process primitives (`blazar.children`) and the one-job `EngineServer` built on
+"""The child-process primitives (`blazar.host.children`) and the one-job `EngineServer` built on
 them, with real child processes: the real engine on a tiny model, and small fake servers
 (tests/fake_children.py) for faults. A test that leaves a child or an asyncio task behind
 fails (tests/leaks.py, for the whole suite).
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from blazar import children
-from blazar.children import ChildLog, LogFile, health_delay, listening_port
 from blazar.engines.process import EngineServer, EngineStartError
+from blazar.host import children
+from blazar.host.children import ChildLog, LogFile, health_delay, listening_port
 from tests.fake_children import (
     FAKE_DEAD_PORT,
     LAUNCHER,
@@ -49,11 +49,14 @@ def script(tmp_path: Path, text: str) -> tuple[str, ...]:
         ("listening on http://127.0.0.1:", None),
         ("", None),
         # ik_llama.cpp's server names the port it was asked for: 0 means "ask the kernel".
-        ('INFO [ main] HTTP server listening | tid="1" n_threads_http="3" port="0" '
-         'hostname="127.0.0.1"', 0),
+        (
+            'INFO [ main] HTTP server listening | tid="1" n_threads_http="3" port="0" '
+            'hostname="127.0.0.1"',
+            0,
+        ),
         ('INFO [ main] HTTP server listening | port="8080" hostname="127.0.0.1"', 8080),
     ],
-)  # fmt: skip
+)
 def test_listening_port_reads_the_announced_port(line: str, port: int | None) -> None:
     assert listening_port(line) == port
 
@@ -67,8 +70,16 @@ def test_health_is_polled_finely_at_first_then_coarsely(elapsed: float, delay: f
 
 def test_server_argv_ends_with_host_and_port_zero() -> None:
     argv = children.server_argv(("python", "launcher.py"), ("--model", "m.gguf"), "127.0.0.1")
-    assert argv == ("python", "launcher.py", "--model", "m.gguf", "--host", "127.0.0.1",
-                    "--port", "0")  # fmt: skip
+    assert argv == (
+        "python",
+        "launcher.py",
+        "--model",
+        "m.gguf",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+    )
 
 
 # -- the log ---------------------------------------------------------------------------------
@@ -263,8 +274,9 @@ def test_engine_server_that_never_turns_healthy_is_killed_at_the_deadline(
     tmp_path: Path,
 ) -> None:
     async def main() -> None:
-        server = EngineServer(script(tmp_path, FAKE_DEAD_PORT), (), tmp_path / "e.log",
-                              start_timeout=0.5)  # fmt: skip
+        server = EngineServer(
+            script(tmp_path, FAKE_DEAD_PORT), (), tmp_path / "e.log", start_timeout=0.5
+        )
         with pytest.raises(EngineStartError, match=r"did not become healthy within 0.5 s"):
             await server.start()
         assert child_processes(str(tmp_path)) == []

@@ -19,12 +19,13 @@ from pathlib import Path
 import click
 import pytest
 
-from blazar import gguf_info, hashing, registry
 from blazar.cli.main import COMMANDS, cli, load_command
 from blazar.cli.models import model_json
+from blazar.models import gguf as gguf_info
+from blazar.models import hashing, registry
 from blazar.paths import Paths
-from blazar.store import Store
-from blazar.store_reads import read_models
+from blazar.store.db import Store
+from blazar.store.reads import read_models
 from specs.names import parse_name
 from tests.conftest import Blazar
 

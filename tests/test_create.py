@@ -42,9 +42,19 @@ def listed(blazar: Blazar) -> dict[str, dict]:  # type: ignore[type-arg]
 
 def test_create_from_flags_derives_a_declaration(blazar: Blazar, paths: Paths, tiny: Path) -> None:
     out = blazar(
-        "create", "brief", "--from", "tiny", "--system", "Be brief.",
-        "--param", "temperature=0.2", "--param", "stop=<|im_end|>", "--param", "num_ctx=512",
-    ).output  # fmt: skip
+        "create",
+        "brief",
+        "--from",
+        "tiny",
+        "--system",
+        "Be brief.",
+        "--param",
+        "temperature=0.2",
+        "--param",
+        "stop=<|im_end|>",
+        "--param",
+        "num_ctx=512",
+    ).output
     assert "created brief from tiny" in out
     brief = manifest(paths)["models"]["brief"]
     held = listed(blazar)
@@ -62,8 +72,10 @@ def test_create_from_flags_derives_a_declaration(blazar: Blazar, paths: Paths, t
     assert again.exit_code == 1 and "declared already" in again.output and "--force" in again.output
     blazar("create", "brief", "--from", "brief", "--param", "seed=7", "--force")
     assert manifest(paths)["models"]["brief"]["params"] == {
-        "temperature": 0.2, "stop": ["<|im_end|>"], "seed": 7,
-    }  # fmt: skip
+        "temperature": 0.2,
+        "stop": ["<|im_end|>"],
+        "seed": 7,
+    }
     for args, needle in [
         (("--from", "nothing"), "neither declared in the manifest nor in the store"),
         (("--from", "tiny", "--param", "top_k=lots"), "top_k takes an integer"),

@@ -14,7 +14,7 @@ import pytest
 from blazar.doctor import DaemonView, Finding, exit_code
 from blazar.doctor.host import system_findings, version_finding
 from blazar.doctor.serving import channel_findings, runtime_findings
-from blazar.engines.records import EngineRecord
+from blazar.engines.ledger import EngineRecord
 from specs.manifest import Manifest
 from specs.serving import Serving
 from tests.fixtures import ENGINE_VERSION

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from blazar.engines.ledger import EngineStore
 from blazar.engines.process import EngineServer
-from blazar.engines.records import EngineStore
 from blazar.engines.wheel import tag_for_version
 from blazar.errors import InvalidInput
 from blazar.paths import Paths
-from blazar.store import Store
+from blazar.store.db import Store
 from blazar.testing.tiny import is_tiny_text
 from tests.conftest import Blazar
 from tests.feeds import ReleaseFeed, launcher_script, server_archive

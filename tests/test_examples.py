@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from blazar.paths import resolve_paths
-from blazar.store import Store
+from blazar.store.db import Store
 from blazar.testing.tiny import write_tiny_model
 from specs.loader import SUFFIXES, load_manifest
 from tests.conftest import Blazar

@@ -13,8 +13,8 @@ import pytest
 
 from blazar.engines import launcher
 from blazar.errors import InvalidInput
-from blazar.fit import estimate
-from blazar.hardware import Device, memory_devices, system_memory
+from blazar.host.hardware import Device, memory_devices, system_memory
+from blazar.models.fit import estimate
 from blazar.testing.tiny import write_tiny_model
 from tests.conftest import Blazar
 
@@ -40,7 +40,7 @@ def ram(free: int) -> list[Device]:
 
 
 # Expected values below are worked out by hand from docs/fit.md for FACTS (Gemma 3 270M's
-# shape), not computed with blazar.fit's code:
+# shape), not computed with blazar.models.fit's code:
 #   kv/token (f16)  = 18 layers x 1 kv head x (256 + 256) x 2 bytes      =      18,432
 #   kv at ctx 4096  = 18,432 x 4,096                                     =  75,497,472
 #   compute         = 4 x 512 x (262,144 + 4 x 640 + 2,048) + 32 MiB
@@ -131,9 +131,25 @@ LISTENING = "blazar-launcher: listening on "
 
 def engine_kv_log(model: Path, ctx: int, cache_type: str, log: Path) -> tuple[str, int, int]:
     """Start the real engine on `model`; return its logged KV size (MiB text), cells, layers."""
-    command = [sys.executable, str(LAUNCHER), "--host", "127.0.0.1", "--port", "0",
-               "--model", str(model), "--ctx-size", str(ctx), "-ctk", cache_type,
-               "-ctv", cache_type, "--threads", "2", "--verbose"]  # fmt: skip
+    command = [
+        sys.executable,
+        str(LAUNCHER),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--model",
+        str(model),
+        "--ctx-size",
+        str(ctx),
+        "-ctk",
+        cache_type,
+        "-ctv",
+        cache_type,
+        "--threads",
+        "2",
+        "--verbose",
+    ]
     with log.open("w") as err:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err, text=True)
     try:

@@ -52,5 +52,8 @@ def test_write_models_writes_each_once(tmp_path: Path) -> None:
     written = write_models(tmp_path, "fox", "tiny", "yak")
     assert set(written) == {"fox", "tiny", "yak"}
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "fox.gguf", "other.gguf", "tiny.gguf", "yak.gguf"
-    ]  # fmt: skip
+        "fox.gguf",
+        "other.gguf",
+        "tiny.gguf",
+        "yak.gguf",
+    ]

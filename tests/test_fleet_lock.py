@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from blazar.engines.wheel import tag_for_version
-from blazar.lockfile import Lock, Locked, drift, merged, parse_lock, refusals
 from blazar.paths import Paths
+from blazar.reconcile.lockfile import Lock, Locked, drift, merged, parse_lock, refusals
 from blazar.testing.tiny import write_tiny_model
 from reconcilers.desired import Desired, DesiredEngine, DesiredModel
 from tests.conftest import Blazar
@@ -187,12 +187,16 @@ def test_lock_rules_are_pure_functions_of_values() -> None:
     desired = Desired(engines=(engine,), models=(model,))
     lock = Lock(
         (
-            Locked("engine", "llamacpp", (("install", "wheel"), ("backend", "cpu"),
-                   ("declared", "latest")), {"version": ENGINE_VERSION, "tag": "wheel-x"}),
+            Locked(
+                "engine",
+                "llamacpp",
+                (("install", "wheel"), ("backend", "cpu"), ("declared", "latest")),
+                {"version": ENGINE_VERSION, "tag": "wheel-x"},
+            ),
             Locked("model", "m", (("source", "file:///m.gguf"),), {"sha256": "aa" * 32}),
             Locked("model", "gone", (("source", "file:///g.gguf"),), {"sha256": "bb" * 32}),
         )
-    )  # fmt: skip
+    )
     assert refusals(lock, desired) == []
     pinned = DesiredEngine("llamacpp", "llamacpp", "wheel", OLD_ENGINE_VERSION)
     assert refusals(lock, Desired(engines=(pinned,), models=(model,))) == [

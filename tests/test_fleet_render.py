@@ -12,10 +12,10 @@ import pytest
 import yaml
 from kubernetes_validate.utils import all_versions
 
+from blazar.models.registry import Registry
 from blazar.paths import Paths
-from blazar.registry import Registry
 from blazar.render.kubernetes import quantity, wants_gpu
-from blazar.store import Store
+from blazar.store.db import Store
 from blazar.testing.tiny import write_tiny_model
 from specs.loader import load_manifest_text
 from specs.names import parse_name
@@ -28,8 +28,12 @@ GIB = 1024**3
 
 def test_the_validation_is_strict() -> None:
     """A field Kubernetes does not know fails it: the checks below can fail."""
-    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "x"},
-               "spec": {"ports": [{"port": 1, "targetPort": "http"}], "portz": []}}  # fmt: skip
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "x"},
+        "spec": {"ports": [{"port": 1, "targetPort": "http"}], "portz": []},
+    }
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(service, K8S, strict=True)
 
@@ -67,8 +71,16 @@ def test_the_fleet_example_renders_valid_kubernetes_documents(
     [container] = pod["containers"]
     assert deployment["replicas"] == 1
     assert container["image"].startswith("blazar:")
-    assert container["args"] == ["serve", "/etc/blazar", "--host", "0.0.0.0", "--port", "11435",
-                                 "--overlay", "gpu-box"]  # fmt: skip
+    assert container["args"] == [
+        "serve",
+        "/etc/blazar",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "11435",
+        "--overlay",
+        "gpu-box",
+    ]
     # resources: fit's estimate of both models (sizes from the lock, a quarter more) + serve
     resources = container["resources"]
     assert resources["requests"]["memory"] == quantity(int(4 * GIB * 1.25) + 512 * 1024**2)
@@ -101,8 +113,9 @@ def test_the_fleet_example_renders_valid_kubernetes_documents(
     assert load_manifest(back, "gpu-box") == load_manifest(fleet_repo, "gpu-box")
 
     # -o DIR: one file a document, each valid
-    written = blazar("render", "kubernetes", str(fleet_repo), "--host", "gpu-box",
-                     "-o", str(tmp_path / "k8s")).output  # fmt: skip
+    written = blazar(
+        "render", "kubernetes", str(fleet_repo), "--host", "gpu-box", "-o", str(tmp_path / "k8s")
+    ).output
     assert written.count("wrote") == 4
     for path in (tmp_path / "k8s").iterdir():
         validated(path.read_text())

@@ -59,8 +59,20 @@ class Plain:
     def __init__(self, model: Path, alias: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        argv = [sys.executable, str(LAUNCHER), "--model", str(model), "--alias", alias,
-                "--host", "127.0.0.1", "--port", str(self.port), "-c", "2048"]  # fmt: skip
+        argv = [
+            sys.executable,
+            str(LAUNCHER),
+            "--model",
+            str(model),
+            "--alias",
+            alias,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "-c",
+            "2048",
+        ]
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def __enter__(self) -> Plain:
@@ -174,8 +186,17 @@ def test_two_hosts_forward_fail_over_and_notice_a_remote_going_down(
     stop = httpx.post(b.url + "/api/blazar/stop", json={"model": "tiny"})
     assert stop.status_code == 404 and "acts on this host's models only" in stop.text
     # forwarded in the client's protocol: A traced them on its ollama and Anthropic routes
-    seen = run_blazar("why", "--model", "tiny", "--last", "20", "--json", "--url", a.url,
-                      env={"BLAZAR_API_KEY": A_ADMIN})  # fmt: skip
+    seen = run_blazar(
+        "why",
+        "--model",
+        "tiny",
+        "--last",
+        "20",
+        "--json",
+        "--url",
+        a.url,
+        env={"BLAZAR_API_KEY": A_ADMIN},
+    )
     routes = {json.loads(line)["route"] for line in seen.stdout.splitlines()}
     assert {"/v1/chat/completions", "/api/chat", "/v1/messages"} <= routes
     assert {json.loads(line)["key"] for line in seen.stdout.splitlines()} == {"b-host"}
@@ -223,11 +244,15 @@ def test_two_hosts_forward_fail_over_and_notice_a_remote_going_down(
     def ask(n: int) -> httpx.Response:
         return httpx.post(
             b.url + "/api/chat",
-            json={"model": "local", "messages": HI, "stream": False,
-                  "options": {"num_predict": 200}},
+            json={
+                "model": "local",
+                "messages": HI,
+                "stream": False,
+                "options": {"num_predict": 200},
+            },
             headers={"x-request-id": f"fleet-spill-{n}"},
             timeout=60,
-        )  # fmt: skip
+        )
 
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(ask, range(8)))

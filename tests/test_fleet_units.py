@@ -166,8 +166,14 @@ class OpenAIOnly(BaseHTTPRequestHandler):
         message = {"role": "assistant", "content": "from the remote"}
         choice = {"index": 0, "message": message, "finish_reason": "stop"}
         usage = {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}
-        answer = {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m",
-                  "choices": [choice], "usage": usage}  # fmt: skip
+        answer = {
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "created": 1,
+            "model": "m",
+            "choices": [choice],
+            "usage": usage,
+        }
         self._json(200, answer)
 
     def _json(self, status: int, body: Any) -> None:
@@ -283,8 +289,9 @@ def test_a_down_remote_is_never_waited_on(remote: LoopbackHTTP) -> None:
             assert down.status_code == 503 and "which is down" in down.json()["error"]
             assert down.headers["Retry-After"]
             # the local child crashed and the only member is down: the child's own 502
-            failed = httpx.post(f"{gateway.url}/v1/chat/completions",
-                                json={"model": "tiny", "messages": HI})  # fmt: skip
+            failed = httpx.post(
+                f"{gateway.url}/v1/chat/completions", json={"model": "tiny", "messages": HI}
+            )
             assert failed.status_code == 502 and failed.json()["error"]["code"] == "upstream_error"
     finally:
         child.stop()
@@ -318,8 +325,11 @@ def test_a_remote_that_does_not_connect_fails_within_its_timeout(blackhole: str)
             member.timeout = 0.5
             member.listed = ("far",)
             started = time.monotonic()
-            failed = httpx.post(f"{gateway.url}/v1/chat/completions",
-                                json={"model": "far", "messages": HI}, timeout=10)  # fmt: skip
+            failed = httpx.post(
+                f"{gateway.url}/v1/chat/completions",
+                json={"model": "far", "messages": HI},
+                timeout=10,
+            )
             took = time.monotonic() - started
             assert failed.status_code == 502 and 0.4 < took < 3, (failed.text, took)
             assert "did not answer" in failed.json()["error"]["message"]

@@ -23,10 +23,10 @@ import ollama
 import openai
 import pytest
 
-from blazar.engines.records import EngineStore
+from blazar.engines.ledger import EngineStore
 from blazar.paths import Paths
-from blazar.reconcile import load, reconcile
-from blazar.store import Store
+from blazar.reconcile.apply import load, reconcile
+from blazar.store.db import Store
 from blazar.testing.tiny import is_tiny_text, write_tiny_model
 from tests.conftest import Blazar
 from tests.feeds import ReleaseFeed, server_archive
@@ -76,8 +76,12 @@ def test_offers_listed_bad_offers_refused_and_a_url_catalog_cached(
     out = blazar("engine", "offers", "--catalog", str(catalog)).output
     assert "nova" in out and commit[:7] in out and "b12000" in out
     assert "refused: offer 'short': commit" in out and "not a full commit SHA" in out
-    rows = [json.loads(line) for line in blazar("engine", "offers", "--catalog", str(catalog),
-                                                 "--json").output.splitlines()]  # fmt: skip
+    rows = [
+        json.loads(line)
+        for line in blazar(
+            "engine", "offers", "--catalog", str(catalog), "--json"
+        ).output.splitlines()
+    ]
     good = next(r for r in rows if r["id"] == "nova")
     assert good["commit"] == commit and good["tree"] == tree and good["architectures"] == ["nova"]
     assert next(r for r in rows if r["id"] == "short")["refused"]
@@ -357,9 +361,11 @@ def test_update_all_walks_two_lanes_behind_their_gates(
     for tag in (MAINSTREAM, "b11063-cpu", old_fork, new_fork):
         assert installed[tag]["bench"]["note"] == "gate"
     again = blazar("engine", "update", "--all", "--version", NEW).stdout.splitlines()
-    assert again == [f"llamacpp: {MAINSTREAM} is current (active)",
-                     f"nova: {new_fork} is already installed but inactive: "
-                     f"`blazar engine use {new_fork}` activates it"]  # fmt: skip
+    assert again == [
+        f"llamacpp: {MAINSTREAM} is current (active)",
+        f"nova: {new_fork} is already installed but inactive: "
+        f"`blazar engine use {new_fork}` activates it",
+    ]
 
 
 # -- the build path itself: `engine build`'s, with the fake toolchain of test_source_build ----
@@ -378,14 +384,23 @@ def test_a_cuda_fork_build_detects_the_toolchain_like_engine_build(
     monkeypatch.setattr(source, "detect_cuda", lambda **_: CUDA)  # what NVML and nvcc said
     runner = FakeCMake()
     engine = install_offer(
-        offer, "cuda", tmp_path / "engines", work_dir=tmp_path / "work",
-        downloads=tmp_path / "dl", runner=runner,
-    )  # fmt: skip
+        offer,
+        "cuda",
+        tmp_path / "engines",
+        work_dir=tmp_path / "work",
+        downloads=tmp_path / "dl",
+        runner=runner,
+    )
     assert engine.tag == f"fork-nova-{commit[:7]}-cuda" and engine.kind == "nova"
     assert engine.path == tmp_path / "engines" / "nova" / engine.tag
     configure = runner.calls[0]
-    for flag in ("-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=86;89", "-DGGML_NOVA=ON",
-                 "-DCMAKE_CUDA_HOST_COMPILER=/usr/bin/g++-13", "-DGGML_NATIVE=OFF"):  # fmt: skip
+    for flag in (
+        "-DGGML_CUDA=ON",
+        "-DCMAKE_CUDA_ARCHITECTURES=86;89",
+        "-DGGML_NOVA=ON",
+        "-DCMAKE_CUDA_HOST_COMPILER=/usr/bin/g++-13",
+        "-DGGML_NATIVE=OFF",
+    ):
         assert flag in configure
     assert engine.details["cuda"] == "12.4" and engine.version == commit
 

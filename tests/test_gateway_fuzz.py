@@ -26,48 +26,108 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from blazar.chat_templates import builtin_text
+from blazar.launch.served_template import builtin_text
 from tests.gateway_harness import InProcessGateway, runtime
 from tests.loopback import LoopbackHTTP
 
 MODELS = ("tiny", "embed", "nope")
 EXAMPLES = int(os.environ.get("BLAZAR_FUZZ_EXAMPLES", "80"))
 FIELDS = (
-    "model", "name", "messages", "prompt", "input", "stream", "tools", "tool_choice",
-    "options", "format", "keep_alive", "max_tokens", "max_output_tokens", "logprobs",
-    "top_logprobs", "echo", "context", "suffix", "raw", "think", "system", "images",
-    "text", "reasoning", "instructions", "source", "destination", "from", "files",
-    "temperature", "stop", "stop_sequences", "thinking", "output_config", "metadata",
-    "n", "dimensions", "truncate", "template", "response_format", "previous_response_id",
-    "include", "parallel_tool_calls", "top_p", "top_k", "insecure", "quantize", "parameters",
-)  # fmt: skip
+    "model",
+    "name",
+    "messages",
+    "prompt",
+    "input",
+    "stream",
+    "tools",
+    "tool_choice",
+    "options",
+    "format",
+    "keep_alive",
+    "max_tokens",
+    "max_output_tokens",
+    "logprobs",
+    "top_logprobs",
+    "echo",
+    "context",
+    "suffix",
+    "raw",
+    "think",
+    "system",
+    "images",
+    "text",
+    "reasoning",
+    "instructions",
+    "source",
+    "destination",
+    "from",
+    "files",
+    "temperature",
+    "stop",
+    "stop_sequences",
+    "thinking",
+    "output_config",
+    "metadata",
+    "n",
+    "dimensions",
+    "truncate",
+    "template",
+    "response_format",
+    "previous_response_id",
+    "include",
+    "parallel_tool_calls",
+    "top_p",
+    "top_k",
+    "insecure",
+    "quantize",
+    "parameters",
+)
 CHUNK = {"choices": [{"index": 0, "delta": {"content": " word"}, "finish_reason": None}]}
 LAST = {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}
 USAGE = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1}}
 CHAT = {
     "id": "chatcmpl-1",
     "object": "chat.completion",
-    "choices": [{"index": 0, "message": {"role": "assistant", "content": " word"},
-                 "finish_reason": "length"}],
+    "choices": [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": " word"},
+            "finish_reason": "length",
+        }
+    ],
     "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
     "timings": {"prompt_n": 3, "prompt_ms": 1.0, "predicted_n": 1, "predicted_ms": 1.0},
-}  # fmt: skip
+}
 MESSAGE = {
-    "id": "chatcmpl-1", "type": "message", "role": "assistant", "model": "m",
-    "content": [{"type": "text", "text": " word"}], "stop_reason": "max_tokens",
-    "stop_sequence": None, "usage": {"input_tokens": 3, "output_tokens": 1},
-}  # fmt: skip
+    "id": "chatcmpl-1",
+    "type": "message",
+    "role": "assistant",
+    "model": "m",
+    "content": [{"type": "text", "text": " word"}],
+    "stop_reason": "max_tokens",
+    "stop_sequence": None,
+    "usage": {"input_tokens": 3, "output_tokens": 1},
+}
 MESSAGE_EVENTS = [
     {"type": "message_start", "message": {**MESSAGE, "content": []}},
     {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
     {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": " w"}},
     {"type": "content_block_stop", "index": 0},
-    {"type": "message_delta", "delta": {"stop_reason": "max_tokens"},
-     "usage": {"output_tokens": 1}},
+    {
+        "type": "message_delta",
+        "delta": {"stop_reason": "max_tokens"},
+        "usage": {"output_tokens": 1},
+    },
     {"type": "message_stop"},
-]  # fmt: skip
-NATIVE = {"content": " word", "stop": True, "stop_type": "limit", "tokens_predicted": 1,
-          "tokens_evaluated": 3, "timings": {"prompt_n": 3, "predicted_n": 1}}  # fmt: skip
+]
+NATIVE = {
+    "content": " word",
+    "stop": True,
+    "stop_type": "limit",
+    "tokens_predicted": 1,
+    "tokens_evaluated": 3,
+    "timings": {"prompt_n": 3, "predicted_n": 1},
+}
 
 
 def _answer(path: str, body: Any) -> tuple[str, Any]:
@@ -76,9 +136,11 @@ def _answer(path: str, body: Any) -> tuple[str, Any]:
     if path == "/v1/chat/completions":
         return ("sse", [CHUNK, LAST, USAGE, "[DONE]"]) if stream else ("json", CHAT)
     if path == "/v1/completions":
-        text = {"id": "chatcmpl-2", "object": "text_completion",
-                "choices": [{"index": 0, "text": " word", "finish_reason": "length",
-                             "logprobs": None}]}  # fmt: skip
+        text = {
+            "id": "chatcmpl-2",
+            "object": "text_completion",
+            "choices": [{"index": 0, "text": " word", "finish_reason": "length", "logprobs": None}],
+        }
         return ("sse", [text, "[DONE]"]) if stream else ("json", text)
     if path == "/v1/embeddings":
         return "json", {"data": [{"index": 0, "embedding": [0.6, 0.8]}], "usage": {}}
@@ -181,35 +243,72 @@ HI = {"role": "user", "content": "hi"}
 # A valid request for each route that takes one: the examples corrupt a part of it, so
 # they get past the first check and into the translators.
 VALID: dict[str, dict[str, Any]] = {
-    "/v1/chat/completions": {"model": "tiny", "messages": [HI], "max_tokens": 2,
-                             "tools": [TOOL], "logprobs": True},
+    "/v1/chat/completions": {
+        "model": "tiny",
+        "messages": [HI],
+        "max_tokens": 2,
+        "tools": [TOOL],
+        "logprobs": True,
+    },
     "/v1/completions": {"model": "tiny", "prompt": "a", "max_tokens": 2, "logprobs": 1},
     "/v1/embeddings": {"model": "embed", "input": "x"},
     "/v1/responses": {
-        "model": "tiny", "max_output_tokens": 3, "instructions": "be brief",
-        "input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
-                  {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
-                  {"type": "function_call_output", "call_id": "c", "output": "ok"}],
+        "model": "tiny",
+        "max_output_tokens": 3,
+        "instructions": "be brief",
+        "input": [
+            {"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+            {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c", "output": "ok"},
+        ],
         "tools": [{"type": "function", "name": "f", "parameters": {}}],
         "text": {"format": {"type": "json_schema", "name": "x", "schema": {}}},
-        "reasoning": {"effort": "none"}},
+        "reasoning": {"effort": "none"},
+    },
     "/v1/messages": {
-        "model": "tiny", "max_tokens": 2, "system": [{"type": "text", "text": "s"}],
-        "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]},
-                     {"role": "assistant", "content": [
-                         {"type": "tool_use", "id": "t", "name": "f", "input": {}}]},
-                     {"role": "user", "content": [
-                         {"type": "tool_result", "tool_use_id": "t", "content": "ok"}]}],
+        "model": "tiny",
+        "max_tokens": 2,
+        "system": [{"type": "text", "text": "s"}],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}],
+            },
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": "t", "content": "ok"}],
+            },
+        ],
         "tools": [{"name": "f", "input_schema": {"type": "object"}}],
-        "stop_sequences": ["x"], "tool_choice": {"type": "auto"}},
+        "stop_sequences": ["x"],
+        "tool_choice": {"type": "auto"},
+    },
     "/api/chat": {
-        "model": "tiny", "stream": False, "format": {"type": "object"}, "keep_alive": "5m",
-        "messages": [HI, {"role": "assistant", "content": "",
-                          "tool_calls": [{"function": {"name": "f", "arguments": {}}}]},
-                     {"role": "tool", "content": "ok", "tool_name": "f"}],
-        "tools": [TOOL], "options": {"num_predict": 2, "temperature": 0.5, "stop": ["x"]}},
-    "/api/generate": {"model": "tiny", "prompt": "hi", "system": "s", "context": [1, 2],
-                      "options": {"num_predict": 2}, "stream": True},
+        "model": "tiny",
+        "stream": False,
+        "format": {"type": "object"},
+        "keep_alive": "5m",
+        "messages": [
+            HI,
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"function": {"name": "f", "arguments": {}}}],
+            },
+            {"role": "tool", "content": "ok", "tool_name": "f"},
+        ],
+        "tools": [TOOL],
+        "options": {"num_predict": 2, "temperature": 0.5, "stop": ["x"]},
+    },
+    "/api/generate": {
+        "model": "tiny",
+        "prompt": "hi",
+        "system": "s",
+        "context": [1, 2],
+        "options": {"num_predict": 2},
+        "stream": True,
+    },
     "/api/embed": {"model": "embed", "input": ["a", "b"], "dimensions": 1},
     "/api/embeddings": {"model": "embed", "prompt": "a"},
     "/api/show": {"model": "tiny"},
@@ -218,7 +317,7 @@ VALID: dict[str, dict[str, Any]] = {
     "/api/pull": {"model": "nope-model", "stream": False},
     "/api/create": {"model": "made", "from": "/nonexistent/made.gguf", "stream": False},
     "/api/blazar/stop": {"model": "tiny"},
-}  # fmt: skip
+}
 VALID["/v1/messages/count_tokens"] = VALID["/v1/messages"]
 
 
@@ -247,7 +346,7 @@ NOT_JSON_NUMBERS = [
     b'{"model": "tiny", "temperature": NaN}',
     b'{"model": "tiny", "keep_alive": 1e999}',
     b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "top_p": -Infinity}',
-]  # fmt: skip
+]
 garbage = st.one_of(
     request_object.map(lambda b: json.dumps(b).encode()),
     json_value.map(lambda v: json.dumps(v).encode()),
@@ -293,8 +392,15 @@ def still_serves(client: httpx.Client, url: str) -> None:
 def test_every_route_is_walked(gateway: InProcessGateway) -> None:
     found = routes(gateway)
     paths = {path for _, path in found}
-    for path in ("/v1/chat/completions", "/v1/responses", "/v1/models/{model}", "/api/chat",
-                 "/api/pull", "/v1/messages", "/api/blazar/ps"):  # fmt: skip
+    for path in (
+        "/v1/chat/completions",
+        "/v1/responses",
+        "/v1/models/{model}",
+        "/api/chat",
+        "/api/pull",
+        "/v1/messages",
+        "/api/blazar/ps",
+    ):
         assert path in paths, path
     assert len(found) >= 30
 

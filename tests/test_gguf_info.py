@@ -9,7 +9,7 @@ import gguf
 import pytest
 
 from blazar.errors import NotGGUF
-from blazar.gguf_info import inspect_gguf
+from blazar.models.gguf import inspect_gguf
 from blazar.testing.tiny import write_tiny_lora, write_tiny_model
 
 

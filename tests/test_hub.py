@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import tomlkit
 
-from blazar.hardware import memory_devices
+from blazar.host.hardware import memory_devices
 from blazar.paths import Paths
 from blazar.testing.tiny import tiny_model_bytes
 from tests.conftest import Blazar

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from blazar.manifest_edit import split_key
+from blazar.manifest.edit import split_key
 from blazar.paths import Paths
 from blazar.testing.tiny import write_tiny_model
 from specs.sources import default_name, parse_source

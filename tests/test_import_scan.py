@@ -121,9 +121,16 @@ def test_scan_lists_what_other_runtimes_hold_and_adopts_by_hardlink(
     q4 = found["tiny:q4_k_m"]
     assert q4["path"] == str(stores["hf-q4"]) and q4["origin"].startswith("acme/Tiny-GGUF/")
     assert q4["command"] == shlex.join(
-        ["blazar", "import", str(stores["hf-q4"]), "--name", "tiny:q4_k_m", "--sha256",
-         sha(tiny(3))]
-    )  # fmt: skip
+        [
+            "blazar",
+            "import",
+            str(stores["hf-q4"]),
+            "--name",
+            "tiny:q4_k_m",
+            "--sha256",
+            sha(tiny(3)),
+        ]
+    )
     split = found["split:q8_0"]
     assert split["size"] == len(tiny(4)) + len(tiny(5)) and len(split["shards"]) == 2
     assert found["held:q4_k_m"]["held"] == "already"  # Blazar holds these bytes already

@@ -57,8 +57,9 @@ def fake_spec(tmp_path: Path, script: str, **kw: Any) -> InstanceSpec:
     script = script.replace("MARKER", str(tmp_path))
     kw.setdefault("log_path", tmp_path / "logs" / "fake-0.log")
     command = (sys.executable, "-c", script)
-    return InstanceSpec(key="fake/0", model="fake", replica=0, engine_tag="test",
-                        command=command, args=(), **kw)  # fmt: skip
+    return InstanceSpec(
+        key="fake/0", model="fake", replica=0, engine_tag="test", command=command, args=(), **kw
+    )
 
 
 class Events:

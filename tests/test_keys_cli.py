@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from blazar.paths import Paths
-from blazar.store import Store
+from blazar.store.db import Store
 from specs.loader import load_manifest
 from tests.conftest import Blazar
 
@@ -21,9 +21,20 @@ def test_keys_add_list_rm(blazar: Blazar, paths: Paths, tmp_path: Path, tiny_mod
     manifest = tmp_path / "team.toml"
     manifest.write_text(MANIFEST.format(source=tiny_model.as_uri()))
     added = blazar(
-        "keys", "add", "ci", "--scope", "admin", "--models", "tiny", "--rpm", "60",
-        "--description", "the CI runner", "--manifest", str(manifest),
-    )  # fmt: skip
+        "keys",
+        "add",
+        "ci",
+        "--scope",
+        "admin",
+        "--models",
+        "tiny",
+        "--rpm",
+        "60",
+        "--description",
+        "the CI runner",
+        "--manifest",
+        str(manifest),
+    )
     key = added.stdout.strip()
     assert added.stdout == key + "\n"  # alone on stdout: KEY=$(blazar keys add ci) works
     assert key.startswith("plm_") and len(key) == 4 + 43
@@ -49,8 +60,12 @@ def test_keys_add_list_rm(blazar: Blazar, paths: Paths, tmp_path: Path, tiny_mod
     assert second != key
     listed = blazar("keys", "list", "--manifest", str(manifest)).stdout
     assert "ci" in listed and "admin" in listed and "never" in listed
-    rows = [json.loads(line) for line in blazar("keys", "list", "--json", "--manifest",
-                                                 str(manifest)).stdout.splitlines()]  # fmt: skip
+    rows = [
+        json.loads(line)
+        for line in blazar(
+            "keys", "list", "--json", "--manifest", str(manifest)
+        ).stdout.splitlines()
+    ]
     assert [(r["name"], r["scope"], r["models"]) for r in rows] == [
         ("ci", "admin", ["tiny"]),
         ("web", "inference", ["*"]),

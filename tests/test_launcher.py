@@ -252,14 +252,49 @@ def test_quantized_kv_cache_with_a_fitting_head_size(
 def test_flags_map_onto_common_params(tiny_model: Path, tmp_path: Path) -> None:
     import xllamacpp
 
-    params = launcher.parse_args([
-        f"--model={tiny_model}", "-t", "3", "-tb", "5", "-ngl", "all", "-b", "64", "-ub", "32",
-        "--seed", "-1", "--no-jinja", "--lora", "a.gguf,b.gguf", "--lora-scaled", "c.gguf:0.5",
-        "--lora", "d.gguf", "--api-key", "k1,k2", "--api-key", "k3", "--alias", "x,y",
-        "--lora-init-without-apply", "--embedding", "--pooling", "last", "--no-kv-unified",
-        "-lm", "mmap+mlock", "--reuse-port", "--slot-save-path", str(tmp_path),
-        "--chat-template", "chatml", "--verbose",
-    ])  # fmt: skip
+    params = launcher.parse_args(
+        [
+            f"--model={tiny_model}",
+            "-t",
+            "3",
+            "-tb",
+            "5",
+            "-ngl",
+            "all",
+            "-b",
+            "64",
+            "-ub",
+            "32",
+            "--seed",
+            "-1",
+            "--no-jinja",
+            "--lora",
+            "a.gguf,b.gguf",
+            "--lora-scaled",
+            "c.gguf:0.5",
+            "--lora",
+            "d.gguf",
+            "--api-key",
+            "k1,k2",
+            "--api-key",
+            "k3",
+            "--alias",
+            "x,y",
+            "--lora-init-without-apply",
+            "--embedding",
+            "--pooling",
+            "last",
+            "--no-kv-unified",
+            "-lm",
+            "mmap+mlock",
+            "--reuse-port",
+            "--slot-save-path",
+            str(tmp_path),
+            "--chat-template",
+            "chatml",
+            "--verbose",
+        ]
+    )
     assert params.model.path == str(tiny_model)
     assert (params.cpuparams.n_threads, params.cpuparams_batch.n_threads) == (3, 5)
     assert (params.n_gpu_layers, params.n_batch, params.n_ubatch) == (-2, 64, 32)
@@ -365,10 +400,15 @@ def test_launcher_needs_only_the_standard_library_and_xllamacpp() -> None:
         (companion, {"xllamacpp"}),
     ):
         tree = ast.parse(script.read_text())
-        imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
-                    for alias in node.names}  # fmt: skip
-        imported |= {node.module or "" for node in ast.walk(tree)
-                     if isinstance(node, ast.ImportFrom)}  # fmt: skip
+        imported = {
+            alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Import)
+            for alias in node.names
+        }
+        imported |= {
+            node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+        }
         roots = {
             name.split(".")[0] for name in imported if name != "blazar.engines.launcher_server"
         }

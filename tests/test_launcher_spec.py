@@ -24,13 +24,36 @@ def test_spec_flags_map_onto_common_params(tiny_model: Path, tmp_path: Path) -> 
     import xllamacpp
 
     kinds = xllamacpp.common_speculative_type
-    params = launcher.parse_args([
-        "-m", str(tiny_model), "-t", "3", "--spec-type", "ngram-simple,draft-simple",
-        "--spec-draft-model", str(tiny_model), "--spec-draft-n-max", "7", "--draft-min", "2",
-        "--draft-p-min", "0.6", "--spec-ngram-size-n", "5", "--spec-ngram-size-m", "20",
-        "--spec-ngram-min-hits", "2", "-lcs", "static.bin", "-lcd", "dynamic.bin",
-        "--cache-reuse", "64",
-    ])  # fmt: skip
+    params = launcher.parse_args(
+        [
+            "-m",
+            str(tiny_model),
+            "-t",
+            "3",
+            "--spec-type",
+            "ngram-simple,draft-simple",
+            "--spec-draft-model",
+            str(tiny_model),
+            "--spec-draft-n-max",
+            "7",
+            "--draft-min",
+            "2",
+            "--draft-p-min",
+            "0.6",
+            "--spec-ngram-size-n",
+            "5",
+            "--spec-ngram-size-m",
+            "20",
+            "--spec-ngram-min-hits",
+            "2",
+            "-lcs",
+            "static.bin",
+            "-lcd",
+            "dynamic.bin",
+            "--cache-reuse",
+            "64",
+        ]
+    )
     spec = params.speculative
     assert spec.types == [
         kinds.COMMON_SPECULATIVE_TYPE_NGRAM_SIMPLE,
@@ -110,6 +133,10 @@ def test_a_draft_model_drafts_and_the_answer_is_the_dense_one(
 
 def test_help_lists_the_spec_flags() -> None:
     result = run_launcher("--help")
-    for name in ("--spec-type TYPE[,TYPE]", "--spec-draft-model, --model-draft, -md FNAME",
-                 "--spec-ngram-size-n N", "--lookup-cache-static, -lcs FNAME"):  # fmt: skip
+    for name in (
+        "--spec-type TYPE[,TYPE]",
+        "--spec-draft-model, --model-draft, -md FNAME",
+        "--spec-ngram-size-n N",
+        "--lookup-cache-static, -lcs FNAME",
+    ):
         assert name in result.stdout

@@ -68,10 +68,13 @@ def test_the_leak_checks_fire_and_only_on_a_leak(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-             str(tmp_path)],
-            capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120,
-        )  # fmt: skip
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=env,
+            timeout=120,
+        )
     finally:
         leftovers = processes_mentioning(marker)
         for pid in leftovers:
@@ -81,9 +84,10 @@ def test_the_leak_checks_fire_and_only_on_a_leak(tmp_path: Path) -> None:
     assert re.search(r"\b5 passed, 3 errors\b", out), out
     errors = re.findall(r"^ERROR test_inner.py::(\w+)", out, re.M)
     assert sorted(errors) == [
-        "test_a_child_left_running", "test_a_task_left_pending",
+        "test_a_child_left_running",
+        "test_a_task_left_pending",
         "test_an_orphan_started_under_the_home",
-    ], out  # fmt: skip
+    ], out
     # what each error's own section says it found (the short summary repeats it when the
     # terminal is wide enough, so it is not counted)
     found = dict(re.findall(r"^test_inner.py::(\w+) left things behind: ([^:]+):", out, re.M))

@@ -37,7 +37,7 @@ from aiohttp.http_parser import HttpRequestParserC, HttpRequestParserPy
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from blazar.api_keys import digest, new_secret
+from blazar.manifest.keys import digest, new_secret
 from blazar.paths import resolve_paths
 from blazar.serve import logs as serve_logs
 from blazar.serve.gateway.listener import malformed_head

@@ -56,8 +56,17 @@ def test_lora_add_list_rm_edit_the_manifest(
 
     out = blazar("lora", "add", "tiny", str(lora_files["fox"])).output
     assert "added adapter fox for tiny" in out and "tiny+fox" in out
-    out = blazar("lora", "add", "tiny", str(lora_files["owl"]), "--name", "night", "--always-on",
-                 "--scale", "0.5").output  # fmt: skip
+    out = blazar(
+        "lora",
+        "add",
+        "tiny",
+        str(lora_files["owl"]),
+        "--name",
+        "night",
+        "--always-on",
+        "--scale",
+        "0.5",
+    ).output
     assert "on for every request" in out
     doc = tomlkit.parse(paths.manifest.read_text())
     assert paths.manifest.read_text().startswith("# my models\n")  # comments kept
@@ -290,9 +299,13 @@ def test_lora_rm_while_a_request_uses_it_lets_it_finish(
     # top_logprobs make each chunk about 5 KB: 1500 of them (8 MB) outgrow the socket
     # buffers, so the request stays in flight while this test does not read
     body = {
-        "model": "tiny+fox", "messages": HI, "max_tokens": 1500, "stream": True,
-        "logprobs": True, "top_logprobs": 60,
-    }  # fmt: skip
+        "model": "tiny+fox",
+        "messages": HI,
+        "max_tokens": 1500,
+        "stream": True,
+        "logprobs": True,
+        "top_logprobs": 60,
+    }
     with Served(paths.manifest, blazar_home) as served, httpx.Client(timeout=120) as http:
         wait_until(lambda: "tiny+fox" in json.dumps(served.get("/v1/models")), "the adapter")
         with http.stream("POST", f"{served.url}/v1/chat/completions", json=body) as response:

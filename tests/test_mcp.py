@@ -43,8 +43,7 @@ def calls(tmp_path: Path) -> list[str]:
 @pytest.fixture
 def http_server(tmp_path: Path) -> Iterator[str]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, WEATHER, "http", str(port)],
-                            stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen([sys.executable, WEATHER, "http", str(port)], stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -89,8 +88,9 @@ def test_a_stdio_server_is_owned_restarted_and_stopped(tmp_path: Path) -> None:
 
 def test_a_server_that_cannot_start_says_why_and_gives_up(tmp_path: Path) -> None:
     async def main() -> None:
-        spec = McpSpec("nope", ("/nonexistent/mcp-server",), timeout=5,
-                       log_path=tmp_path / "nope.log")  # fmt: skip
+        spec = McpSpec(
+            "nope", ("/nonexistent/mcp-server",), timeout=5, log_path=tmp_path / "nope.log"
+        )
         server = McpServer(spec, backoff=(0.05,))
         with pytest.raises(McpUnavailable, match="could not run /nonexistent/mcp-server"):
             await server.ensure_ready()
@@ -103,8 +103,12 @@ def test_a_server_that_cannot_start_says_why_and_gives_up(tmp_path: Path) -> Non
             await server.ensure_ready()
         await server.close()
 
-        silent = McpSpec("silent", (sys.executable, "-c", "import time; time.sleep(60)"),
-                         timeout=0.5, log_path=tmp_path / "silent.log")  # fmt: skip
+        silent = McpSpec(
+            "silent",
+            (sys.executable, "-c", "import time; time.sleep(60)"),
+            timeout=0.5,
+            log_path=tmp_path / "silent.log",
+        )
         server = McpServer(silent, backoff=())
         with pytest.raises(McpUnavailable, match=r"start failed: did not answer within 0\.5 s"):
             await server.ensure_ready()
@@ -138,9 +142,15 @@ def test_the_registry_follows_the_manifest(tmp_path: Path) -> None:
         await weather.ensure_ready()
         assert await servers.configure(one) == {}  # unchanged: not restarted
         [row] = servers.snapshot()
-        assert row == {"name": "weather", "transport": "stdio", "state": "ready", "tools": 3,
-                       "tool_names": ["get_weather", "add", "broken"], "restarts": 0,
-                       "last_error": None}  # fmt: skip
+        assert row == {
+            "name": "weather",
+            "transport": "stdio",
+            "state": "ready",
+            "tools": 3,
+            "tool_names": ["get_weather", "add", "broken"],
+            "restarts": 0,
+            "last_error": None,
+        }
         changed = {"weather": Declared(command=[*command, "--only", "add"])}
         assert await servers.configure(changed) == {"weather": "restarted"}
         restarted = servers.get("weather")
@@ -161,9 +171,13 @@ def test_the_loop_s_checks_and_a_tool_s_error_goes_back_as_its_result(tmp_path: 
     with pytest.raises(ProtocolError, match="expected a list of MCP server names"):
         names_of("a", ["a"])
     assert names_of(["a", "a"], ["a"]) == ["a"]
-    assert mcp.untitled({"title": "T", "type": "object", "properties": {
-        "title": {"title": "Title", "type": "string"}}}) == {
-        "type": "object", "properties": {"title": {"type": "string"}}}  # fmt: skip
+    assert mcp.untitled(
+        {
+            "title": "T",
+            "type": "object",
+            "properties": {"title": {"title": "Title", "type": "string"}},
+        }
+    ) == {"type": "object", "properties": {"title": {"type": "string"}}}
 
     async def main() -> None:
         server = McpServer(stdio(tmp_path))
@@ -174,13 +188,18 @@ def test_the_loop_s_checks_and_a_tool_s_error_goes_back_as_its_result(tmp_path: 
         tools, owners = offered({"weather": server}, None)
         assert [t["function"]["name"] for t in tools] == ["get_weather", "add", "broken"]
         assert tools[0]["function"]["parameters"] == {
-            "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]
-        }  # fmt: skip
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        }
         noted: list[dict[str, Any]] = []
 
         def call(name: str, arguments: str) -> dict[str, Any]:
-            return {"id": f"c-{name}", "type": "function",
-                    "function": {"name": name, "arguments": arguments}}  # fmt: skip
+            return {
+                "id": f"c-{name}",
+                "type": "function",
+                "function": {"name": name, "arguments": arguments},
+            }
 
         replies = await asyncio.gather(
             ToolLoop._call(call("broken", "{}"), owners, noted),
@@ -192,7 +211,10 @@ def test_the_loop_s_checks_and_a_tool_s_error_goes_back_as_its_result(tmp_path: 
         assert replies[1] == {"role": "tool", "tool_call_id": "c-add", "content": "3"}
         assert "the arguments are not a JSON object" in replies[2]["content"]
         assert sorted((n["tool"], n["error"]) for n in noted) == [
-            ("add", False), ("add", True), ("broken", True)]  # fmt: skip
+            ("add", False),
+            ("add", True),
+            ("broken", True),
+        ]
         assert calls(tmp_path) and all("add 1," not in c for c in calls(tmp_path))
         await server.close()
 

@@ -74,23 +74,42 @@ def test_servers_are_supervised_listed_and_checked(tmp_path: Path, blazar_home: 
     with Served(manifest, blazar_home) as served:
         servers = wait_for(lambda: (s := listing(served))["weather"]["state"] == "ready" and s)
         assert servers["weather"] == {
-            "name": "weather", "transport": "stdio", "state": "ready", "tools": 3,
-            "tool_names": ["get_weather", "add", "broken"], "restarts": 0, "last_error": None,
-        }  # fmt: skip
+            "name": "weather",
+            "transport": "stdio",
+            "state": "ready",
+            "tools": 3,
+            "tool_names": ["get_weather", "add", "broken"],
+            "restarts": 0,
+            "last_error": None,
+        }
         assert "could not run /nonexistent/mcp-server" in servers["nope"]["last_error"]
         assert "command" not in servers["nope"]  # the listing never shows command lines
 
         chat = served.url + "/v1/chat/completions"
         hi = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
         for body, status, says in (
-            ({**hi, "mcp": ["x"]}, 400, "no MCP server 'x' is declared; declared here: nope, "
-             "weather"),
+            (
+                {**hi, "mcp": ["x"]},
+                400,
+                "no MCP server 'x' is declared; declared here: nope, weather",
+            ),
             ({**hi, "mcp": "weather"}, 400, "expected a list of MCP server names"),
             ({**hi, "mcp": ["nope"]}, 503, "MCP server 'nope'"),
-            ({**hi, "mcp": ["weather"], "tools": [{"type": "function", "function": {
-                "name": "add", "parameters": {"type": "object"}}}]}, 400,
-             "tool 'add' is offered by MCP server 'weather' and by the request's tools"),
-        ):  # fmt: skip
+            (
+                {
+                    **hi,
+                    "mcp": ["weather"],
+                    "tools": [
+                        {
+                            "type": "function",
+                            "function": {"name": "add", "parameters": {"type": "object"}},
+                        }
+                    ],
+                },
+                400,
+                "tool 'add' is offered by MCP server 'weather' and by the request's tools",
+            ),
+        ):
             got, _, answer = post(chat, body)
             assert (got, True) == (status, says in answer["error"]["message"]), answer
         got, _, answer = post(served.url + "/v1/completions", {**hi, "mcp": ["weather"]})
@@ -130,9 +149,12 @@ def test_the_gateway_runs_the_tool_loop_on_gemma(
         options: dict[str, Any] = {"max_tokens": 30, "temperature": 1.0}
         for seed in SEEDS:
             raw = client.chat.completions.with_raw_response.create(
-                model="gemma3-270m", messages=ASK, seed=seed,  # type: ignore[arg-type]
-                extra_body={"mcp": ["weather"]}, **options,
-            )  # fmt: skip
+                model="gemma3-270m",
+                messages=ASK,
+                seed=seed,  # type: ignore[arg-type]
+                extra_body={"mcp": ["weather"]},
+                **options,
+            )
             if marker.exists():
                 break
         else:
@@ -146,14 +168,20 @@ def test_the_gateway_runs_the_tool_loop_on_gemma(
         trace = served.get(f"/api/why/{raw.headers['x-request-id']}")
         [first, last] = trace["tool_rounds"]
         assert [(c["server"], c["tool"], c["error"]) for c in first["calls"]] == [
-            ("weather", "get_weather", False)]  # fmt: skip
+            ("weather", "get_weather", False)
+        ]
         assert last["calls"] == [] and trace["status"] == 200
 
         # The same, streamed: the loop runs first, then the answer comes as chunks.
         stream = client.chat.completions.create(
-            model="gemma3-270m", messages=ASK, seed=seed, stream=True,  # type: ignore[arg-type]
-            stream_options={"include_usage": True}, extra_body={"mcp": ["weather"]}, **options,
-        )  # fmt: skip
+            model="gemma3-270m",
+            messages=ASK,
+            seed=seed,
+            stream=True,  # type: ignore[arg-type]
+            stream_options={"include_usage": True},
+            extra_body={"mcp": ["weather"]},
+            **options,
+        )
         chunks = list(stream)
         streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         assert streamed == text_out and chunks[-1].usage is not None

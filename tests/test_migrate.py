@@ -13,7 +13,7 @@ import pytest
 
 from blazar.migrate.server_flags import map_command
 from blazar.paths import Paths
-from blazar.store import Store
+from blazar.store.db import Store
 from blazar.testing.tiny import write_tiny_lora, write_tiny_model
 from blazar.testing.tiny_vision import write_tiny_projector
 from specs.loader import load_manifest
@@ -37,20 +37,28 @@ def ollama(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
     params = {"num_ctx": 1024, "temperature": 0.3, "stop": ["<|im_end|>"], "num_gpu": 99}
     return {
         "qwen": write_ollama_model(
-            store, "qwen3", "0.6b", gguf=tiny.read_bytes(), params=params,
+            store,
+            "qwen3",
+            "0.6b",
+            gguf=tiny.read_bytes(),
+            params=params,
             system="You answer in one word.",
         ),
         "fox": write_ollama_model(
             store, "me/fox", "v1", gguf=tiny.read_bytes(), adapter=lora.read_bytes()
         ),
         "hf": write_ollama_model(
-            store, "owner/repo", "Q4_K_M", gguf=other.read_bytes(), host="hf.co",
+            store,
+            "owner/repo",
+            "Q4_K_M",
+            gguf=other.read_bytes(),
+            host="hf.co",
             projector=projector.read_bytes(),
         ),
         "store": store,
         "lora": lora,
         "projector": projector,
-    }  # fmt: skip
+    }
 
 
 def test_migrate_ollama_writes_a_manifest_that_diff_and_apply_take(
@@ -65,8 +73,9 @@ def test_migrate_ollama_writes_a_manifest_that_diff_and_apply_take(
     assert (qwen.source, qwen.sha256, qwen.ctx) == ("ollama://qwen3:0.6b", digest, 1024)
     assert qwen.system == "You answer in one word."
     assert qwen.params == {
-        "temperature": 0.3, "stop": ["<|im_end|>"],
-    }  # fmt: skip
+        "temperature": 0.3,
+        "stop": ["<|im_end|>"],
+    }
     assert manifest.models["fox:v1"].source == "ollama://me/fox:v1"
     hf = manifest.models["repo:q4_k_m"]  # not ollama's registry: named by its blob's path
     assert hf.source == ollama["hf"].as_uri()
@@ -177,14 +186,18 @@ def test_migrate_llama_swap_maps_what_it_can_and_lists_the_rest(
     assert chat.source == tiny.as_uri()  # relative to the config's directory
     assert (chat.ctx, chat.slots, chat.cache_type, chat.load_mode) == (512, 2, "q8_0", "none")
     assert chat.params == {
-        "temperature": 0.2, "top_k": 20,
-    }  # fmt: skip
+        "temperature": 0.2,
+        "top_k": 20,
+    }
     assert chat.args == ["-ngl", "99"] and chat.aliases == ["gpt-4o-mini", "tiny-alias"]
     assert chat.keep_alive == -1.0  # ttl 0: never unloaded
     embed = manifest.models["embed"]
     assert (embed.embeddings, embed.pooling, embed.ctx, embed.keep_alive) == (
-        True, "mean", None, 120.0,
-    )  # fmt: skip
+        True,
+        "mean",
+        None,
+        120.0,
+    )
     assert embed.pin and embed.replicas == 1  # a persistent group, preloaded
     assert manifest.serving.keep_alive == 600.0 and manifest.serving.max_loaded_models == 2
     (lora,) = manifest.loras.values()
@@ -193,11 +206,20 @@ def test_migrate_llama_swap_maps_what_it_can_and_lists_the_rest(
     assert "sk-hunter2" not in out.read_text()
     box = manifest.remotes["box"]
     assert (str(box.url).rstrip("/"), box.key_env, box.models) == (
-        "http://127.0.0.1:9", "BOX_KEY", ["big-model"],
-    )  # fmt: skip
+        "http://127.0.0.1:9",
+        "BOX_KEY",
+        ["big-model"],
+    )
     unmapped = {u["where"]: u["why"] for u in data["unmapped"]}
-    listed = ["models.Tiny-Chat (name)", "models.Tiny-Chat.env", "models.Tiny-Chat.filters",
-              "models.whisper.cmd", "groups.chat", "healthCheckTimeout", "startPort"]  # fmt: skip
+    listed = [
+        "models.Tiny-Chat (name)",
+        "models.Tiny-Chat.env",
+        "models.Tiny-Chat.filters",
+        "models.whisper.cmd",
+        "groups.chat",
+        "healthCheckTimeout",
+        "startPort",
+    ]
     for where in listed:
         assert where in unmapped, where
         assert where in out.read_text()  # in the manifest's header too
@@ -231,8 +253,12 @@ BASE = Path("/models")
 @pytest.mark.parametrize(
     ("words", "fields", "args", "unmapped"),
     [
-        ("-m a.gguf -c 4096 -np 4", {"source": "file:///models/a.gguf", "ctx": 4096, "slots": 4},
-         [], []),
+        (
+            "-m a.gguf -c 4096 -np 4",
+            {"source": "file:///models/a.gguf", "ctx": 4096, "slots": 4},
+            [],
+            [],
+        ),
         ("--model=/abs/b.gguf --ctx-size=0", {"source": "file:///abs/b.gguf"}, [], []),
         ("-hf ggml-org/x-GGUF:Q8_0 --jinja", {"source": "hf://ggml-org/x-GGUF:Q8_0"}, [], []),
         ("-hf o/r -hff r-q4.gguf", {"source": "hf://o/r/r-q4.gguf"}, [], []),
@@ -243,23 +269,39 @@ BASE = Path("/models")
         ("-cram -1 --cache-reuse 256", {"cache_ram_mb": -1, "cache_reuse": 256}, [], []),
         ("--rerank", {"embeddings": True, "pooling": "rank"}, [], []),
         ("--rope-scaling yarn --rope-scale 4", {"ctx_extend": 4.0}, [], []),
-        ("--seed 7 -n 64 --repeat-penalty 1.1",
-         {"params": {"seed": 7, "num_predict": 64, "repeat_penalty": 1.1}}, [], []),
-        ("-t 8 -b 1024 --no-warmup -ngl 99", {}, ["-t", "8", "-b", "1024", "--no-warmup",
-                                                   "-ngl", "99"], []),
+        (
+            "--seed 7 -n 64 --repeat-penalty 1.1",
+            {"params": {"seed": 7, "num_predict": 64, "repeat_penalty": 1.1}},
+            [],
+            [],
+        ),
+        (
+            "-t 8 -b 1024 --no-warmup -ngl 99",
+            {},
+            ["-t", "8", "-b", "1024", "--no-warmup", "-ngl", "99"],
+            [],
+        ),
         ("--port 8080 --host 0.0.0.0", {}, [], []),
         ("-ctk q8_0 -ctv f16", {}, [], ["-ctk/-ctv"]),
         ("--api-key sk-x --slot-save-path /tmp", {}, [], ["--api-key", "--slot-save-path"]),
         ("-mu https://x/m.gguf", {}, [], ["--model-url"]),
         ("--mmproj vision/mmproj.gguf", {"mmproj": "file:///models/vision/mmproj.gguf"}, [], []),
-        ("-mmu https://x/mm.gguf --no-mmproj-offload", {}, ["--no-mmproj-offload"],
-         ["--mmproj-url"]),
-        ("--chat-template-kwargs {} -lm none", {"load_mode": "none"},
-         ["--chat-template-kwargs", "{}"], []),
+        (
+            "-mmu https://x/mm.gguf --no-mmproj-offload",
+            {},
+            ["--no-mmproj-offload"],
+            ["--mmproj-url"],
+        ),
+        (
+            "--chat-template-kwargs {} -lm none",
+            {"load_mode": "none"},
+            ["--chat-template-kwargs", "{}"],
+            [],
+        ),
         ("--slot-save-path /x --chat-template-file", {}, [], ["--slot-save-path"]),
         ("--temp warm", {}, [], ["--temp"]),
     ],
-)  # fmt: skip
+)
 def test_llama_server_flags(
     words: str, fields: dict[str, object], args: list[str], unmapped: list[str]
 ) -> None:

@@ -51,7 +51,7 @@ REPO = "blazar/tiny-llama-safetensors"
         ({"response_format": {"type": "xml"}}, "text, json_object or json_schema"),
         ({"max_tokens": "ten"}, "'max_tokens' must be an integer"),
     ],
-)  # fmt: skip
+)
 def test_the_launcher_refuses_what_mistral_rs_cannot_do(body: dict[str, Any], refused: str) -> None:
     with pytest.raises(launcher.BadRequest, match=refused.replace("{", r"\{")):
         launcher.common(body)
@@ -59,15 +59,33 @@ def test_the_launcher_refuses_what_mistral_rs_cannot_do(body: dict[str, Any], re
 
 def test_the_launcher_maps_what_it_can() -> None:
     mapped = launcher.common(
-        {"n_predict": 7, "repeat_penalty": 1.1, "stop": "x", "temperature": 0, "n": 2,
-         "logprobs": False, "seed": None, "tools": [], "tool_choice": "none",
-         "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "array"}}},
-         "cache_prompt": True, "user": "u"}
-    )  # fmt: skip
+        {
+            "n_predict": 7,
+            "repeat_penalty": 1.1,
+            "stop": "x",
+            "temperature": 0,
+            "n": 2,
+            "logprobs": False,
+            "seed": None,
+            "tools": [],
+            "tool_choice": "none",
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"schema": {"type": "array"}},
+            },
+            "cache_prompt": True,
+            "user": "u",
+        }
+    )
     assert mapped == {
-        "max_tokens": 7, "repetition_penalty": 1.1, "stop_seqs": ["x"], "temperature": 0,
-        "n_choices": 2, "grammar": '{"type": "array"}', "grammar_type": "json_schema",
-    }  # fmt: skip
+        "max_tokens": 7,
+        "repetition_penalty": 1.1,
+        "stop_seqs": ["x"],
+        "temperature": 0,
+        "n_choices": 2,
+        "grammar": '{"type": "array"}',
+        "grammar_type": "json_schema",
+    }
     assert launcher.common({"max_tokens": -1}) == {"max_tokens": None}  # as long as it takes
 
 
@@ -76,9 +94,13 @@ def test_the_launcher_maps_what_it_can() -> None:
 
 @pytest.mark.parametrize(
     ("kind", "why"),
-    [("sglang", "GPUs through PyTorch"), ("mlx", "Apple silicon"), ("sdcpp", "makes images"),
-     ("nope", "no engine kind Blazar knows")],
-)  # fmt: skip
+    [
+        ("sglang", "GPUs through PyTorch"),
+        ("mlx", "Apple silicon"),
+        ("sdcpp", "makes images"),
+        ("nope", "no engine kind Blazar knows"),
+    ],
+)
 def test_engine_update_of_a_kind_blazar_does_not_have_says_which_exist(
     blazar: Blazar, kind: str, why: str
 ) -> None:
@@ -112,9 +134,12 @@ def chat(client: openai.OpenAI, model: str, **extra: Any) -> str:
 
 
 def test_served_gguf_and_safetensors_models_and_the_refusals(
-    blazar: Blazar, paths: Paths, tmp_path: Path, blazar_home: Path,
+    blazar: Blazar,
+    paths: Paths,
+    tmp_path: Path,
+    blazar_home: Path,
     monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
+) -> None:
     gguf = write_tiny_model(tmp_path / "tiny.gguf")
     later = write_tiny_model(tmp_path / "later.gguf", seed=1)
     nova = write_tiny_model(tmp_path / "nova.gguf", architecture="nova")  # mistral.rs has none
@@ -153,10 +178,15 @@ def test_served_gguf_and_safetensors_models_and_the_refusals(
         lanes = {r["model"]: (r["lane"], r["engine"], r["slots"]) for r in served.ps()}
         assert lanes["tiny"] == lanes["st"] == ("mistralrs", TAG, 1)
 
-        parts = list(client.chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=5,
-            stream=True, stream_options={"include_usage": True},
-        ))  # fmt: skip
+        parts = list(
+            client.chat.completions.create(
+                model="tiny",
+                messages=[{"role": "user", "content": "hi"}],
+                max_tokens=5,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
         text = "".join(c.choices[0].delta.content or "" for c in parts if c.choices)
         assert is_tiny_text(text.strip()) and parts[-1].usage is not None
         assert parts[-1].usage.completion_tokens == 5
@@ -170,8 +200,9 @@ def test_served_gguf_and_safetensors_models_and_the_refusals(
 
         # ollama's and Anthropic's APIs, translated by the gateway for an OpenAI-only engine.
         talk = ollama.Client(host=served.url)
-        said = talk.chat(model="st", messages=[{"role": "user", "content": "hi"}],
-                         options={"num_predict": 4})  # fmt: skip
+        said = talk.chat(
+            model="st", messages=[{"role": "user", "content": "hi"}], options={"num_predict": 4}
+        )
         assert is_tiny_text(said.message.content or "") and said.eval_count == 4
         made = talk.generate(model="tiny", prompt="the quick", options={"num_predict": 4})
         assert is_tiny_text(made.response.strip())
@@ -189,7 +220,7 @@ def test_served_gguf_and_safetensors_models_and_the_refusals(
             ("tiny", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
             ("stray", {}, "serve with a mistralrs lane: `blazar engine install --kind mistralrs`"),
             ("nova", {}, "'nova', which the mistralrs lane does not load (its load probe"),
-        ]:  # fmt: skip
+        ]:
             with pytest.raises(openai.BadRequestError) as caught:
                 chat(client, model, **extra)
             assert reason in caught.value.message, caught.value.message

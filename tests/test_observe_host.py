@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from blazar.paths import Paths
-from blazar.store import Store
+from blazar.store.db import Store
 from blazar.testing.ports import free_port
 from specs.names import parse_name
 from tests.conftest import Blazar

@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
-from blazar.observe import cachebust, traces_db, trail
+from blazar.observe import cachebust, trail
+from blazar.observe import trace_store as trace_store
 from blazar.observe.metrics import rejection, relabel
 from blazar.observe.trace import Trace
-from blazar.store import Store
+from blazar.store.db import Store
 from tests.test_observe import CHAT
 
 # -- cache-bust detection -------------------------------------------------------------------
@@ -217,23 +218,23 @@ def test_traces_are_kept_found_and_pruned_by_age_and_count(tmp_path: Path) -> No
             {**RECORD, "id": f"new{i}", "time": now, "model": "m" if i % 2 else "n"}
             for i in range(6)
         ]
-        traces_db.write(store, old)
-        traces_db.write(store, new)
-        assert traces_db.count(store) == 9
-        assert traces_db.find(store, "old1") == old[1]
-        assert [r["id"] for r in traces_db.recent(store, model="m", limit=2)] == ["new5", "new3"]
-        assert traces_db.prune(store, max_age=600, count=100, now=now) == 3
-        assert traces_db.find(store, "old1") is None
-        assert traces_db.prune(store, max_age=-1, count=4, now=now) == 2
-        assert [r["id"] for r in traces_db.recent(store, limit=10)] == [
+        trace_store.write(store, old)
+        trace_store.write(store, new)
+        assert trace_store.count(store) == 9
+        assert trace_store.find(store, "old1") == old[1]
+        assert [r["id"] for r in trace_store.recent(store, model="m", limit=2)] == ["new5", "new3"]
+        assert trace_store.prune(store, max_age=600, count=100, now=now) == 3
+        assert trace_store.find(store, "old1") is None
+        assert trace_store.prune(store, max_age=-1, count=4, now=now) == 2
+        assert [r["id"] for r in trace_store.recent(store, limit=10)] == [
             f"new{i}" for i in (5, 4, 3, 2)
         ]
 
 
 def test_a_repeated_request_id_finds_the_newest(tmp_path: Path) -> None:
     with Store(tmp_path / "blazar.db") as store:
-        traces_db.write(store, [{**RECORD, "status": 200}, {**RECORD, "status": 503}])
-        found = traces_db.find(store, "abc")
+        trace_store.write(store, [{**RECORD, "status": 200}, {**RECORD, "status": 503}])
+        found = trace_store.find(store, "abc")
         assert found is not None and found["status"] == 503
 
 

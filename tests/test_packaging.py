@@ -79,9 +79,14 @@ def piped(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[st
     """`curl ... | sh`: the script on stdin, run from elsewhere, $0 is `sh`."""
     with (PACKAGING / "install.sh").open() as script:
         return subprocess.run(
-            ["sh"], stdin=script, capture_output=True, text=True, timeout=900, cwd=tmp_path,
+            ["sh"],
+            stdin=script,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            cwd=tmp_path,
             env={**os.environ, **env},
-        )  # fmt: skip
+        )
 
 
 def test_install_sh_from_a_pipe_installs_what_blazar_repo_names(tmp_path: Path) -> None:
@@ -89,8 +94,13 @@ def test_install_sh_from_a_pipe_installs_what_blazar_repo_names(tmp_path: Path) 
     fake.write_text(FAKE_PYTHON)
     fake.chmod(0o755)
     log = tmp_path / "log"
-    env = {"PYTHON": str(fake), "FAKE_LOG": str(log), "BLAZAR_REPO": str(ROOT),
-           "PREFIX": str(tmp_path / "venv"), "BINDIR": str(tmp_path / "bin")}  # fmt: skip
+    env = {
+        "PYTHON": str(fake),
+        "FAKE_LOG": str(log),
+        "BLAZAR_REPO": str(ROOT),
+        "PREFIX": str(tmp_path / "venv"),
+        "BINDIR": str(tmp_path / "bin"),
+    }
     done = piped(tmp_path, env)
     assert done.returncode == 0, done.stderr
     calls = log.read_text().splitlines()
@@ -104,8 +114,12 @@ def test_install_sh_from_a_pipe_installs_what_blazar_repo_names(tmp_path: Path) 
 
 @pytest.mark.network  # pip fetches Blazar's dependencies from the package index
 def test_install_sh_from_a_pipe_installs_a_working_blazar(tmp_path: Path) -> None:
-    env = {"PREFIX": str(tmp_path / "venv"), "BINDIR": str(tmp_path / "bin"),
-           "PYTHON": sys.executable, "BLAZAR_REPO": str(ROOT)}  # fmt: skip
+    env = {
+        "PREFIX": str(tmp_path / "venv"),
+        "BINDIR": str(tmp_path / "bin"),
+        "PYTHON": sys.executable,
+        "BLAZAR_REPO": str(ROOT),
+    }
     done = piped(tmp_path, env)
     assert done.returncode == 0, done.stderr
     assert "installed:" in done.stdout and "blazar, version" in done.stdout

@@ -42,9 +42,21 @@ HI = [{"role": "user", "content": "hello"}]
 def child(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The launcher serving the tiny model, with /metrics; its URL."""
     model = write_tiny_model(tmp_path_factory.mktemp("events") / "tiny.gguf")
-    command = [sys.executable, str(Path(launcher.__file__)), "--host", "127.0.0.1", "--port",
-               "0", "--model", str(model), "--ctx-size", "1024", "--threads", "2",
-               "--metrics"]  # fmt: skip
+    command = [
+        sys.executable,
+        str(Path(launcher.__file__)),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--model",
+        str(model),
+        "--ctx-size",
+        "1024",
+        "--threads",
+        "2",
+        "--metrics",
+    ]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout or ()], daemon=True).start()
@@ -62,8 +74,14 @@ def pipeline_for(url: str) -> Pipeline:
         url_of_child = url
 
     runtimes = {"tiny": runtime("tiny", ctx=1024)}
-    scheduler = Scheduler(runtimes, max_loaded=1, max_queue=4, queue_timeout=5.0,
-                          log_dir=Path("/x"), make_instance=Instance)  # fmt: skip
+    scheduler = Scheduler(
+        runtimes,
+        max_loaded=1,
+        max_queue=4,
+        queue_timeout=5.0,
+        log_dir=Path("/x"),
+        make_instance=Instance,
+    )
     return Pipeline(scheduler, ChildConnections())
 
 
@@ -72,8 +90,14 @@ def in_flight(pipeline: Pipeline) -> int:
 
 
 def ask(max_tokens: int) -> ChatAsk:
-    body = {"model": "tiny", "messages": HI, "stream": True, "max_tokens": max_tokens,
-            "temperature": 0, "stream_options": {"include_usage": True}}  # fmt: skip
+    body = {
+        "model": "tiny",
+        "messages": HI,
+        "stream": True,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream_options": {"include_usage": True},
+    }
     return ChatAsk("tiny", "/v1/realtime", body)
 
 

@@ -75,9 +75,14 @@ def test_plan_kind(
     kept: list[str],
 ) -> None:
     got, kept_now = plan_kind(
-        "thing", desired, observed, prune=prune, compare=compare,
-        created=lambda w: {"v": w.value}, deleted=lambda h: {"gone": h.value},
-    )  # fmt: skip
+        "thing",
+        desired,
+        observed,
+        prune=prune,
+        compare=compare,
+        created=lambda w: {"v": w.value},
+        deleted=lambda h: {"gone": h.value},
+    )
     assert [(str(a.change), a.name, a.reason, a.details) for a in got] == actions
     assert all(a.kind == "thing" for a in got)
     assert kept_now == kept
@@ -135,7 +140,13 @@ def test_plan_kind_names_resources_by_key() -> None:
         managed: bool = True
 
     got, kept = plan_kind(
-        "projector", [Projector("v")], [Projector("u")], prune=False, created=lambda p: {},
-        compare=lambda want, have: None, key=lambda p: p.model, missing="not held",
-    )  # fmt: skip
+        "projector",
+        [Projector("v")],
+        [Projector("u")],
+        prune=False,
+        created=lambda p: {},
+        compare=lambda want, have: None,
+        key=lambda p: p.model,
+        missing="not held",
+    )
     assert [(a.name, a.reason) for a in got] == [("v", "not held")] and kept == ["projectors.u"]

@@ -28,16 +28,24 @@ HELD_AUTO = ObservedProjector("v", SHA_B, "auto", True, {"model_source": "hf://o
     [
         ([AUTO], [], False, [("v", Change.CREATE)]),
         ([AUTO], [HELD_AUTO], False, []),
-        ([replace(AUTO, settings={"model_source": "hf://o/r:Q8_0"})], [HELD_AUTO], False,
-         [("v", Change.REPLACE)]),  # auto follows its model's repo
-        ([DesiredProjector("v", "file:///p.gguf", None)], [HELD_AUTO], False,
-         [("v", Change.REPLACE)]),
+        (
+            [replace(AUTO, settings={"model_source": "hf://o/r:Q8_0"})],
+            [HELD_AUTO],
+            False,
+            [("v", Change.REPLACE)],
+        ),  # auto follows its model's repo
+        (
+            [DesiredProjector("v", "file:///p.gguf", None)],
+            [HELD_AUTO],
+            False,
+            [("v", Change.REPLACE)],
+        ),
         ([replace(AUTO, sha256=SHA_A)], [HELD_AUTO], False, [("v", Change.REPLACE)]),
         ([AUTO], [replace(HELD_AUTO, managed=False)], False, [("v", Change.UPDATE)]),
         ([], [HELD_AUTO], False, []),  # kept without --prune
         ([], [HELD_AUTO], True, [("v", Change.DELETE)]),
     ],
-)  # fmt: skip
+)
 def test_plan_projectors(
     desired: list[DesiredProjector],
     observed: list[ObservedProjector],

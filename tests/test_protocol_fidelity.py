@@ -24,7 +24,7 @@ import ollama
 import openai
 import pytest
 
-from blazar.chat_templates import builtin_text
+from blazar.launch.served_template import builtin_text
 from blazar.testing.tiny import CHATML_TEMPLATE, is_tiny_text, write_tiny_model
 from tests.fixtures import ENGINE, WHEELS
 from tests.serving import Served
@@ -529,8 +529,11 @@ def test_gemma_responses_follow_the_schema_and_complete(
         assert final.status == "completed" and final.incomplete_details is None
         assert isinstance(json.loads(final.output_text)["city"], str)
         whole = client.responses.create(
-            model="gemma", input="Name a city in Italy, in JSON.", max_output_tokens=60,
-            temperature=0, text=text,
-        )  # fmt: skip
+            model="gemma",
+            input="Name a city in Italy, in JSON.",
+            max_output_tokens=60,
+            temperature=0,
+            text=text,
+        )
         assert whole.status == "completed"
         assert isinstance(json.loads(whole.output_text)["city"], str)

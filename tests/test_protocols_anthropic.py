@@ -114,50 +114,143 @@ ERRORS: list[tuple[dict[str, Any], str]] = [
     ({"max_tokens": 8, "messages": HI}, "model: Field required"),
     ({"model": "m", "max_tokens": 8}, "messages: Field required"),
     ({"model": "m", "max_tokens": 8, "messages": []}, "messages: Input should be a non-empty"),
-    ({"model": "m", "max_tokens": 8, "messages": [{"role": "system", "content": "x"}]},
-     "messages.0.role: Input should be 'user' or 'assistant'"),
-    ({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": [
-        {"type": "image", "source": {"type": "base64", "media_type": "image/png",
-                                     "data": "iVBORw0KGgo="}}]}]},
-     "messages.0.content.0: image content is not supported: this model has no vision"),
-    ({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": [
-        {"type": "tool_result", "tool_use_id": "t", "content": [
-            {"type": "image", "source": {}}]}]}]},
-     "messages.0.content.0.content.0: image content is not supported"),
-    ({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": [
-        {"type": "document", "source": {}}]}]}, "document blocks (PDF, files) are not"),
-    ({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": [
-        {"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]},
-     "'tool_use' blocks are not supported in user messages"),
-    ({"model": "m", "max_tokens": 8, "messages": [{"role": "assistant", "content": [
-        {"type": "tool_use", "id": "t", "name": "f"}]}]}, "messages.0.content.0.input"),
-    ({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": [
-        {"type": "tool_result"}]}]}, "tool_use_id: Field required"),
-    ({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": [
-        {"type": "text"}]}]}, "messages.0.content.0.text: Field required"),
-    ({"model": "m", "max_tokens": 8, "messages": HI, "system": [{"type": "image"}]},
-     "system.0: expected a text block"),
-    ({"model": "m", "max_tokens": 8, "messages": HI, "stop_sequences": "x"},
-     "stop_sequences: Input should be a list of strings"),
-    ({"model": "m", "max_tokens": 8, "messages": HI, "temperature": 1.5},
-     "temperature: Input should be between 0 and 1"),
+    (
+        {"model": "m", "max_tokens": 8, "messages": [{"role": "system", "content": "x"}]},
+        "messages.0.role: Input should be 'user' or 'assistant'",
+    ),
+    (
+        {
+            "model": "m",
+            "max_tokens": 8,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "image",
+                            "source": {
+                                "type": "base64",
+                                "media_type": "image/png",
+                                "data": "iVBORw0KGgo=",
+                            },
+                        }
+                    ],
+                }
+            ],
+        },
+        "messages.0.content.0: image content is not supported: this model has no vision",
+    ),
+    (
+        {
+            "model": "m",
+            "max_tokens": 8,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": "t",
+                            "content": [{"type": "image", "source": {}}],
+                        }
+                    ],
+                }
+            ],
+        },
+        "messages.0.content.0.content.0: image content is not supported",
+    ),
+    (
+        {
+            "model": "m",
+            "max_tokens": 8,
+            "messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}],
+        },
+        "document blocks (PDF, files) are not",
+    ),
+    (
+        {
+            "model": "m",
+            "max_tokens": 8,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}],
+                }
+            ],
+        },
+        "'tool_use' blocks are not supported in user messages",
+    ),
+    (
+        {
+            "model": "m",
+            "max_tokens": 8,
+            "messages": [
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f"}]}
+            ],
+        },
+        "messages.0.content.0.input",
+    ),
+    (
+        {
+            "model": "m",
+            "max_tokens": 8,
+            "messages": [{"role": "user", "content": [{"type": "tool_result"}]}],
+        },
+        "tool_use_id: Field required",
+    ),
+    (
+        {
+            "model": "m",
+            "max_tokens": 8,
+            "messages": [{"role": "user", "content": [{"type": "text"}]}],
+        },
+        "messages.0.content.0.text: Field required",
+    ),
+    (
+        {"model": "m", "max_tokens": 8, "messages": HI, "system": [{"type": "image"}]},
+        "system.0: expected a text block",
+    ),
+    (
+        {"model": "m", "max_tokens": 8, "messages": HI, "stop_sequences": "x"},
+        "stop_sequences: Input should be a list of strings",
+    ),
+    (
+        {"model": "m", "max_tokens": 8, "messages": HI, "temperature": 1.5},
+        "temperature: Input should be between 0 and 1",
+    ),
     ({"model": "m", "max_tokens": 8, "messages": HI, "top_p": -0.1}, "top_p: Input should be"),
     ({"model": "m", "max_tokens": 8, "messages": HI, "top_k": "x"}, "top_k: Input should be a"),
-    ({"model": "m", "max_tokens": 8, "messages": HI, "tools": [
-        {"type": "web_search_20250305", "name": "web_search"}]},
-     "server tool 'web_search_20250305' is not supported"),
-    ({"model": "m", "max_tokens": 8, "messages": HI, "tools": [{"name": "f"}]},
-     "tools.0.input_schema: Field required"),
-    ({"model": "m", "max_tokens": 8, "messages": HI, "tool_choice": {"type": "tool"}},
-     "tool_choice.name: Field required"),
-    ({"model": "m", "max_tokens": 8, "messages": HI, "tool_choice": {"type": "some"}},
-     "tool_choice.type: Input should be"),
-    ({"model": "m", "max_tokens": 8, "messages": HI, "thinking": {"type": "on"}},
-     "thinking.type: Input should be"),
+    (
+        {
+            "model": "m",
+            "max_tokens": 8,
+            "messages": HI,
+            "tools": [{"type": "web_search_20250305", "name": "web_search"}],
+        },
+        "server tool 'web_search_20250305' is not supported",
+    ),
+    (
+        {"model": "m", "max_tokens": 8, "messages": HI, "tools": [{"name": "f"}]},
+        "tools.0.input_schema: Field required",
+    ),
+    (
+        {"model": "m", "max_tokens": 8, "messages": HI, "tool_choice": {"type": "tool"}},
+        "tool_choice.name: Field required",
+    ),
+    (
+        {"model": "m", "max_tokens": 8, "messages": HI, "tool_choice": {"type": "some"}},
+        "tool_choice.type: Input should be",
+    ),
+    (
+        {"model": "m", "max_tokens": 8, "messages": HI, "thinking": {"type": "on"}},
+        "thinking.type: Input should be",
+    ),
     ({"model": "m", "max_tokens": 8, "messages": HI, "stream": "yes"}, "stream: Input should"),
-    ({"model": "m", "max_tokens": 8, "messages": HI, "mcp_servers": [{"url": "x"}]},
-     "mcp_servers: not supported by Blazar"),
-]  # fmt: skip
+    (
+        {"model": "m", "max_tokens": 8, "messages": HI, "mcp_servers": [{"url": "x"}]},
+        "mcp_servers: not supported by Blazar",
+    ),
+]
 
 
 @pytest.mark.parametrize(("body", "fragment"), ERRORS)

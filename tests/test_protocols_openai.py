@@ -57,9 +57,11 @@ def test_responses_are_what_the_openai_sdk_reads(name: str) -> None:
     if case["translator"] == "response_object":
         response = Response.model_validate(expected)  # every field the SDK requires
         assert response.output_text == "".join(
-            p["text"] for item in expected["output"] if item["type"] == "message"
+            p["text"]
+            for item in expected["output"]
+            if item["type"] == "message"
             for p in item["content"]
-        )  # fmt: skip
+        )
         return
     numbers = [e["sequence_number"] for e in expected]
     assert numbers == list(range(len(expected)))
@@ -112,8 +114,14 @@ def test_legacy_logprobs_and_ids() -> None:
     assert logprobs["token_logprobs"] == [e["logprob"] for e in engine]
     assert [len(t) for t in logprobs["top_logprobs"]] == [2] * len(tokens)
     chunks = runner.load("openai", "completions_logprobs_stream")["expected"]
-    offsets = [o for c in chunks if c != "[DONE]" for ch in c["choices"] if ch["logprobs"]
-               for o in ch["logprobs"]["text_offset"]]  # fmt: skip
+    offsets = [
+        o
+        for c in chunks
+        if c != "[DONE]"
+        for ch in c["choices"]
+        if ch["logprobs"]
+        for o in ch["logprobs"]["text_offset"]
+    ]
     assert offsets == sorted(offsets) and offsets[0] == 0 and len(set(offsets)) == len(offsets)
     for chunk in chunks:
         if chunk != "[DONE]":
@@ -148,18 +156,49 @@ def test_chat_logprobs_without_top_logprobs_have_none() -> None:
 # --- what the pass-through refuses and changes ---------------------------------------------
 
 REFUSED = [
-    (CHAT, {"messages": [{"role": "user", "content": [
-        {"type": "text", "text": "what is it?"},
-        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBO"}}]}]},
-     "image_url content is not supported: this model has no vision"),
-    (CHAT, {"messages": [{"role": "user", "content": [
-        {"type": "input_audio", "input_audio": {"data": "x", "format": "wav"}}]}]},
-     "input_audio content is not supported"),
-    (CHAT, {"messages": HI, "tools": [TOOL], "tool_choice": "required"},
-     "tool_choice 'required': this engine cannot force a tool call"),
-    (CHAT, {"messages": HI, "tools": [TOOL],
-            "tool_choice": {"type": "function", "function": {"name": "f"}}},
-     "tool_choice a named function"),
+    (
+        CHAT,
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "what is it?"},
+                        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBO"}},
+                    ],
+                }
+            ]
+        },
+        "image_url content is not supported: this model has no vision",
+    ),
+    (
+        CHAT,
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "input_audio", "input_audio": {"data": "x", "format": "wav"}}
+                    ],
+                }
+            ]
+        },
+        "input_audio content is not supported",
+    ),
+    (
+        CHAT,
+        {"messages": HI, "tools": [TOOL], "tool_choice": "required"},
+        "tool_choice 'required': this engine cannot force a tool call",
+    ),
+    (
+        CHAT,
+        {
+            "messages": HI,
+            "tools": [TOOL],
+            "tool_choice": {"type": "function", "function": {"name": "f"}},
+        },
+        "tool_choice a named function",
+    ),
     (CHAT, {"messages": HI, "tool_choice": 3}, "tool_choice must be"),
     (CHAT, {"messages": HI, "functions": [{"name": "f"}]}, "send tools"),
     (COMPLETIONS, {"prompt": "a", "echo": True, "logprobs": 1}, "cannot score the prompt"),
@@ -168,7 +207,7 @@ REFUSED = [
     (COMPLETIONS, {"prompt": "a", "logprobs": -1}, "logprobs must be an integer"),
     (COMPLETIONS, {"prompt": "a", "logprobs": True}, "logprobs must be an integer"),
     (COMPLETIONS, {"prompt": "a", "max_tokens": 0}, "max_tokens must be at least 1"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("path", "body", "fragment"), REFUSED)
@@ -209,14 +248,22 @@ RESPONSES_REFUSED = [
     ({"input": "x", "background": True}, "background responses"),
     ({"input": "x", "frobnicate": 1}, "Unrecognized request argument(s): frobnicate"),
     ({"input": "x", "tools": [{"type": "web_search"}]}, "'web_search' tools run on OpenAI's"),
-    ({"input": "x", "tools": [{"type": "function", "name": "f"}], "tool_choice": "required"},
-     "cannot force a tool call"),
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}]},
-     "file_id images need OpenAI's Files API"),
-    ({"input": [{"role": "assistant", "content": [{"type": "input_image", "image_url": "x"}]}]},
-     "input_image parts are taken in user messages only"),
-    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
-     "input_file is not supported on /v1/responses"),
+    (
+        {"input": "x", "tools": [{"type": "function", "name": "f"}], "tool_choice": "required"},
+        "cannot force a tool call",
+    ),
+    (
+        {"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}]},
+        "file_id images need OpenAI's Files API",
+    ),
+    (
+        {"input": [{"role": "assistant", "content": [{"type": "input_image", "image_url": "x"}]}]},
+        "input_image parts are taken in user messages only",
+    ),
+    (
+        {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
+        "input_file is not supported on /v1/responses",
+    ),
     ({"input": [{"type": "item_reference", "id": "x"}]}, "'item_reference' items"),
     ({"input": "x", "text": {"format": {"type": "json_schema"}}}, "text.format: expected"),
     ({"input": "x", "text": {"verbosity": "low"}}, "text.verbosity"),
@@ -227,7 +274,7 @@ RESPONSES_REFUSED = [
     ({"input": "x", "top_logprobs": 3}, "top_logprobs"),
     ({"input": "x", "reasoning": {"effort": "max"}}, "reasoning.effort"),
     ({}, "input: Field required"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("body", "fragment"), RESPONSES_REFUSED)
@@ -261,10 +308,16 @@ def test_responses_input_items_become_chat_messages() -> None:
         {"role": "system", "content": "be brief"},
         {"role": "system", "content": "use tools"},
         {"role": "user", "content": "weather?"},
-        {"role": "assistant", "content": "", "reasoning_content": "look", "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "w", "arguments": "{}"}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "reasoning_content": "look",
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "w", "arguments": "{}"}}
+            ],
+        },
         {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
-    ]  # fmt: skip
+    ]
     assert body["tools"] == [
         {"type": "function", "function": {"name": "w", "parameters": {"type": "object"}}}
     ]

@@ -19,13 +19,19 @@ from tests.golden import runner
 
 @pytest.mark.parametrize(
     ("status", "type_", "code"),
-    [(400, "invalid_request_error", None), (401, "invalid_request_error", "invalid_api_key"),
-     (404, "invalid_request_error", "model_not_found"), (413, "invalid_request_error",
-      "request_too_large"), (429, "rate_limit_error", "rate_limit_exceeded"),
-     (500, "server_error", None), (502, "server_error", "upstream_error"),
-     (503, "server_error", "all_slots_busy"), (418, "invalid_request_error", None),
-     (599, "server_error", None)],
-)  # fmt: skip
+    [
+        (400, "invalid_request_error", None),
+        (401, "invalid_request_error", "invalid_api_key"),
+        (404, "invalid_request_error", "model_not_found"),
+        (413, "invalid_request_error", "request_too_large"),
+        (429, "rate_limit_error", "rate_limit_exceeded"),
+        (500, "server_error", None),
+        (502, "server_error", "upstream_error"),
+        (503, "server_error", "all_slots_busy"),
+        (418, "invalid_request_error", None),
+        (599, "server_error", None),
+    ],
+)
 def test_openai_error_shape_by_status(status: int, type_: str, code: str | None) -> None:
     assert openai.error(status, "nope") == {
         "error": {"message": "nope", "type": type_, "param": None, "code": code}
@@ -59,9 +65,12 @@ def _wire(events: list[Any], named: bool) -> bytes:
 
 @pytest.mark.parametrize(
     ("protocol", "name", "named"),
-    [("ollama", "chat_stream", False), ("ollama", "generate_raw_stream", False),
-     ("anthropic", "message_tool_use_stream", True)],
-)  # fmt: skip
+    [
+        ("ollama", "chat_stream", False),
+        ("ollama", "generate_raw_stream", False),
+        ("anthropic", "message_tool_use_stream", True),
+    ],
+)
 def test_sse_decoder_survives_any_split(protocol: str, name: str, named: bool) -> None:
     payloads = runner.load(protocol, name)["input"]
     wire = _wire(payloads, named)

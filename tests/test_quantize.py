@@ -21,7 +21,7 @@ import ollama
 import openai
 import pytest
 
-from blazar.engines.records import EngineRecord
+from blazar.engines.ledger import EngineRecord
 from blazar.engines.tools import (
     QUANTIZE,
     build_quantize,
@@ -29,9 +29,9 @@ from blazar.engines.tools import (
     find_quantize,
     tools_root,
 )
-from blazar.gguf_info import inspect_gguf
+from blazar.models.gguf import inspect_gguf
 from blazar.paths import Paths
-from blazar.store import Store
+from blazar.store.db import Store
 from blazar.testing.tiny import is_tiny_text, write_tiny_model
 from specs.loader import load_manifest
 from specs.names import parse_name
@@ -88,8 +88,10 @@ def test_quantize_declares_the_result_with_its_sha256_and_the_base_settings(
     with Store(paths.db) as store:
         record = store.get_model(parse_name("tiny:q4_k_m"))
     assert (record.path, record.sha256, record.quantization) == (
-        str(path), out["sha256"], "Q4_K_M",
-    )  # fmt: skip
+        str(path),
+        out["sha256"],
+        "Q4_K_M",
+    )
     assert "No changes." in blazar("diff").stdout
     assert not list(paths.blobs.glob(".tmp-*"))
     text = blazar("quantize", "tiny", "--to", "Q8_0", "--name", "tiny-8").stdout
@@ -136,8 +138,10 @@ def test_api_create_with_quantize_serves_the_quantized_model(
     paths.manifest.write_text(ENGINE + f'[models.tiny]\nsource = "{tiny.as_uri()}"\nctx = 512\n')
     with Served(paths.manifest, blazar_home) as served:
         client = ollama.Client(host=served.url)
-        stream = [p.status for p in client.create(model="small", from_="tiny",
-                                                  quantize="q4_K_M", stream=True)]  # fmt: skip
+        stream = [
+            p.status
+            for p in client.create(model="small", from_="tiny", quantize="q4_K_M", stream=True)
+        ]
         assert stream[0] == "quantizing tiny model to Q4_K_M" and stream[-1] == "success"
         declared = load_manifest(paths.manifest).models["small"]
         blob = paths.blobs / f"sha256-{declared.sha256}"
@@ -166,8 +170,16 @@ def test_llama_quantize_is_found_beside_a_release_engine_first(tmp_path: Path) -
     built.write_text("#!/bin/sh\n")
 
     def engine(method: str) -> EngineRecord:
-        return EngineRecord("llamacpp", "b11549-cpu", method, "b11549", str(release.parent.parent),
-                            [str(release / "llama-server")], True, "now")  # fmt: skip
+        return EngineRecord(
+            "llamacpp",
+            "b11549-cpu",
+            method,
+            "b11549",
+            str(release.parent.parent),
+            [str(release / "llama-server")],
+            True,
+            "now",
+        )
 
     assert find_quantize(root, engine("release")) == release / QUANTIZE
     assert find_quantize(root, engine("wheel")) == built  # the wheel has none: Blazar's own

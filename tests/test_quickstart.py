@@ -38,7 +38,7 @@ def test_quickstart_serves_gemma_and_answers(blazar_home: Path) -> None:
 
     def run() -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "blazar.quickstart", "--once"],
+            [sys.executable, "-m", "blazar.cli.quickstart", "--once"],
             capture_output=True,
             text=True,
             timeout=600,

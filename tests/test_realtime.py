@@ -83,9 +83,13 @@ def test_the_handshake_is_refused_in_openais_envelope() -> None:
             assert refused.value.status == 404
             unknown = await http.get(
                 "/v1/realtime?model=nope",
-                headers={"Upgrade": "websocket", "Connection": "Upgrade",
-                         "Sec-WebSocket-Version": "13", "Sec-WebSocket-Key": "x" * 22 + "=="},
-            )  # fmt: skip
+                headers={
+                    "Upgrade": "websocket",
+                    "Connection": "Upgrade",
+                    "Sec-WebSocket-Version": "13",
+                    "Sec-WebSocket-Key": "x" * 22 + "==",
+                },
+            )
             said = (await unknown.json())["error"]
             assert unknown.status == 404 and "model 'nope' not found" in said["message"]
 
@@ -133,27 +137,57 @@ def test_bad_events_are_error_events_and_the_session_goes_on(
             await ws.send_str("x" * 20000)
             assert (await error_of(ws))["code"] == "event_too_large"
             cases: list[tuple[dict[str, Any], str, str]] = [
-                ({"type": "conversation.item.delete", "event_id": "e1"}, "invalid_value",
-                 "The events served here are"),
-                ({"type": "session.update", "session": {"turn_detection": {"type": "server_vad"}}},
-                 "unsupported_value", "commit"),
-                ({"type": "session.update", "session": {"input_audio_format": "g711_ulaw"}},
-                 "invalid_value", "pcm16"),
-                ({"type": "session.update", "session": {"colour": "blue"}}, "unknown_parameter",
-                 "session.colour"),
-                ({"type": "session.update", "session": {"voice": "alloy"}}, "model_not_found",
-                 "session.voice"),
-                ({"type": "session.update", "session": {"temperature": 9}}, "invalid_value",
-                 "from 0 to 2"),
+                (
+                    {"type": "conversation.item.delete", "event_id": "e1"},
+                    "invalid_value",
+                    "The events served here are",
+                ),
+                (
+                    {
+                        "type": "session.update",
+                        "session": {"turn_detection": {"type": "server_vad"}},
+                    },
+                    "unsupported_value",
+                    "commit",
+                ),
+                (
+                    {"type": "session.update", "session": {"input_audio_format": "g711_ulaw"}},
+                    "invalid_value",
+                    "pcm16",
+                ),
+                (
+                    {"type": "session.update", "session": {"colour": "blue"}},
+                    "unknown_parameter",
+                    "session.colour",
+                ),
+                (
+                    {"type": "session.update", "session": {"voice": "alloy"}},
+                    "model_not_found",
+                    "session.voice",
+                ),
+                (
+                    {"type": "session.update", "session": {"temperature": 9}},
+                    "invalid_value",
+                    "from 0 to 2",
+                ),
                 ({"type": "input_audio_buffer.append", "audio": "%%%"}, "invalid_value", "base64"),
-                ({"type": "input_audio_buffer.append", "audio": "AA=="}, "invalid_value",
-                 "2 bytes each"),
-                ({"type": "input_audio_buffer.commit"}, "input_audio_buffer_commit_empty",
-                 "at least 100ms"),
+                (
+                    {"type": "input_audio_buffer.append", "audio": "AA=="},
+                    "invalid_value",
+                    "2 bytes each",
+                ),
+                (
+                    {"type": "input_audio_buffer.commit"},
+                    "input_audio_buffer_commit_empty",
+                    "at least 100ms",
+                ),
                 ({"type": "response.cancel"}, "response_cancel_not_active", "no response"),
-                ({"type": "conversation.item.create", "item": {"type": "function_call"}},
-                 "unsupported_value", "send messages"),
-            ]  # fmt: skip
+                (
+                    {"type": "conversation.item.create", "item": {"type": "function_call"}},
+                    "unsupported_value",
+                    "send messages",
+                ),
+            ]
             for event, code, says in cases:
                 await ws.send_json(event)
                 error = await error_of(ws)
@@ -175,8 +209,11 @@ def test_bad_events_are_error_events_and_the_session_goes_on(
             assert created_item["item"]["id"] == committed["item_id"]
             assert failed["type"] == "conversation.item.input_audio_transcription.failed"
             assert "no transcription model" in failed["error"]["message"]
-            item = {"type": "message", "role": "user",
-                    "content": [{"type": "input_text", "text": "hello"}]}  # fmt: skip
+            item = {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "hello"}],
+            }
             await ws.send_json({"type": "conversation.item.create", "item": item})
             added = await recv(ws)
             assert added["type"] == "conversation.item.created"
@@ -263,8 +300,11 @@ def test_one_response_at_a_time_and_a_cancel_stops_the_engine() -> None:
                 url = gateway.url.replace("http", "ws") + "/v1/realtime?model=tiny"
                 async with aiohttp.ClientSession() as http, http.ws_connect(url) as ws:
                     assert (await recv(ws))["session"]["model"] == "tiny"
-                    item = {"type": "message", "role": "user",
-                            "content": [{"type": "input_text", "text": "hi"}]}  # fmt: skip
+                    item = {
+                        "type": "message",
+                        "role": "user",
+                        "content": [{"type": "input_text", "text": "hi"}],
+                    }
                     await ws.send_json({"type": "conversation.item.create", "item": item})
                     await ws.send_json({"type": "response.create"})
                     seen = [await recv(ws)]

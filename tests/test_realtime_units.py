@@ -45,22 +45,44 @@ BASE = Settings("tiny", voice="joe", transcription=Transcription("whisper-base")
     ("session", "expected"),
     [
         ({}, BASE),
-        ({"model": "gemma", "instructions": "Be brief."},
-         Settings("gemma", "joe", Transcription("whisper-base"), "Be brief.")),
+        (
+            {"model": "gemma", "instructions": "Be brief."},
+            Settings("gemma", "joe", Transcription("whisper-base"), "Be brief."),
+        ),
         ({"modalities": ["audio", "text"]}, BASE),
-        ({"modalities": ["text"], "voice": ""},
-         Settings("tiny", None, Transcription("whisper-base"), modalities=("text",))),
+        (
+            {"modalities": ["text"], "voice": ""},
+            Settings("tiny", None, Transcription("whisper-base"), modalities=("text",)),
+        ),
         ({"input_audio_transcription": None}, Settings("tiny", "joe", None)),
-        ({"input_audio_transcription": {"model": "w", "language": "French", "prompt": "Paris"}},
-         Settings("tiny", "joe", Transcription("w", "fr", "Paris"))),
-        ({"turn_detection": None, "tools": [], "input_audio_format": "pcm16",
-          "output_audio_format": "pcm16", "tracing": "auto"}, BASE),
-        ({"temperature": 0, "max_response_output_tokens": 40, "speed": 1.5},
-         Settings("tiny", "joe", Transcription("whisper-base"), temperature=0.0, max_tokens=40,
-                  speed=1.5)),
+        (
+            {"input_audio_transcription": {"model": "w", "language": "French", "prompt": "Paris"}},
+            Settings("tiny", "joe", Transcription("w", "fr", "Paris")),
+        ),
+        (
+            {
+                "turn_detection": None,
+                "tools": [],
+                "input_audio_format": "pcm16",
+                "output_audio_format": "pcm16",
+                "tracing": "auto",
+            },
+            BASE,
+        ),
+        (
+            {"temperature": 0, "max_response_output_tokens": 40, "speed": 1.5},
+            Settings(
+                "tiny",
+                "joe",
+                Transcription("whisper-base"),
+                temperature=0.0,
+                max_tokens=40,
+                speed=1.5,
+            ),
+        ),
         ({"max_response_output_tokens": "inf"}, BASE),
     ],
-)  # fmt: skip
+)
 def test_session_updates(session: dict[str, Any], expected: Settings) -> None:
     assert updated(BASE, session) == expected
 
@@ -78,15 +100,24 @@ def test_session_updates(session: dict[str, Any], expected: Settings) -> None:
         ({"temperature": "hot"}, "session.temperature", "from 0 to 2"),
         ({"temperature": True}, "session.temperature", "from 0 to 2"),
         ({"max_response_output_tokens": 0}, "session.max_response_output_tokens", "'inf'"),
-        ({"input_audio_transcription": {"language": "en"}},
-         "session.input_audio_transcription", "naming a transcription model"),
-        ({"input_audio_transcription": {"model": "w", "language": "klingon"}},
-         "session.input_audio_transcription.language", "ISO 639-1"),
-        ({"input_audio_noise_reduction": {"type": "near_field"}},
-         "session.input_audio_noise_reduction", "not available"),
+        (
+            {"input_audio_transcription": {"language": "en"}},
+            "session.input_audio_transcription",
+            "naming a transcription model",
+        ),
+        (
+            {"input_audio_transcription": {"model": "w", "language": "klingon"}},
+            "session.input_audio_transcription.language",
+            "ISO 639-1",
+        ),
+        (
+            {"input_audio_noise_reduction": {"type": "near_field"}},
+            "session.input_audio_noise_reduction",
+            "not available",
+        ),
         ({"instructions": 3}, "session.instructions", "must be a string"),
     ],
-)  # fmt: skip
+)
 def test_bad_session_updates(session: Any, param: str, says: str) -> None:
     with pytest.raises(EventError) as refused:
         updated(BASE, session)
@@ -94,13 +125,25 @@ def test_bad_session_updates(session: Any, param: str, says: str) -> None:
 
 
 def test_a_response_overrides_the_session_for_itself() -> None:
-    options = for_response(BASE, {"modalities": ["text"], "instructions": "Shout.",
-                                  "max_output_tokens": 8, "metadata": {"turn": 2}})  # fmt: skip
-    assert options.settings == Settings("tiny", "joe", Transcription("whisper-base"), "Shout.",
-                                        ("text",), max_tokens=8)  # fmt: skip
+    options = for_response(
+        BASE,
+        {
+            "modalities": ["text"],
+            "instructions": "Shout.",
+            "max_output_tokens": 8,
+            "metadata": {"turn": 2},
+        },
+    )
+    assert options.settings == Settings(
+        "tiny", "joe", Transcription("whisper-base"), "Shout.", ("text",), max_tokens=8
+    )
     assert options.metadata == {"turn": 2} and for_response(BASE, None).settings == BASE
-    bad = [({"conversation": "none"}, "'auto'"), ({"rate": 1}, "Unknown"),
-           ({"metadata": []}, "must be an object"), ([], "must be an object")]  # fmt: skip
+    bad = [
+        ({"conversation": "none"}, "'auto'"),
+        ({"rate": 1}, "Unknown"),
+        ({"metadata": []}, "must be an object"),
+        ([], "must be an object"),
+    ]
     for response, says in bad:
         with pytest.raises(EventError, match=says):
             for_response(BASE, response)
@@ -122,8 +165,10 @@ def test_bad_events(event: Any, code: str) -> None:
 
 
 def test_items_and_the_messages_they_make() -> None:
-    parts = [{"type": "input_text", "text": "what is"},
-             {"type": "input_audio", "transcript": "the capital"}]  # fmt: skip
+    parts = [
+        {"type": "input_text", "text": "what is"},
+        {"type": "input_audio", "transcript": "the capital"},
+    ]
     text = {"role": "user", "content": parts}
     item = parse_item(text, lambda: "item_1")
     assert (item.id, item.role, item.text) == ("item_1", "user", "what is\nthe capital")
@@ -160,20 +205,28 @@ def test_items_and_the_messages_they_make() -> None:
 @pytest.mark.parametrize(
     ("pieces", "expected"),
     [
-        (["Hello", " there.", " How are", " you?", " Fine"],
-         ["Hello there.", "How are you?", "Fine"]),
+        (
+            ["Hello", " there.", " How are", " you?", " Fine"],
+            ["Hello there.", "How are you?", "Fine"],
+        ),
         (["Hi. How are you today?"], ["Hi. How are you today?"]),  # "Hi." alone is too short
-        (["Dr. Smith lives at 3.14 Main St. in Paris. Yes."],
-         ["Dr. Smith lives at 3.14 Main St.", "in Paris.", "Yes."]),
-        (['He said "stop." Then', " left!\nNext line"],
-         ['He said "stop."', "Then left!", "Next line"]),
-        (["Well, the capital of France, as you know, is Paris"],
-         ["Well, the capital of France,", "as you know, is Paris"]),
+        (
+            ["Dr. Smith lives at 3.14 Main St. in Paris. Yes."],
+            ["Dr. Smith lives at 3.14 Main St.", "in Paris.", "Yes."],
+        ),
+        (
+            ['He said "stop." Then', " left!\nNext line"],
+            ['He said "stop."', "Then left!", "Next line"],
+        ),
+        (
+            ["Well, the capital of France, as you know, is Paris"],
+            ["Well, the capital of France,", "as you know, is Paris"],
+        ),
         (["Ni hao ma\u3002Zai jian\u3002"], ["Ni hao ma\u3002", "Zai jian\u3002"]),
         (["...", " !"], []),
         (["word " * 40], ["word " * 30 + "word", "word " * 8 + "word"]),  # cut at a space
     ],
-)  # fmt: skip
+)
 def test_sentences_are_cut_as_the_text_streams(pieces: list[str], expected: list[str]) -> None:
     cutter = Sentences()
     out = []

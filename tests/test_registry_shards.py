@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from blazar.models.registry import Registry
 from blazar.paths import Paths
-from blazar.registry import Registry
-from blazar.store import Store
+from blazar.store.db import Store
 from blazar.testing.tiny import write_tiny_model
 from specs.names import parse_name
 

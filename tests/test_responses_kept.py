@@ -44,8 +44,14 @@ def test_the_oldest_go_first_by_count_and_by_bytes() -> None:
 def test_a_continuation_starts_from_the_history_and_the_output_it_can_read() -> None:
     recent = Recent()
     asked = input_items({"input": "hello"}, lambda prefix: f"{prefix}_1")
-    assert asked == [{"type": "message", "role": "user", "id": "msg_1",
-                      "content": [{"type": "input_text", "text": "hello"}]}]  # fmt: skip
+    assert asked == [
+        {
+            "type": "message",
+            "role": "user",
+            "id": "msg_1",
+            "content": [{"type": "input_text", "text": "hello"}],
+        }
+    ]
     recent.keep(None, response(1, "hi"), asked, asked)
     kept = recent.find("resp_1", None)
     assert kept is not None

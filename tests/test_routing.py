@@ -21,13 +21,23 @@ from reconcilers.routing import route
 SHA, TREE = "ab" * 20, "2" * 40
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 MAIN = ObservedLane(
-    "llamacpp", "llamacpp", "mainstream", active="b11549-cpu", build=11549,
+    "llamacpp",
+    "llamacpp",
+    "mainstream",
+    active="b11549-cpu",
+    build=11549,
     support={"llama": True, "nova": False, "zeta": False},
-)  # fmt: skip
+)
 FORK = ObservedLane(
-    "nova", "llamacpp", "fork", active="fork-nova-1111111-cpu", adds=("nova",), upstream=12000,
-    tags=("fork-nova-1111111-cpu",), since="2026-11-01T00:00:00+00:00",
-)  # fmt: skip
+    "nova",
+    "llamacpp",
+    "fork",
+    active="fork-nova-1111111-cpu",
+    adds=("nova",),
+    upstream=12000,
+    tags=("fork-nova-1111111-cpu",),
+    since="2026-11-01T00:00:00+00:00",
+)
 CAUGHT_UP = replace(MAIN, active="b12345-cpu", build=12345, support={"llama": True, "nova": True})
 OFFERS = [OfferView("nova", "llamacpp", ("nova",), SHA)]
 
@@ -52,7 +62,7 @@ OFFERS = [OfferView("nova", "llamacpp", ("nova",), SHA)]
         ("nova", [MAIN, replace(FORK, state="retired")], "nova", "auto", None, "was retired"),
         ("llama", [], None, "auto", None, None),  # nothing installed: not served, not refused
     ],
-)  # fmt: skip
+)
 def test_route(
     arch: str | None,
     lanes: list[ObservedLane],
@@ -181,8 +191,12 @@ def test_route_notes_in_the_plan_text_and_json() -> None:
 
 # -- the catalog ----------------------------------------------------------------------------
 
-GOOD = {"repo": "https://example.org/fork.git", "commit": SHA, "tree": TREE,
-        "architectures": ["nova"]}  # fmt: skip
+GOOD = {
+    "repo": "https://example.org/fork.git",
+    "commit": SHA,
+    "tree": TREE,
+    "architectures": ["nova"],
+}
 
 
 @pytest.mark.parametrize(
@@ -206,7 +220,7 @@ GOOD = {"repo": "https://example.org/fork.git", "commit": SHA, "tree": TREE,
         ({"build_minutes": 0}, "build_minutes must be a whole number"),
         ({"build_minutes": "an hour"}, "build_minutes must be a whole number"),
     ],
-)  # fmt: skip
+)
 def test_bad_offers_are_refused(change: dict[str, object], refused: str) -> None:
     body = {k: v for k, v in {**GOOD, **change}.items() if v is not None}
     with pytest.raises(ValueError, match=refused.replace("(", r"\(").replace(")", r"\)")):

@@ -90,9 +90,13 @@ def test_lru_eviction_spares_pins_and_busy_models() -> None:
     async def scenario() -> None:
         clock = Clock()
         s = make(
-            runtime("a"), runtime("b"), runtime("c"), runtime("p", pin=True),
-            max_loaded=2, clock=clock,
-        )  # fmt: skip
+            runtime("a"),
+            runtime("b"),
+            runtime("c"),
+            runtime("p", pin=True),
+            max_loaded=2,
+            clock=clock,
+        )
         for name in ("a", "b"):
             s.release(await s.acquire(s.resolve(name)))
             clock.now += 1

@@ -55,8 +55,9 @@ async def used(s: Scheduler, *names: str, clock: Clock | None = None) -> None:
 def test_a_hanging_before_stop_hook_is_bounded_and_holds_no_other_load() -> None:
     async def scenario() -> None:
         hook = Hook("a")
-        s = make(runtime("a"), runtime("b"), max_loaded=2, before_stop=hook,
-                 before_stop_timeout=0.05)  # fmt: skip
+        s = make(
+            runtime("a"), runtime("b"), max_loaded=2, before_stop=hook, before_stop_timeout=0.05
+        )
         await used(s, "a")
         stopping = asyncio.create_task(s.stop_model("a"))
         await until(lambda: hook.calls == ["a"], "the hook to start saving a's sessions")
@@ -77,8 +78,15 @@ def test_evicting_a_model_holds_up_only_the_load_that_needs_its_room() -> None:
 
     async def scenario() -> None:
         clock, hook = Clock(), Hook("a")
-        s = make(runtime("a"), runtime("x"), runtime("b"), runtime("c"), max_loaded=2,
-                 clock=clock, before_stop=hook)  # fmt: skip
+        s = make(
+            runtime("a"),
+            runtime("x"),
+            runtime("b"),
+            runtime("c"),
+            max_loaded=2,
+            clock=clock,
+            before_stop=hook,
+        )
         await used(s, "a", "x", clock=clock)
         c = asyncio.create_task(s.acquire(s.resolve("c")))  # evicts a, the oldest
         await until(lambda: hook.calls == ["a"], "a's eviction to begin")
@@ -98,8 +106,9 @@ def test_evicting_a_model_holds_up_only_the_load_that_needs_its_room() -> None:
 def test_a_request_for_a_model_being_evicted_waits_and_loads_it_again() -> None:
     async def scenario() -> None:
         clock, hook = Clock(), Hook("a")
-        s = make(runtime("a"), runtime("x"), runtime("c"), max_loaded=2, clock=clock,
-                 before_stop=hook)  # fmt: skip
+        s = make(
+            runtime("a"), runtime("x"), runtime("c"), max_loaded=2, clock=clock, before_stop=hook
+        )
         await used(s, "a", "x", clock=clock)
         c = asyncio.create_task(s.acquire(s.resolve("c")))  # evicts a
         await until(lambda: hook.calls == ["a"], "a's eviction to begin")
@@ -282,8 +291,14 @@ def test_a_load_that_waited_for_its_room_serves_its_request_first() -> None:
 
     async def scenario() -> None:
         clock, hook = Clock(), Hook("a")
-        s = make(runtime("a"), runtime("now", keep_alive=0.0), runtime("b", keep_alive=10.0),
-                 max_loaded=1, clock=clock, before_stop=hook)  # fmt: skip
+        s = make(
+            runtime("a"),
+            runtime("now", keep_alive=0.0),
+            runtime("b", keep_alive=10.0),
+            max_loaded=1,
+            clock=clock,
+            before_stop=hook,
+        )
         await used(s, "a", clock=clock)
         now = asyncio.create_task(s.acquire(s.resolve("now")))  # evicts a, waits for it
         await until(lambda: hook.calls == ["a"], "a's eviction to begin")

@@ -226,8 +226,10 @@ def test_priority_requests_jump_the_queue(
         finished: list[str] = []
 
         def queued(n: int) -> None:
-            wait_until(lambda: [(r["in_flight"], r["queued"]) for r in served.ps()] == [(1, n)],
-                       f"{n} requests queued behind the one in flight")  # fmt: skip
+            wait_until(
+                lambda: [(r["in_flight"], r["queued"]) for r in served.ps()] == [(1, n)],
+                f"{n} requests queued behind the one in flight",
+            )
 
         async def run() -> None:
             async with aiohttp.ClientSession() as session:
@@ -240,8 +242,13 @@ def test_priority_requests_jump_the_queue(
                         await resp.read()
                     finished.append(tag)
 
-                hold = {"model": "tiny", "prompt": "a", "max_tokens": 1500, "stream": True,
-                        "logprobs": 60}  # fmt: skip
+                hold = {
+                    "model": "tiny",
+                    "prompt": "a",
+                    "max_tokens": 1500,
+                    "stream": True,
+                    "logprobs": 60,
+                }
                 async with session.post(url, json=hold) as first:
                     await first.content.readline()  # it is in flight
                     await asyncio.to_thread(queued, 0)
@@ -333,8 +340,10 @@ def test_edited_manifest_restarts_only_the_edited_model(
         deadline = time.monotonic() + 20
 
         def old_tiny_serving() -> bool:
-            return any(r["model"] == "tiny" and r["pid"] == before["tiny"] and not r["retired"]
-                       for r in served.ps())  # fmt: skip
+            return any(
+                r["model"] == "tiny" and r["pid"] == before["tiny"] and not r["retired"]
+                for r in served.ps()
+            )
 
         while old_tiny_serving():  # the watcher sees the edit and swaps tiny's instance out
             assert time.monotonic() < deadline, served.ps()

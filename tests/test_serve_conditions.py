@@ -23,7 +23,7 @@ import pytest
 
 from blazar.doctor.findings import DaemonView
 from blazar.doctor.serving import condition_findings, runtime_findings
-from blazar.locking import apply_lock, held
+from blazar.host.locking import apply_lock, held
 from blazar.paths import Paths
 from blazar.serve import logs as serve_logs
 from blazar.serve.state.conditions import (
@@ -35,7 +35,7 @@ from blazar.serve.state.conditions import (
     remote_condition,
 )
 from blazar.serve.triggers import when_released
-from blazar.store import Condition, Store
+from blazar.store.db import Condition, Store
 from blazar.testing.ports import free_port
 from blazar.testing.tiny import write_tiny_model
 from tests.conftest import Blazar
@@ -77,8 +77,12 @@ def test_model_condition(
 ) -> None:
     got = model_condition("m", instances, **fields)
     assert (got.kind, got.name, got.type, got.status, got.reason) == (
-        "model", "m", "Serving", status, reason,
-    )  # fmt: skip
+        "model",
+        "m",
+        "Serving",
+        status,
+        reason,
+    )
     if reason in ("StartFailed", "GaveUp") and "previous" not in fields:
         assert "exited with code 2" in got.message and "/logs/m-0.log" in got.message
 
@@ -310,9 +314,15 @@ def test_runtime_failures_are_conditions_status_and_doctor_show(
         blazar("rm", "missing")
         assert "models.missing Ready" not in status(blazar)  # its failure went with it
         blazar(
-            "config", "set", "models.broken.args", "[]", "models.squeezed.cache_type", "f16",
-            "remotes.gone.url", served.url,
-        )  # fmt: skip
+            "config",
+            "set",
+            "models.broken.args",
+            "[]",
+            "models.squeezed.cache_type",
+            "f16",
+            "remotes.gone.url",
+            served.url,
+        )
         fixed = {
             "models.broken Serving": ("True", "Ready"),
             "models.squeezed Serving": ("True", "Idle"),

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from blazar.cache_settings import CacheSettings, flags, problems, settings_for
+from blazar.launch.cache_settings import CacheSettings, flags, problems, settings_for
 from blazar.protocols import ProtocolError
 from blazar.serve.request import prompts
 from blazar.serve.request.singleflight import SingleFlight, deterministic
 from blazar.serve.state import session_files
 from blazar.serve.state.sessions import choose_slot, incompatibility
-from blazar.store import SessionRecord
+from blazar.store.db import SessionRecord
 from specs.models import Model
 from specs.serving import Serving
 from tests.gateway_harness import runtime

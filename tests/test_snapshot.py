@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from blazar.observe import traces_db
+from blazar.observe import trace_store as trace_store
 from blazar.paths import Paths
 from blazar.snapshots import read_listing
-from blazar.store import SessionRecord, Store
+from blazar.store.db import SessionRecord, Store
 from specs.names import parse_name
 from tests.conftest import Blazar
 
@@ -45,7 +45,7 @@ def host(blazar: Blazar, paths: Paths, tiny_model: Path) -> Paths:
             {"id": f"trace-{i}", "time": now + i, "model": "tiny", "status": 200, "n": i}
             for i in range(TRACES)
         ]
-        traces_db.write(store, batch)
+        trace_store.write(store, batch)
     return paths
 
 
@@ -68,9 +68,15 @@ def test_a_snapshot_lists_a_sha256_of_every_member_and_holds_no_key(
         names = tar.getnames()
         assert names[0] == "snapshot.json"
         listed = {f["name"]: f for f in out["files"]}
-        assert set(names[1:]) == set(listed) == {
-            "config/blazar.toml", "config/blazar.lock", "data/blazar.db",
-        }  # fmt: skip
+        assert (
+            set(names[1:])
+            == set(listed)
+            == {
+                "config/blazar.toml",
+                "config/blazar.lock",
+                "data/blazar.db",
+            }
+        )
         manifest = tar.extractfile("config/blazar.toml").read().decode()  # type: ignore[union-attr]
     assert "# my models" in manifest and "[keys.ci]" in manifest
     assert "plm_" not in manifest  # only the key's hash was ever written
@@ -127,7 +133,7 @@ def test_restore_onto_another_home_keeps_records_whose_files_are_here(
     with Store(other.db) as store:
         assert store.find_model(parse_name("tiny")) is None
         assert [k.name for k in store.list_keys()] == ["ci"]
-        assert traces_db.find(store, "trace-42")["n"] == 42  # type: ignore[index]
+        assert trace_store.find(store, "trace-42")["n"] == 42  # type: ignore[index]
     # apply fetches what was dropped again, from the manifest restored
     blazar("apply")
     with Store(other.db) as store:

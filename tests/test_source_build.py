@@ -76,17 +76,40 @@ def make_repo(path: Path, commits: int = 2) -> Path:
 @pytest.mark.parametrize(
     ("backend", "cuda", "present", "absent"),
     [
-        ("cpu", None, ["-DGGML_NATIVE=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
-                       "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_SERVER=ON",
-                       "-DLLAMA_BUILD_NUMBER=0"], ["-DGGML_CUDA=ON"]),
+        (
+            "cpu",
+            None,
+            [
+                "-DGGML_NATIVE=OFF",
+                "-DLLAMA_CURL=OFF",
+                "-DLLAMA_USE_PREBUILT_UI=OFF",
+                "-DBUILD_SHARED_LIBS=OFF",
+                "-DLLAMA_BUILD_SERVER=ON",
+                "-DLLAMA_BUILD_NUMBER=0",
+            ],
+            ["-DGGML_CUDA=ON"],
+        ),
         ("cpu", CUDA, ["-DGGML_NATIVE=OFF"], ["-DGGML_CUDA=ON"]),
-        ("cuda", CUDA, ["-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=86;89",
-                        "-DCMAKE_CUDA_HOST_COMPILER=/usr/bin/g++-13",
-                        "-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc", "-DGGML_NATIVE=OFF"], []),
-        ("cuda", CudaInfo("nvcc", (13, 0), (), "g++"), ["-DGGML_CUDA=ON"],
-         ["-DCMAKE_CUDA_ARCHITECTURES="]),
+        (
+            "cuda",
+            CUDA,
+            [
+                "-DGGML_CUDA=ON",
+                "-DCMAKE_CUDA_ARCHITECTURES=86;89",
+                "-DCMAKE_CUDA_HOST_COMPILER=/usr/bin/g++-13",
+                "-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc",
+                "-DGGML_NATIVE=OFF",
+            ],
+            [],
+        ),
+        (
+            "cuda",
+            CudaInfo("nvcc", (13, 0), (), "g++"),
+            ["-DGGML_CUDA=ON"],
+            ["-DCMAKE_CUDA_ARCHITECTURES="],
+        ),
     ],
-)  # fmt: skip
+)
 def test_cmake_args(
     backend: str, cuda: CudaInfo | None, present: list[str], absent: list[str]
 ) -> None:
@@ -234,9 +257,19 @@ def test_detect_cuda_trusts_nvccs_own_header(tmp_path: Path, layout: str) -> Non
 
 @pytest.mark.parametrize(
     ("cuda", "cap"),
-    [((10, 2), None), ((11, 8), 11), ((12, 0), 12), ((12, 3), 12), ((12, 4), 13), ((12, 6), 13),
-     ((12, 8), 14), ((12, 9), 14), ((13, 0), 15), ((13, 3), 15)],
-)  # fmt: skip
+    [
+        ((10, 2), None),
+        ((11, 8), 11),
+        ((12, 0), 12),
+        ((12, 3), 12),
+        ((12, 4), 13),
+        ((12, 6), 13),
+        ((12, 8), 14),
+        ((12, 9), 14),
+        ((13, 0), 15),
+        ((13, 3), 15),
+    ],
+)
 def test_gcc_cap(cuda: tuple[int, int], cap: int | None) -> None:
     assert source.gcc_cap(cuda) == cap
 
@@ -307,14 +340,17 @@ def test_resolve_git_url_counts_commits_and_checks_out_refs(tmp_path: Path) -> N
     ("spec", "url", "ref"),
     [
         ("https://github.com/ggml-org/llama.cpp", "https://github.com/ggml-org/llama.cpp", None),
-        ("https://github.com/ggml-org/llama.cpp@b11549", "https://github.com/ggml-org/llama.cpp",
-         "b11549"),
+        (
+            "https://github.com/ggml-org/llama.cpp@b11549",
+            "https://github.com/ggml-org/llama.cpp",
+            "b11549",
+        ),
         ("git@github.com:ggml-org/llama.cpp.git", "git@github.com:ggml-org/llama.cpp.git", None),
         ("git@github.com:o/r.git@0c1e570", "git@github.com:o/r.git", "0c1e570"),
         ("https://user@host/r.git", "https://user@host/r.git", None),
         ("file:///tmp/repo@v1.2", "file:///tmp/repo", "v1.2"),
     ],
-)  # fmt: skip
+)
 def test_split_ref(spec: str, url: str, ref: str | None) -> None:
     assert source.split_ref(spec) == (url, ref)
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from blazar.errors import NotFound
-from blazar.migrations import MIGRATIONS
-from blazar.store import ModelRecord, Store
+from blazar.store.db import ModelRecord, Store
+from blazar.store.schema import MIGRATIONS
 from specs.names import parse_name
 
 
@@ -105,18 +105,38 @@ def test_put_get_list_delete_round_trip(tmp_path: Path) -> None:
         # What SQLite holds, column by column, stated here rather than derived from the record.
         [row] = store.db.execute("SELECT * FROM models").fetchall()
         assert row == (
-            "tiny", "q4", "/x", "link", 123_456, "ab" * 32, "file:///src/tiny.gguf",
-            "llama", 1_234_567, "Q4_K_M", 2048,
-            '{"head_count": [4, 4], "n_layer": 2}', "2026-12-01T10:00:00Z", 1,
+            "tiny",
+            "q4",
+            "/x",
+            "link",
+            123_456,
+            "ab" * 32,
+            "file:///src/tiny.gguf",
+            "llama",
+            1_234_567,
+            "Q4_K_M",
+            2048,
+            '{"head_count": [4, 4], "n_layer": 2}',
+            "2026-12-01T10:00:00Z",
+            1,
             '{"ctx": 1024, "pin": false}',
-        )  # fmt: skip
+        )
         got = store.get_model(parse_name("tiny:q4"))
         assert (got.name, got.tag, got.path, got.held, got.size, got.sha256, got.source) == (
-            "tiny", "q4", "/x", "link", 123_456, "ab" * 32, "file:///src/tiny.gguf"
-        )  # fmt: skip
+            "tiny",
+            "q4",
+            "/x",
+            "link",
+            123_456,
+            "ab" * 32,
+            "file:///src/tiny.gguf",
+        )
         assert (got.architecture, got.parameters, got.quantization, got.context_length) == (
-            "llama", 1_234_567, "Q4_K_M", 2048
-        )  # fmt: skip
+            "llama",
+            1_234_567,
+            "Q4_K_M",
+            2048,
+        )
         assert got.facts == {"n_layer": 2, "head_count": [4, 4]}
         assert got.settings == {"ctx": 1024, "pin": False}
         assert got.added_at == "2026-12-01T10:00:00Z" and got.managed is True
@@ -135,8 +155,11 @@ def test_a_record_without_optional_fields_reads_back_with_defaults(tmp_path: Pat
         got = store.get_model(parse_name("tiny"))
     assert (got.name, got.tag, got.held, got.size) == ("tiny", "latest", "copy", 1)
     assert (got.architecture, got.parameters, got.quantization, got.context_length) == (
-        None, None, None, None
-    )  # fmt: skip
+        None,
+        None,
+        None,
+        None,
+    )
     assert got.facts == {} and got.settings == {} and got.managed is False
     added = dt.datetime.fromisoformat(got.added_at)  # stamped when written, in UTC
     assert added.utcoffset() == dt.timedelta(0)
@@ -193,8 +216,9 @@ def test_a_write_waits_for_another_process_writing_instead_of_failing(tmp_path: 
     store.set_condition("model", "tiny", "Ready", "False", "Pulling", "")
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLDER, str(tmp_path / "blazar.db")],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "holding\n"
         store.set_condition("model", "tiny", "Ready", "True", "Served", "")

@@ -32,17 +32,29 @@ HI = [{"role": "user", "content": "hello"}]
 
 
 CA_USAGE = x509.KeyUsage(
-    digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
-    key_encipherment=False, data_encipherment=False, key_agreement=False,
-    encipher_only=False, decipher_only=False,
-)  # fmt: skip
+    digital_signature=True,
+    key_cert_sign=True,
+    crl_sign=True,
+    content_commitment=False,
+    key_encipherment=False,
+    data_encipherment=False,
+    key_agreement=False,
+    encipher_only=False,
+    decipher_only=False,
+)
 
 
 CA_USAGE = x509.KeyUsage(
-    digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
-    key_encipherment=False, data_encipherment=False, key_agreement=False,
-    encipher_only=False, decipher_only=False,
-)  # fmt: skip
+    digital_signature=True,
+    key_cert_sign=True,
+    crl_sign=True,
+    content_commitment=False,
+    key_encipherment=False,
+    data_encipherment=False,
+    key_agreement=False,
+    encipher_only=False,
+    decipher_only=False,
+)
 
 
 def _name(text: str) -> x509.Name:
@@ -144,23 +156,29 @@ def test_https_only_with_the_official_clients_and_rotation(
         url = f"https://127.0.0.1:{served.port}"
         verify = ssl.create_default_context(cafile=str(ca_path))
         oai = openai.OpenAI(
-            base_url=f"{url}/v1", api_key=KEY, max_retries=0,
+            base_url=f"{url}/v1",
+            api_key=KEY,
+            max_retries=0,
             http_client=httpx.Client(verify=verify),
-        )  # fmt: skip
+        )
         chat = oai.chat.completions.create(model="tiny", messages=HI, max_tokens=4)
         assert is_tiny_text(chat.choices[0].message.content or "", allow=())
         anth = anthropic.Anthropic(
-            base_url=url, api_key=KEY, max_retries=0,
+            base_url=url,
+            api_key=KEY,
+            max_retries=0,
             http_client=anthropic.DefaultHttpxClient(verify=verify),
-        )  # fmt: skip
+        )
         assert anth.messages.create(model="tiny", max_tokens=4, messages=HI).content
         olla = ollama.Client(host=url, headers={"Authorization": f"Bearer {KEY}"}, verify=verify)
         assert [m.model for m in olla.list().models] == ["tiny:latest"]
         with pytest.raises(openai.AuthenticationError):  # TLS does not replace the key
             openai.OpenAI(
-                base_url=f"{url}/v1", api_key="plm_wrong", max_retries=0,
+                base_url=f"{url}/v1",
+                api_key="plm_wrong",
+                max_retries=0,
                 http_client=httpx.Client(verify=verify),
-            ).models.list()  # fmt: skip
+            ).models.list()
         # Plain HTTP on the TLS port gets no answer at all, not even an error page.
         with pytest.raises(httpx.TransportError):
             httpx.get(f"http://127.0.0.1:{served.port}/health", timeout=10)

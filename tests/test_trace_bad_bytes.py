@@ -24,9 +24,9 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from blazar.observe import traces_db
+from blazar.observe import trace_store as trace_store
 from blazar.paths import resolve_paths
-from blazar.store import Store
+from blazar.store.db import Store
 from tests.conftest import Blazar
 from tests.fixtures import ENGINE, model_block, write_manifest
 from tests.serving import Served
@@ -98,7 +98,7 @@ def test_a_request_id_that_is_not_utf8_costs_no_trace(
     escaped = (bad[:-1] + b"\\xff").decode()  # the byte, escaped, as the trace records it
     with Store(resolve_paths().db) as store:
         for trace in [*plain, lone, escaped]:
-            assert traces_db.find(store, trace) is not None, f"the trace of {trace!r} was lost"
+            assert trace_store.find(store, trace) is not None, f"the trace of {trace!r} was lost"
     assert echoes == [escaped.encode()]  # the response carried the id the trace has
     # serve has stopped: `blazar why` reads the store
     shown = json.loads(blazar("why", escaped, "--json").output)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from blazar.profiles import ProfileStore
-from blazar.store import Store
+from blazar.store.db import Store
+from blazar.store.profiles import ProfileStore
 from blazar.testing.tiny import is_tiny_text
 from tests.conftest import Blazar
 from tests.fixtures import ENGINE
@@ -78,8 +78,10 @@ def test_tune_records_a_profile_and_the_next_spawn_serves_with_it(
     (blazar_home / "config").mkdir(parents=True, exist_ok=True)
     (blazar_home / "config" / "blazar.toml").write_text(manifest.read_text())
     blazar("bench", "tiny", "--spec", "draft")  # tiny's declared draft, `other`
-    history = [json.loads(line) for line in blazar("bench", "--history", "tiny", "--json")
-               .output.splitlines()]  # fmt: skip
+    history = [
+        json.loads(line)
+        for line in blazar("bench", "--history", "tiny", "--json").output.splitlines()
+    ]
     assert [h["spec"] for h in history] == ["off", "ngram", "draft"]
     assert all(h["decode_tps"] > 0 and h["prompt_tps"] > 0 for h in history)
     assert "ngram" in blazar("bench", "--history", "tiny").output

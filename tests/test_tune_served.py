@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from blazar.profiles import Profile, ProfileStore
-from blazar.reconcile import load
+from blazar.reconcile.apply import load
 from blazar.serve.supervisor.build import build_runtimes
-from blazar.store import Store
+from blazar.store.db import Store
+from blazar.store.profiles import Profile, ProfileStore
 from blazar.tune.race import Figures, decide
 from tests.conftest import Blazar
 from tests.fixtures import ENGINE
@@ -108,9 +108,18 @@ def test_the_race_adopts_ngram_on_the_repetitive_workload(
     manifest.write_text(ENGINE + block("gemma", gemma_gguf))
     blazar("apply", str(manifest), "--yes")
     raced = json.loads(
-        blazar("tune", "gemma", "--manifest", str(manifest), "--spec-race", "--workload",
-               "repetitive", *QUICK, "--json").output
-    )  # fmt: skip
+        blazar(
+            "tune",
+            "gemma",
+            "--manifest",
+            str(manifest),
+            "--spec-race",
+            "--workload",
+            "repetitive",
+            *QUICK,
+            "--json",
+        ).output
+    )
     [stage] = raced["stages"]
     medians = {f["label"]: f["median"] for f in stage["figures"]}
     ratio = medians["ngram"] / medians["dense"]
@@ -140,22 +149,46 @@ def test_a_draft_that_loses_is_never_adopted_and_the_refinements_run(
     manifest.write_text(ENGINE + block("gemma", gemma_gguf, draft="gemma"))
     blazar("apply", str(manifest), "--yes")
     raced = json.loads(
-        blazar("tune", "gemma", "--manifest", str(manifest), "--spec-race", "--workload",
-               "chat", *QUICK, "--json").output
-    )  # fmt: skip
+        blazar(
+            "tune",
+            "gemma",
+            "--manifest",
+            str(manifest),
+            "--spec-race",
+            "--workload",
+            "chat",
+            *QUICK,
+            "--json",
+        ).output
+    )
     [stage] = raced["stages"]
     medians = {f["label"]: f["median"] for f in stage["figures"]}
     print("chat workload, streamed tokens/s:", medians, stage["decision"]["reason"])
     assert medians["draft:gemma"] < medians["dense"]
     assert stage["decision"]["winner"] != "draft:gemma"
-    measured = {f["label"]: Figures(f["label"], tuple(f["runs"]), figure=f["figure"])
-                for f in stage["figures"]}  # fmt: skip
+    measured = {
+        f["label"]: Figures(f["label"], tuple(f["runs"]), figure=f["figure"])
+        for f in stage["figures"]
+    }
     kept = decide([measured["dense"], measured["draft:gemma"]], "dense", 0.05)
     assert kept.winner == "dense" and not kept.adopted and kept.gain < 0
     refined = json.loads(
-        blazar("tune", "gemma", "--manifest", str(manifest), "--ngram", "--cache-reuse",
-               "--requests", "2", "--tokens", "16", "--runs", "2", "--json").output
-    )  # fmt: skip
+        blazar(
+            "tune",
+            "gemma",
+            "--manifest",
+            str(manifest),
+            "--ngram",
+            "--cache-reuse",
+            "--requests",
+            "2",
+            "--tokens",
+            "16",
+            "--runs",
+            "2",
+            "--json",
+        ).output
+    )
     assert [s["stage"] for s in refined["stages"]] == ["ngram", "cache-reuse"]
     for found in refined["stages"]:
         assert len(found["figures"]) == len(found["candidates"]) and found["decision"]

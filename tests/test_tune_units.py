@@ -10,18 +10,18 @@ from typing import Any
 import pytest
 
 from blazar.errors import InvalidInput, NotGGUF
+from blazar.launch.tuning import Tuning, tuning_for
+from blazar.models.vocab import draft_problem, vocabulary
 from blazar.observe import trail
 from blazar.observe.outcome import from_response
 from blazar.observe.speculation import acceptance, spec_header
-from blazar.profiles import Profile, ProfileStore
-from blazar.store import Store
+from blazar.store.db import Store
+from blazar.store.profiles import Profile, ProfileStore
 from blazar.testing.tiny import write_tiny_model
 from blazar.tune.measure import Sample, figures, run_once
 from blazar.tune.plan import Options, stage_plan
 from blazar.tune.race import Figures, decide
 from blazar.tune.workloads import NAMES, load_workload
-from blazar.tuning import Tuning, tuning_for
-from blazar.vocab import draft_problem, vocabulary
 from specs.loader import load_manifest_text
 
 # --- the decision, with an injected timer -------------------------------------------------
@@ -112,16 +112,31 @@ def model(**fields: Any) -> Any:
     ("fields", "profile", "spec", "knobs", "used"),
     [
         ({}, None, "off", (), ()),
-        ({}, {"spec": "ngram", "ngram_size_n": 8}, "ngram", (("ngram_size_n", 8),),
-         ("spec", "ngram_size_n")),
+        (
+            {},
+            {"spec": "ngram", "ngram_size_n": 8},
+            "ngram",
+            (("ngram_size_n", 8),),
+            ("spec", "ngram_size_n"),
+        ),
         ({"spec": "auto"}, {"spec": "ngram"}, "ngram", (), ("spec",)),
         ({"spec": "off"}, {"spec": "ngram", "ngram_size_n": 8}, "off", (), ()),
-        ({"ngram_size_n": 4}, {"spec": "ngram", "ngram_size_n": 8}, "ngram",
-         (("ngram_size_n", 4),), ("spec",)),
-        ({"spec": "draft", "draft": "m", "draft_max": 2}, {"spec": "ngram", "draft_max": 8},
-         "draft", (("draft_max", 2),), ()),
+        (
+            {"ngram_size_n": 4},
+            {"spec": "ngram", "ngram_size_n": 8},
+            "ngram",
+            (("ngram_size_n", 4),),
+            ("spec",),
+        ),
+        (
+            {"spec": "draft", "draft": "m", "draft_max": 2},
+            {"spec": "ngram", "draft_max": 8},
+            "draft",
+            (("draft_max", 2),),
+            (),
+        ),
     ],
-)  # fmt: skip
+)
 def test_the_manifest_pins_what_it_sets_and_the_profile_fills_the_rest(
     fields: dict[str, Any],
     profile: dict[str, Any] | None,
@@ -146,14 +161,24 @@ def test_profile_sizes_apply_unless_args_or_slots_pin_them() -> None:
 def test_flags_of_each_mode() -> None:
     ngram = Tuning(spec="ngram", knobs=(("ngram_size_n", 8), ("ngram_min_hits", 2)))
     assert ngram.flags() == [
-        "--spec-type", "ngram-simple", "--spec-ngram-size-n", "8", "--spec-ngram-min-hits", "2",
-    ]  # fmt: skip
-    draft = Tuning(spec="draft", draft="small", draft_path="/m/small.gguf",
-                   knobs=(("draft_p_min", 0.5),))  # fmt: skip
+        "--spec-type",
+        "ngram-simple",
+        "--spec-ngram-size-n",
+        "8",
+        "--spec-ngram-min-hits",
+        "2",
+    ]
+    draft = Tuning(
+        spec="draft", draft="small", draft_path="/m/small.gguf", knobs=(("draft_p_min", 0.5),)
+    )
     assert draft.flags() == [
-        "--spec-draft-model", "/m/small.gguf", "--spec-type", "draft-simple",
-        "--spec-draft-p-min", "0.5",
-    ]  # fmt: skip
+        "--spec-draft-model",
+        "/m/small.gguf",
+        "--spec-type",
+        "draft-simple",
+        "--spec-draft-p-min",
+        "0.5",
+    ]
     assert draft.describe() == "draft:small" and Tuning().flags() == []
     assert Tuning().view() == {"spec": "off", "profile": []}
 
@@ -225,15 +250,18 @@ def test_stage_plans() -> None:
     assert all(c.settings["spec"] == "ngram" for c in ngram.candidates)
     reuse = stage_plan("cache-reuse", Options(cache_reuse=True), {})
     assert [c.label for c in reuse.candidates] == [
-        "cache_reuse=0", "cache_reuse=64", "cache_reuse=256",
-    ]  # fmt: skip
+        "cache_reuse=0",
+        "cache_reuse=64",
+        "cache_reuse=256",
+    ]
     assert reuse.workload == "long-prompt"
 
     def too_big(settings: dict[str, Any]) -> str | None:
         return "does not fit" if settings.get("slots", 1) > 2 else None
 
-    search = stage_plan("search", Options(search=True), {}, cores=4, current={"slots": 1},
-                        problem=too_big)  # fmt: skip
+    search = stage_plan(
+        "search", Options(search=True), {}, cores=4, current={"slots": 1}, problem=too_big
+    )
     labels = {c.label: c.skip for c in search.candidates}
     assert labels["slots=4"] == "does not fit" and labels["slots=2"] is None
     assert "slots=1" not in labels and {"threads=2", "threads=4", "cache_type=q8_0"} <= set(labels)
@@ -245,17 +273,31 @@ def test_stage_plans() -> None:
 
 
 def test_traces_read_the_mode_and_the_acceptance_rate() -> None:
-    timings = {"predicted_n": 32, "predicted_per_second": 50.0, "draft_n": 40,
-               "draft_n_accepted": 25}  # fmt: skip
-    body = {"choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}],
-            "timings": timings}  # fmt: skip
+    timings = {
+        "predicted_n": 32,
+        "predicted_per_second": 50.0,
+        "draft_n": 40,
+        "draft_n_accepted": 25,
+    }
+    body = {
+        "choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}],
+        "timings": timings,
+    }
     outcome = from_response("/v1/chat/completions", body)
     assert (outcome.draft_tokens, outcome.draft_accepted) == (40, 25)
     assert acceptance(timings) == (40, 25, 0.625)
     assert spec_header("ngram", timings) == "ngram; accepted=0.62"
     assert spec_header("off", {"predicted_n": 3}) == "off" and acceptance(None) is None
-    record = {"id": "t", "time": 0, "protocol": "openai", "route": "/v1/chat/completions",
-              "status": 200, "spec": "ngram", "draft_tokens": 40, "draft_accepted": 25}  # fmt: skip
+    record = {
+        "id": "t",
+        "time": 0,
+        "protocol": "openai",
+        "route": "/v1/chat/completions",
+        "status": 200,
+        "spec": "ngram",
+        "draft_tokens": 40,
+        "draft_accepted": 25,
+    }
     assert "  2. decoding: speculative (ngram), 25 of 40 drafted tokens accepted (62%)" in (
         trail.render(record)
     )

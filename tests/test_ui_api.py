@@ -22,9 +22,9 @@ import pytest
 from aiohttp import ClientResponse
 from aiohttp.test_utils import TestClient, TestServer
 
-from blazar import manifest_ops
-from blazar.children import LogFile
 from blazar.errors import Conflict, NotFound
+from blazar.host.children import LogFile
+from blazar.manifest import ops as manifest_ops
 from blazar.serve.gateway.access import Access
 from blazar.serve.gateway.app import build_app
 from blazar.serve.routes import ui_api
@@ -79,8 +79,9 @@ async def read_events(resp: ClientResponse) -> AsyncIterator[tuple[str, Any]]:
             yield name, json.loads(data)
 
 
-async def until(stream: AsyncIterator[tuple[str, Any]], wanted: Callable[[str, Any], bool],
-                timeout: float = 5.0) -> list[tuple[str, Any]]:  # fmt: skip
+async def until(
+    stream: AsyncIterator[tuple[str, Any]], wanted: Callable[[str, Any], bool], timeout: float = 5.0
+) -> list[tuple[str, Any]]:
     """The events read until one is `wanted` (that one last)."""
     seen: list[tuple[str, Any]] = []
 
@@ -171,11 +172,14 @@ def test_an_inference_key_streams_only_its_models_view(tmp_path: Path) -> None:
         assert resp.status == 200 and resp.headers["Content-Type"] == "text/event-stream"
         stream = read_events(resp)
         seen = await until(stream, lambda name, _: name == "models")
-        assert seen[0] == ("hello", {"version": seen[0][1]["version"], "keyed": True,
-                                     "key": "app", "scope": "inference"})  # fmt: skip
+        assert seen[0] == (
+            "hello",
+            {"version": seen[0][1]["version"], "keyed": True, "key": "app", "scope": "inference"},
+        )
         # A request it makes is traced, but its trail is an admin's to see.
-        await client.post("/v1/chat/completions", json={"model": "nope"},
-                          headers=bearer(INFERENCE_KEY))  # fmt: skip
+        await client.post(
+            "/v1/chat/completions", json={"model": "nope"}, headers=bearer(INFERENCE_KEY)
+        )
         with pytest.raises(TimeoutError):
             await until(stream, lambda name, _: name in ("request", "requests", "sample"), 2.5)
         resp.close()
@@ -267,9 +271,17 @@ def test_the_log_tail_follows_a_listed_log_and_refuses_every_other_path(tmp_path
         admin = bearer(ADMIN_KEY)
         listed = await (await client.get("/api/ui/logs", headers=admin)).json()
         assert [row["name"] for row in listed["logs"]] == ["tiny-0.log"]
-        for name in ("evil.log", "audit.jsonl", "sub.log", "..%2Foutside.log",
-                     "%2E%2E%2Foutside.log", "..%2F..%2Fsecret.log",
-                     str(secret).replace("/", "%2F"), "tiny-0.log%00", "nope.log"):  # fmt: skip
+        for name in (
+            "evil.log",
+            "audit.jsonl",
+            "sub.log",
+            "..%2Foutside.log",
+            "%2E%2E%2Foutside.log",
+            "..%2F..%2Fsecret.log",
+            str(secret).replace("/", "%2F"),
+            "tiny-0.log%00",
+            "nope.log",
+        ):
             resp = await client.get(f"/api/ui/logs/{name}", headers=admin)
             assert resp.status == 404, name
             assert "GET /api/ui/logs lists" in (await resp.json())["error"], name
@@ -323,17 +335,36 @@ def test_percentiles_are_nearest_rank(values: list[float], share: float, expecte
 def test_a_point_sums_up_the_requests_of_its_interval() -> None:
     done = series.Interval()
     records = [
-        {"status": 200, "ttft_ms": 10.0, "tokens_per_second": 100.0, "prompt_tokens": 40,
-         "cached_tokens": 30, "generated_tokens": 8},
-        {"status": 200, "ttft_ms": 30.0, "tokens_per_second": 300.0, "prompt_tokens": 60,
-         "cached_tokens": 0, "generated_tokens": 12},
-        {"status": 404, "ttft_ms": None, "tokens_per_second": None, "prompt_tokens": None,
-         "cached_tokens": None, "generated_tokens": None},
-    ]  # fmt: skip
+        {
+            "status": 200,
+            "ttft_ms": 10.0,
+            "tokens_per_second": 100.0,
+            "prompt_tokens": 40,
+            "cached_tokens": 30,
+            "generated_tokens": 8,
+        },
+        {
+            "status": 200,
+            "ttft_ms": 30.0,
+            "tokens_per_second": 300.0,
+            "prompt_tokens": 60,
+            "cached_tokens": 0,
+            "generated_tokens": 12,
+        },
+        {
+            "status": 404,
+            "ttft_ms": None,
+            "tokens_per_second": None,
+            "prompt_tokens": None,
+            "cached_tokens": None,
+            "generated_tokens": None,
+        },
+    ]
     for record in records:
         done.add(record)
-    point = series.point(100.0, 2.0, done, queue_depth=3, in_flight=1, memory_bytes=5,
-                         gateway_bytes=7)  # fmt: skip
+    point = series.point(
+        100.0, 2.0, done, queue_depth=3, in_flight=1, memory_bytes=5, gateway_bytes=7
+    )
     assert point == {
         "t": 100.0,
         "requests_per_second": 1.5,
@@ -348,8 +379,15 @@ def test_a_point_sums_up_the_requests_of_its_interval() -> None:
         "memory_bytes": 5,
         "gateway_memory_bytes": 7,
     }
-    empty = series.point(1.0, 2.0, series.Interval(), queue_depth=0, in_flight=0,
-                         memory_bytes=None, gateway_bytes=None)  # fmt: skip
+    empty = series.point(
+        1.0,
+        2.0,
+        series.Interval(),
+        queue_depth=0,
+        in_flight=0,
+        memory_bytes=None,
+        gateway_bytes=None,
+    )
     assert empty["requests_per_second"] == 0 and empty["ttft_p50_ms"] is None
     assert empty["cache_hit_ratio"] is None
 

@@ -90,11 +90,13 @@ def serve(root: Path, keys: str = "") -> Iterator[Host]:
     home = root / "home"
     served = Served(manifest, home)
     manifest.write_text(
-        f"[serving]\nport = {served.port}\n\n" + ENGINE
+        f"[serving]\nport = {served.port}\n\n"
+        + ENGINE
         + f'[models.tiny]\nsource = "{tiny.as_uri()}"\nctx = 4096\n\n'
         + f'[models.spare]\nsource = "{spare.as_uri()}"\nctx = 512\nkeep_alive = "10m"\n\n'
-        + f'[loras.fox]\nmodel = "tiny"\nsource = "{fox.as_uri()}"\n\n' + keys
-    )  # fmt: skip
+        + f'[loras.fox]\nmodel = "tiny"\nsource = "{fox.as_uri()}"\n\n'
+        + keys
+    )
     shots = Path(os.environ.get("BLAZAR_UI_SHOTS") or root / "shots")
     shots.mkdir(parents=True, exist_ok=True)
     with pytest.MonkeyPatch.context() as env:
@@ -264,8 +266,9 @@ def test_a_request_made_elsewhere_shows_while_it_runs_and_within_a_second_and_it
     expect(row).to_contain_text("tiny")
 
     long = uuid.uuid4().hex  # a long stream (seconds): seen while it runs, then finished
-    worker = threading.Thread(target=host.chat, args=(long,),
-                              kwargs={"max_tokens": 2000, "stream": True})  # fmt: skip
+    worker = threading.Thread(
+        target=host.chat, args=(long,), kwargs={"max_tokens": 2000, "stream": True}
+    )
     worker.start()
     try:
         page.locator(f'tr.req.running[data-id="{long}"]').wait_for(timeout=5000)

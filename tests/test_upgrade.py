@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from blazar.errors import Conflict, InvalidInput
-from blazar.upgrade import Install, detect
+from blazar.host.upgrade import Install, detect
 from tests.conftest import Blazar
 from tests.fixtures import WHEEL_CACHE
 
@@ -37,16 +37,26 @@ BASE = Path("/usr")
     ("direct_url", "marker", "source", "how", "expected"),
     [
         (None, None, None, "venv", "blazar"),  # from the package index
-        (None, "repo=git+https://example.org/b.git\n", None, "install-script",
-         "git+https://example.org/b.git"),
+        (
+            None,
+            "repo=git+https://example.org/b.git\n",
+            None,
+            "install-script",
+            "git+https://example.org/b.git",
+        ),
         (None, "repo=blazar==0.1.0\n", None, "install-script", "blazar"),  # not the old pin
-        ({"url": "https://example.org/b.git", "vcs_info": {"vcs": "git", "commit_id": "ab"}},
-         None, None, "venv", "git+https://example.org/b.git"),
+        (
+            {"url": "https://example.org/b.git", "vcs_info": {"vcs": "git", "commit_id": "ab"}},
+            None,
+            None,
+            "venv",
+            "git+https://example.org/b.git",
+        ),
         ({"url": "file:///src/blazar", "dir_info": {}}, None, None, "venv", "/src/blazar"),
         (None, None, "blazar>=0.2", "venv", "blazar"),
         (None, None, "/src/new-checkout", "venv", "/src/new-checkout"),
     ],
-)  # fmt: skip
+)
 def test_detect_how_blazar_was_installed(
     direct_url: dict[str, object] | None,
     marker: str | None,
@@ -143,8 +153,13 @@ def run(cmd: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]
 def offline_env(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     index = tmp_path / "index"
     index.mkdir()
-    env = {**os.environ, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": f"{index} {WHEEL_CACHE / 'wheels'}",
-           "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_COMPILE": "1"}  # fmt: skip
+    env = {
+        **os.environ,
+        "PIP_NO_INDEX": "1",
+        "PIP_FIND_LINKS": f"{index} {WHEEL_CACHE / 'wheels'}",
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        "PIP_NO_COMPILE": "1",
+    }
     env.pop("BLAZAR_HOME", None)
     env["BLAZAR_HOME"] = str(tmp_path / "home")
     return index, env
@@ -169,10 +184,20 @@ def test_upgrade_the_install_script_venv_and_a_pip_venv_then_roll_back(
     prefix, bindir = tmp_path / "venv", tmp_path / "bin"
     with (ROOT / "packaging" / "install.sh").open() as script:  # as `curl ... | sh` runs it
         done = subprocess.run(
-            ["sh"], stdin=script, capture_output=True, text=True, timeout=600, cwd=tmp_path,
-            env={**env, "PYTHON": sys.executable, "BLAZAR_REPO": "blazar",
-                 "PREFIX": str(prefix), "BINDIR": str(bindir)},
-        )  # fmt: skip
+            ["sh"],
+            stdin=script,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=tmp_path,
+            env={
+                **env,
+                "PYTHON": sys.executable,
+                "BLAZAR_REPO": "blazar",
+                "PREFIX": str(prefix),
+                "BINDIR": str(bindir),
+            },
+        )
     assert done.returncode == 0, done.stderr
     assert (prefix / "blazar-install").read_text() == "repo=blazar\n"
     blazar = bindir / "blazar"
@@ -213,7 +238,7 @@ def test_upgrade_the_install_script_venv_and_a_pip_venv_then_roll_back(
 
 def test_install_for_the_running_python() -> None:
     """The suite's own Python is this checkout, editable: detect says so."""
-    from blazar.upgrade import this_install
+    from blazar.host.upgrade import this_install
 
     with pytest.raises(Conflict, match="editable"):
         this_install()

@@ -110,10 +110,19 @@ def check_openai(served: Served, host: str) -> int:
     assert "/moved" in Images.hits and Images.hits.count("/small.png") == 2
     stream = client.chat.completions.create(
         model="eye",
-        messages=[{"role": "user", "content": [{"type": "text", "text": QUESTION},
-                   {"type": "image_url", "image_url": {"url": f"{host}/big.png"}}]}],
-        max_tokens=2, stream=True, stream_options={"include_usage": True},
-    )  # fmt: skip
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": QUESTION},
+                    {"type": "image_url", "image_url": {"url": f"{host}/big.png"}},
+                ],
+            }
+        ],
+        max_tokens=2,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     assert [c.usage.prompt_tokens for c in stream if c.usage] == [big]
 
     refusals = {
@@ -175,11 +184,15 @@ def check_ollama(served: Served, small_chat: int) -> None:
 
     text, small, big = chat(), chat(SMALL), chat(BIG)
     assert text < small < big and small == small_chat  # the same prompt as OpenAI's
-    generated = client.generate(model="eye", prompt=QUESTION, images=[SMALL],
-                                options={"num_predict": 2})  # fmt: skip
+    generated = client.generate(
+        model="eye", prompt=QUESTION, images=[SMALL], options={"num_predict": 2}
+    )
     assert generated.prompt_eval_count == small
-    for image, words in ((HUGE, "over the gateway's limit"), (b"no image", "not an image"),
-                         (WEBP, "a WebP image, which this engine cannot decode")):  # fmt: skip
+    for image, words in (
+        (HUGE, "over the gateway's limit"),
+        (b"no image", "not an image"),
+        (WEBP, "a WebP image, which this engine cannot decode"),
+    ):
         with pytest.raises(ollama.ResponseError) as refused:
             chat(image)
         assert refused.value.status_code == 400 and words in refused.value.error
@@ -212,9 +225,9 @@ def check_anthropic(served: Served, host: str, small_chat: int) -> None:
     assert input_tokens({"type": "url", "url": f"{host}/small.png"}) == small
     url_image = {"type": "image", "source": {"type": "url", "url": f"{host}/big.png"}}
     counted = client.messages.count_tokens(
-        model="eye", messages=[{"role": "user", "content": [{"type": "text", "text": QUESTION},
-                                                             url_image]}],
-    )  # fmt: skip
+        model="eye",
+        messages=[{"role": "user", "content": [{"type": "text", "text": QUESTION}, url_image]}],
+    )
     assert counted.input_tokens == big
     full_width = f"http://{FULL_WIDTH}:{host.rsplit(':', 1)[1]}"  # allowed as 127.0.0.1
     refusals: list[tuple[dict[str, Any], str]] = [

@@ -27,10 +27,10 @@ import tomlkit
 
 from blazar.engines import launcher
 from blazar.errors import InvalidInput
-from blazar.fit import estimate
-from blazar.hardware import Device
+from blazar.host.hardware import Device
+from blazar.models.fit import estimate
+from blazar.models.registry import Registry
 from blazar.paths import Paths
-from blazar.projectors import import_projector, projector_facts
 from blazar.protocols import (
     EngineRequest,
     ImageRef,
@@ -39,12 +39,12 @@ from blazar.protocols import (
     ollama,
     openai_requests,
 )
-from blazar.registry import Registry
 from blazar.serve.request import images
 from blazar.serve.request.images import Limits
 from blazar.sources.base import FetchError
 from blazar.sources.projector_files import select_projector
-from blazar.store import Store
+from blazar.sources.projectors import import_projector, projector_facts
+from blazar.store.db import Store
 from blazar.testing.tiny import write_tiny_model
 from blazar.testing.tiny_vision import png_bytes, write_tiny_projector
 from specs.manifest import Manifest
@@ -118,8 +118,12 @@ def test_image_bytes_and_data_urls() -> None:
     assert images.check_image(PNG, "x", small) == "image/png"
     assert images.sniff(b"\xff\xd8\xff\xe0rest") == "image/jpeg"
     assert images.sniff(b"GIF89a...") == "image/gif" and images.sniff(b"BM...") == "image/bmp"
-    for data, words in ((WEBP, "a WebP image"), (b"<svg/>", "SVG"), (b"hello", "not an image"),
-                        (PNG + b"\0" * 2000, "over the gateway's limit")):  # fmt: skip
+    for data, words in (
+        (WEBP, "a WebP image"),
+        (b"<svg/>", "SVG"),
+        (b"hello", "not an image"),
+        (PNG + b"\0" * 2000, "over the gateway's limit"),
+    ):
         with pytest.raises(ProtocolError, match=words):
             images.check_image(data, "x", small)
     url = "data:image/png;base64," + base64.b64encode(PNG).decode()
@@ -239,14 +243,20 @@ def test_inline_images_are_passed_unchanged_and_urls_become_data(host: LoopbackH
 
 
 def test_openai_image_parts_found_and_replaced_in_order() -> None:
-    body = {"model": "m", "messages": [
-        {"role": "system", "content": "be brief"},
-        {"role": "user", "content": [
-            {"type": "text", "text": "two"},
-            {"type": "image_url", "image_url": {"url": "http://a/1.png", "detail": "low"}},
-            {"type": "image_url", "image_url": "data:image/png;base64,AAAA"},
-        ]},
-    ]}  # fmt: skip
+    body = {
+        "model": "m",
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "two"},
+                    {"type": "image_url", "image_url": {"url": "http://a/1.png", "detail": "low"}},
+                    {"type": "image_url", "image_url": "data:image/png;base64,AAAA"},
+                ],
+            },
+        ],
+    }
     refs = openai_requests.image_refs(body)
     assert refs == [
         ImageRef("messages[1].content[1].image_url", "http://a/1.png"),
@@ -270,15 +280,25 @@ def test_openai_image_parts_found_and_replaced_in_order() -> None:
 
 def test_anthropic_image_blocks_found_and_put_back_as_base64() -> None:
     image = {"type": "image", "source": {"type": "url", "url": "https://a/1.png"}}
-    inline = {"type": "image", "source": {"type": "base64", "media_type": "image/gif",
-                                          "data": "R0lG"}}  # fmt: skip
-    body = {"model": "m", "max_tokens": 4, "messages": [
-        {"role": "user", "content": [{"type": "text", "text": "see"}, image]},
-        {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f",
-                                           "input": {}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t",
-                                      "content": [inline]}]},
-    ]}  # fmt: skip
+    inline = {
+        "type": "image",
+        "source": {"type": "base64", "media_type": "image/gif", "data": "R0lG"},
+    }
+    body = {
+        "model": "m",
+        "max_tokens": 4,
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "see"}, image]},
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}],
+            },
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": "t", "content": [inline]}],
+            },
+        ],
+    }
     req = anthropic.messages_request(body, has_vision=True)
     assert anthropic.image_refs(req.body) == [
         ImageRef("messages.0.content.1", "https://a/1.png"),
@@ -288,7 +308,10 @@ def test_anthropic_image_blocks_found_and_put_back_as_base64() -> None:
         req.body, ["data:image/png;base64,UE5H", "data:image/gif;base64,R0lG"]
     )
     assert out["messages"][0]["content"][1]["source"] == {
-        "type": "base64", "media_type": "image/png", "data": "UE5H"}  # fmt: skip
+        "type": "base64",
+        "media_type": "image/png",
+        "data": "UE5H",
+    }
     assert out["messages"][2]["content"][0]["content"][0] == inline
     bad = {**body, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}
     with pytest.raises(ProtocolError, match=re.escape("source.type: Input should be 'base64'")):
@@ -297,13 +320,19 @@ def test_anthropic_image_blocks_found_and_put_back_as_base64() -> None:
 
 def test_ollama_images_as_refs_in_the_translated_order() -> None:
     png = base64.b64encode(PNG).decode()
-    chat = {"model": "m", "messages": [
-        {"role": "user", "content": "a", "images": [png, png]},
-        {"role": "user", "content": "b", "images": [png]},
-    ]}  # fmt: skip
+    chat = {
+        "model": "m",
+        "messages": [
+            {"role": "user", "content": "a", "images": [png, png]},
+            {"role": "user", "content": "b", "images": [png]},
+        ],
+    }
     refs = ollama.image_refs(chat)
-    assert [r.where for r in refs] == ["messages[0].images[0]", "messages[0].images[1]",
-                                       "messages[1].images[0]"]  # fmt: skip
+    assert [r.where for r in refs] == [
+        "messages[0].images[0]",
+        "messages[0].images[1]",
+        "messages[1].images[0]",
+    ]
     req = ollama.chat_request(chat, model_ctx=512, has_vision=True)
     assert isinstance(req, EngineRequest)
     assert openai_requests.image_refs(req.body) == [
@@ -320,8 +349,10 @@ def test_ollama_images_as_refs_in_the_translated_order() -> None:
     ("fields", "words"),
     [
         ({"source": "file:///m.gguf", "mmproj": "auto"}, "takes the projector from the model's"),
-        ({"source": "hf://o/r:Q4_K_M", "mmproj": "auto", "mmproj_sha256": "a" * 64},
-         "verified against the hub's own sha256"),
+        (
+            {"source": "hf://o/r:Q4_K_M", "mmproj": "auto", "mmproj_sha256": "a" * 64},
+            "verified against the hub's own sha256",
+        ),
         ({"source": "file:///m.gguf", "mmproj": "https://h/p.gguf"}, "mmproj_sha256 is required"),
         ({"source": "file:///m.gguf", "mmproj": "ollama://llava"}, "cannot come from"),
         ({"source": "file:///m.gguf", "mmproj": "hf://o/r:F16"}, "names a quantization"),
@@ -329,7 +360,7 @@ def test_ollama_images_as_refs_in_the_translated_order() -> None:
         ({"source": "file:///m.gguf", "mmproj_sha256": "a" * 64}, "mmproj is not"),
         ({"source": "file:///m.gguf", "args": ["--mmproj", "p.gguf"]}, "use mmproj"),
     ],
-)  # fmt: skip
+)
 def test_bad_projector_declarations(fields: dict[str, Any], words: str) -> None:
     with pytest.raises(ValueError, match=re.escape(words)):
         Manifest.model_validate({"models": {"m": fields}})
@@ -353,7 +384,11 @@ def test_a_projector_is_checked_against_its_model(tmp_path: Path, paths: Paths) 
     good = write_tiny_projector(tmp_path / "mmproj.gguf")
     other = write_tiny_projector(tmp_path / "mmproj-32.gguf", projection_dim=32)
     assert projector_facts(good) == {
-        "projector_type": "lfm2", "projection_dim": 64, "vision": True, "audio": False}  # fmt: skip
+        "projector_type": "lfm2",
+        "projection_dim": 64,
+        "vision": True,
+        "audio": False,
+    }
     with Store(paths.db) as store:
         registry = Registry(store, paths)
         registry.import_file(model, parse_name("tiny"))
@@ -373,8 +408,14 @@ def test_the_launcher_and_the_runtime_pass_the_projector(tmp_path: Path) -> None
     model = write_tiny_model(tmp_path / "tiny.gguf")
     missing = launcher.main(["-m", str(model), "--mmproj", str(tmp_path / "none.gguf")])
     assert missing == launcher.LOAD_ERROR
-    report = estimate("m", {"size": 1000}, [Device("cpu", 0, "ram", 10**9, 10**9)], ctx=16,
-                      cache_type="f16", projector=500)  # fmt: skip
+    report = estimate(
+        "m",
+        {"size": 1000},
+        [Device("cpu", 0, "ram", 10**9, 10**9)],
+        ctx=16,
+        cache_type="f16",
+        projector=500,
+    )
     assert (
         report.projector == 500
         and report.needed == report.weights + report.kv + report.compute + 500
@@ -417,8 +458,14 @@ def test_auto_takes_the_projector_from_the_models_repo(
     model = write_tiny_model(tmp_path / "tiny.gguf").read_bytes()
     projector = write_tiny_projector(tmp_path / "p.gguf").read_bytes()
     with FakeHub() as hub:
-        hub.add_repo("test/vis-GGUF", {"vis-Q8_0.gguf": model, "mmproj-vis-f16.gguf": projector,
-                                       "mmproj-vis-bf16.gguf": b"GGUF other"})  # fmt: skip
+        hub.add_repo(
+            "test/vis-GGUF",
+            {
+                "vis-Q8_0.gguf": model,
+                "mmproj-vis-f16.gguf": projector,
+                "mmproj-vis-bf16.gguf": b"GGUF other",
+            },
+        )
         monkeypatch.setenv("HF_ENDPOINT", hub.url)
         paths.manifest.parent.mkdir(parents=True, exist_ok=True)
         paths.manifest.write_text(

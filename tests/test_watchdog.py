@@ -42,8 +42,12 @@ def test_a_hypothesis_test_that_blocks_ends_the_run_with_its_stack(tmp_path: Pat
     started = time.monotonic()
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", str(tmp_path)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     took = time.monotonic() - started
     assert run.returncode != 0
     assert "Timeout (0:00:04)!" in run.stderr + run.stdout

@@ -33,9 +33,14 @@ FORMATS = ("text", "srt", "vtt", "json", "verbose_json")
 def search_option(what: str) -> Any:
     """`--search` alone lists everything; `--search SUBSTR` what matches."""
     return click.option(
-        "--search", "search", is_flag=False, flag_value="", default=None, metavar="[SUBSTR]",
+        "--search",
+        "search",
+        is_flag=False,
+        flag_value="",
+        default=None,
+        metavar="[SUBSTR]",
         help=f"List the {what} (matching SUBSTR).",
-    )  # fmt: skip
+    )
 
 
 # -- shared ----------------------------------------------------------------------------------
@@ -67,14 +72,19 @@ def _install(ctx: Context, kind: str) -> None:
 
 
 def _pull(ctx: Context, manifest: Path | None, name: str, source: str, kind: str) -> None:
-    from blazar import manifest_ops
     from blazar.cli.manifest import _event, _progress_for
+    from blazar.manifest import ops as manifest_ops
 
     path = manifest or ctx.paths.manifest
     manifest_ops.apply_model(
-        ctx.paths, path, name, {"source": source, "kind": kind},
-        notify=lambda m: click.echo(m, err=True), on_event=_event, progress_for=_progress_for,
-    )  # fmt: skip
+        ctx.paths,
+        path,
+        name,
+        {"source": source, "kind": kind},
+        notify=lambda m: click.echo(m, err=True),
+        on_event=_event,
+        progress_for=_progress_for,
+    )
     click.echo(f"pulled {name} (declared in {path})")
 
 
@@ -114,7 +124,7 @@ def multipart(fields: dict[str, str], filename: str, data: bytes) -> tuple[bytes
 
 def _engine_for(ctx: Context, model: str, kind: str, lane: str) -> tuple[Any, Any]:
     """(the model's record, its lane's active engine) for `--local`."""
-    from blazar.engines.records import EngineStore
+    from blazar.engines.ledger import EngineStore
     from specs.names import parse_name
 
     record = ctx.store.get_model(parse_name(model))
@@ -132,7 +142,7 @@ def _engine_for(ctx: Context, model: str, kind: str, lane: str) -> tuple[Any, An
 def _declared_args(ctx: Context, manifest_path: Path | None, model: str, kind: str) -> list[str]:
     """What the manifest adds to the model's engine child (`deterministic`, `args`), as
     `blazar serve` would spawn it: `--local` must not answer differently."""
-    from blazar.reconcile import load_or_empty
+    from blazar.reconcile.apply import load_or_empty
     from blazar.serve.supervisor.build import audio_args
 
     manifest = load_or_empty(manifest_path or ctx.paths.manifest)
@@ -279,10 +289,17 @@ def _search_whisper(ctx: Context, text: str, refresh: bool, as_json: bool) -> No
         click.echo(f"No whisper size matches {text!r}.")
         return
     rows = [
-        [s.name, s.languages, s.parameters, ("" if s.exact else "~") + human_bytes(s.bytes),
-         f"{s.stored}, runs int8", pulled(s) or "-", s.source]
+        [
+            s.name,
+            s.languages,
+            s.parameters,
+            ("" if s.exact else "~") + human_bytes(s.bytes),
+            f"{s.stored}, runs int8",
+            pulled(s) or "-",
+            s.source,
+        ]
         for s in sizes
-    ]  # fmt: skip
+    ]
     headers = ["SIZE", "LANGUAGES", "PARAMS", "DISK", "QUANTIZATION", "PULLED", "SOURCE"]
     click.echo(table(headers, rows))
 
@@ -405,10 +422,18 @@ def _search_voices(ctx: Context, text: str, refresh: bool, as_json: bool) -> Non
         click.echo(f"No voice matches {text!r}.")
         return
     rows = [
-        [v.key, v.language, v.region, v.name, v.quality, v.speakers,
-         ("" if v.exact else "~") + human_bytes(v.bytes), pulled(v) or "-"]
+        [
+            v.key,
+            v.language,
+            v.region,
+            v.name,
+            v.quality,
+            v.speakers,
+            ("" if v.exact else "~") + human_bytes(v.bytes),
+            pulled(v) or "-",
+        ]
         for v in found
-    ]  # fmt: skip
+    ]
     headers = ["VOICE", "LANGUAGE", "REGION", "NAME", "QUALITY", "SPEAKERS", "SIZE", "PULLED"]
     click.echo(table(headers, rows))
 

@@ -32,7 +32,7 @@ def config_path(ctx: Context) -> None:
 @pass_context
 def config_get(ctx: Context, key: str, manifest_path: Path | None) -> None:
     """Print the value at KEY (dotted; quote a segment with dots: models."qwen3:0.6b".ctx)."""
-    from blazar.manifest_edit import ManifestFile
+    from blazar.manifest.edit import ManifestFile
 
     value = ManifestFile(manifest_path or ctx.paths.manifest).get(key)
     click.echo(value if isinstance(value, str) else json.dumps(value, sort_keys=True))
@@ -52,8 +52,8 @@ def config_set(ctx: Context, pairs: tuple[str, ...], manifest_path: Path | None)
 
         blazar config set serving.tls_cert cert.pem serving.tls_key key.pem
     """
-    from blazar.manifest_edit import ManifestError, ManifestFile, parse_value
-    from blazar.reconcile import InvalidManifest
+    from blazar.manifest.edit import ManifestError, ManifestFile, parse_value
+    from blazar.reconcile.apply import InvalidManifest
 
     if len(pairs) % 2:
         raise click.UsageError(

@@ -16,8 +16,8 @@ import click
 from blazar.paths import Paths, resolve_paths
 
 if TYPE_CHECKING:
-    from blazar.registry import Registry
-    from blazar.store import Store
+    from blazar.models.registry import Registry
+    from blazar.store.db import Store
 
 
 @dataclass
@@ -31,7 +31,7 @@ class Context:
     @cached_property
     def store(self) -> Store:
         """The store, opened on first use and closed when the command ends."""
-        from blazar.store import Store
+        from blazar.store.db import Store
 
         store = Store(self.paths.db)
         command = click.get_current_context(silent=True)
@@ -41,7 +41,7 @@ class Context:
 
     @cached_property
     def registry(self) -> Registry:
-        from blazar.registry import Registry
+        from blazar.models.registry import Registry
 
         return Registry(self.store, self.paths)
 

@@ -14,7 +14,7 @@ from blazar.cli import forks
 from blazar.cli.context import Context, pass_context
 from blazar.cli.format import echo_json, table
 from blazar.engines.base import KIND, METHODS
-from blazar.engines.records import EngineRecord
+from blazar.engines.ledger import EngineRecord
 from blazar.engines.service import DEFAULT_GATE, Engines, UpdateOutcome
 from blazar.errors import InvalidInput
 
@@ -215,20 +215,30 @@ def update(
                 click.echo(f"{lane}: skipped (not installed)")
                 continue
             outcome = svc.update(
-                lane, method=method if lane == KIND else None,
-                version=version if lane == KIND else None, max_drop=gate_for(lane),
-                model=bench_model, feed=feed, catalog=location,
+                lane,
+                method=method if lane == KIND else None,
+                version=version if lane == KIND else None,
+                max_drop=gate_for(lane),
+                model=bench_model,
+                feed=feed,
+                catalog=location,
                 progress=lambda line: click.echo(line, err=True),
-            )  # fmt: skip
+            )
             if as_json:
                 echo_json(asdict(outcome))
             else:
                 click.echo(f"{lane}: {outcome.message}")
         return
     outcome = svc.update(
-        kind, method=method, version=version, max_drop=max_drop, model=bench_model, feed=feed,
-        progress=click.echo, catalog=location,
-    )  # fmt: skip
+        kind,
+        method=method,
+        version=version,
+        max_drop=max_drop,
+        model=bench_model,
+        feed=feed,
+        progress=click.echo,
+        catalog=location,
+    )
     _report(outcome, as_json)
 
 
@@ -290,8 +300,8 @@ def use(ctx: Context, tag: str | None, kind: str | None) -> None:
     if (tag is None) == (kind is None):
         raise click.UsageError("give a TAG (`blazar engine list`) or --kind KIND, not both")
     if kind is not None:
-        from blazar.engines.default_kind import use_kind
         from blazar.engines.kinds import canonical_kind
+        from blazar.manifest.engine_kind import use_kind
 
         installed = engines(ctx).records.active(canonical_kind(kind)) is not None
         click.echo(use_kind(ctx.paths.manifest, kind, installed=installed))
@@ -383,9 +393,9 @@ def bench(
 
 def _spec_args(ctx: Context, model: str, spec: str) -> list[str]:
     """The flags of a decoding mode for MODEL: the n-gram lookup, or its declared draft."""
-    from blazar.reconcile import load_or_empty
-    from blazar.tuning import Tuning
-    from blazar.vocab import draft_problem
+    from blazar.launch.tuning import Tuning
+    from blazar.models.vocab import draft_problem
+    from blazar.reconcile.apply import load_or_empty
     from specs.names import parse_name
 
     if spec == "ngram":
@@ -415,11 +425,24 @@ def _history(svc: Engines, model: str, as_json: bool) -> None:
     if not rows:
         click.echo(f"No bench figures for {model} yet: `blazar bench {model}` measures it.")
         return
-    click.echo(table(
-        ["TIME", "LANE", "ENGINE", "SPEC", "GENERATION TOK/S", "PROMPT TOK/S", "RUNS", "NOTE"],
-        [[r["time"], r["kind"], r["tag"], r.get("spec") or "off", f"{r['decode_tps']:.1f}",
-          f"{r['prompt_tps']:.1f}", r["runs"], r["note"]] for r in rows],
-    ))  # fmt: skip
+    click.echo(
+        table(
+            ["TIME", "LANE", "ENGINE", "SPEC", "GENERATION TOK/S", "PROMPT TOK/S", "RUNS", "NOTE"],
+            [
+                [
+                    r["time"],
+                    r["kind"],
+                    r["tag"],
+                    r.get("spec") or "off",
+                    f"{r['decode_tps']:.1f}",
+                    f"{r['prompt_tps']:.1f}",
+                    r["runs"],
+                    r["note"],
+                ]
+                for r in rows
+            ],
+        )
+    )
 
 
 engine.add_command(forks.offers)

@@ -124,7 +124,7 @@ def kubernetes(
 ) -> None:
     """A Deployment running Blazar, its Service, a PersistentVolumeClaim for the model store,
     the manifest as a ConfigMap and the keys' Secret reference, from PATH (docs/fleet.md)."""
-    from blazar.reconcile import load
+    from blazar.reconcile.apply import load
     from blazar.render.kubernetes import Options, documents, to_yaml
 
     manifest = load(path, host)

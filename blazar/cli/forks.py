@@ -74,14 +74,31 @@ def offers(ctx: Context, catalog: str | None, as_json: bool) -> None:
         click.echo(f"No offers in the catalog ({found.source}).")
         return
     rows = [
-        [o.id, ", ".join(o.architectures), o.short, o.digest.split()[0], "/".join(o.backends),
-         o.build_estimate, f"b{o.upstream}" if o.upstream else None,
-         "yes" if o.id in installed else "", o.repo]
+        [
+            o.id,
+            ", ".join(o.architectures),
+            o.short,
+            o.digest.split()[0],
+            "/".join(o.backends),
+            o.build_estimate,
+            f"b{o.upstream}" if o.upstream else None,
+            "yes" if o.id in installed else "",
+            o.repo,
+        ]
         for o in found.offers.values()
-    ]  # fmt: skip
+    ]
     if rows:
-        headers = ["ID", "ADDS", "COMMIT", "DIGEST", "BACKENDS", "BUILD", "UPSTREAM", "INSTALLED",
-                   "REPO"]  # fmt: skip
+        headers = [
+            "ID",
+            "ADDS",
+            "COMMIT",
+            "DIGEST",
+            "BACKENDS",
+            "BUILD",
+            "UPSTREAM",
+            "INSTALLED",
+            "REPO",
+        ]
         click.echo(table(headers, rows))
     for offer_id, why in found.refused.items():
         click.echo(f"refused: offer {offer_id!r}: {why}")
@@ -161,12 +178,16 @@ def lane_rows(ctx: Context, svc: Engines) -> list[dict[str, Any]]:
             why = f"adds {', '.join(lane.architectures)}" + (f"; {why}" if why else "")
         rows.append(
             {
-                "lane": lane.lane, "kind": lane.kind, "origin": lane.origin,
+                "lane": lane.lane,
+                "kind": lane.kind,
+                "origin": lane.origin,
                 "state": lane_state(lane.state, lane.since, retire_days, now),
-                "since": lane.since or None, "active": active.tag if active else None,
-                "architectures": list(lane.architectures), "why": why or None,
+                "since": lane.since or None,
+                "active": active.tag if active else None,
+                "architectures": list(lane.architectures),
+                "why": why or None,
             }
-        )  # fmt: skip
+        )
     return rows
 
 

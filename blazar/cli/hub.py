@@ -5,7 +5,7 @@ already pulled; `fit owner/repo[:QUANT]` (called by `blazar fit` for a target
 Blazar does not hold) reads one GGUF header with range requests and prints the
 fit of every quantization on this machine, marking the largest that fits and
 the `blazar pull` that gets it. The hub calls are `blazar.sources.hub`; the
-estimate is `blazar.fit.estimate`, the one local models get.
+estimate is `blazar.models.fit.estimate`, the one local models get.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import click
 from blazar.cli.context import Context, pass_context
 from blazar.cli.format import echo_json, human_bytes, table
 from blazar.errors import InvalidInput
-from blazar.fit import FitReport, estimate
+from blazar.models.fit import FitReport, estimate
 from specs.sources import (
     HFSource,
     InvalidSource,
@@ -137,10 +137,18 @@ def _fit_safetensors(repo: HubRepo, target: str, as_json: bool) -> None:
     pull = f"blazar pull hf://{repo.repo} --name NAME"
     if as_json:
         echo_json(
-            {"target": target, "repo": repo.repo, "revision": repo.revision,
-             "format": "safetensors", "weights_bytes": weights, "quants": [],
-             "lane": "mistralrs", "hint": LANE_HINT, "command": pull}
-        )  # fmt: skip
+            {
+                "target": target,
+                "repo": repo.repo,
+                "revision": repo.revision,
+                "format": "safetensors",
+                "weights_bytes": weights,
+                "quants": [],
+                "lane": "mistralrs",
+                "hint": LANE_HINT,
+                "command": pull,
+            }
+        )
         return
     click.echo(
         f"{repo.repo} ({repo.revision[:12]}) holds a safetensors model ({human_bytes(weights)} "
@@ -153,7 +161,7 @@ def fit_remote(
     source: HFSource, target: str, *, ctx_size: int | None, cache_type: str, as_json: bool
 ) -> None:
     """`blazar fit` for a model on the hub: every quantization against this machine."""
-    from blazar.hardware import memory_devices
+    from blazar.host.hardware import memory_devices
     from blazar.sources import hub
 
     repo = hub.repo_quants(source.repo, os.environ, source.revision)

@@ -2,9 +2,10 @@
 
 `blazar pull SOURCE` declares a model and applies it; `blazar rm NAME` drops a
 model's declaration (if any) and what Blazar holds of it; `blazar create`
-declares a model derived from another (`blazar.derive`, with ollama's Modelfile
-read by `blazar.modelfile`); `blazar cp` gives a model another name (an alias). Both are thin: the
-declare -> targeted reconcile -> restore-on-failure flow is `blazar.manifest_ops`,
+declares a model derived from another (`blazar.manifest.derive`, with ollama's Modelfile
+read by `blazar.manifest.modelfile`); `blazar cp` gives a model another name (an
+alias). Both are thin: the
+declare -> targeted reconcile -> restore-on-failure flow is `blazar.manifest.ops`,
 which the gateway's `/api/pull` and `/api/delete` share. A pull that fails puts
 the manifest back as it was: nothing is half-applied.
 """
@@ -15,9 +16,9 @@ from pathlib import Path
 
 import click
 
-from blazar import manifest_ops
 from blazar.cli.context import Context, manifest_option, pass_context
 from blazar.cli.manifest import _event, _progress_for
+from blazar.manifest import ops as manifest_ops
 
 
 @click.command("pull")
@@ -37,9 +38,14 @@ def pull(
     manifest = manifest_path or ctx.paths.manifest
     model, fields = manifest_ops.source_declaration(source, name, sha256)
     result = manifest_ops.apply_model(
-        ctx.paths, manifest, model, fields,
-        notify=lambda m: click.echo(m, err=True), on_event=_event, progress_for=_progress_for,
-    )  # fmt: skip
+        ctx.paths,
+        manifest,
+        model,
+        fields,
+        notify=lambda m: click.echo(m, err=True),
+        on_event=_event,
+        progress_for=_progress_for,
+    )
     if result.report is None:
         click.echo(f"{model} is up to date")
     click.echo(f"pulled {model} (declared in {manifest})")
@@ -97,8 +103,8 @@ def create(
     --chat-template. Flags win over the Modelfile. Bytes Blazar holds already are
     linked, not fetched again.
     """
-    from blazar.derive import Derived, create_model
-    from blazar.modelfile import Modelfile, add_param, param_value, parse_modelfile
+    from blazar.manifest.derive import Derived, create_model
+    from blazar.manifest.modelfile import Modelfile, add_param, param_value, parse_modelfile
 
     read = parse_modelfile(modelfile.read_text(), modelfile) if modelfile else Modelfile()
     if read.template is not None and chat_template is None:
@@ -127,9 +133,15 @@ def create(
         adapters=tuple(read.adapters),
     )
     adapters = create_model(
-        ctx.paths, ctx.paths.manifest, name, origin, derived, base_file=from_file, force=force,
+        ctx.paths,
+        ctx.paths.manifest,
+        name,
+        origin,
+        derived,
+        base_file=from_file,
+        force=force,
         notify=lambda m: click.echo(m, err=True),
-    )  # fmt: skip
+    )
     extra = f", with always-on adapters {', '.join(adapters)}" if adapters else ""
     click.echo(f"created {name} from {origin}{extra} (declared in {ctx.paths.manifest})")
 

@@ -2,7 +2,7 @@
 
 `keys add` prints the key once, alone on stdout (everything else goes to stderr),
 so `KEY=$(blazar keys add ci)` works. The manifest edits and the checks (the last
-key is not removed without `--force`) are `blazar.api_keys`, which the gateway's
+key is not removed without `--force`) are `blazar.manifest.keys`, which the gateway's
 `/api/keys` shares; a running `blazar serve` applies a change without a restart.
 """
 
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import click
 
-from blazar import api_keys
 from blazar.cli.context import Context, manifest_option, pass_context
 from blazar.cli.format import echo_json, table
 from blazar.errors import InvalidInput
+from blazar.manifest import keys as api_keys
 
 
 @click.group("keys")
@@ -58,9 +58,14 @@ def add(
     """Make key NAME: print it once (on stdout, alone) and declare only its sha256."""
     manifest = manifest_path or ctx.paths.manifest
     secret = api_keys.add_key(
-        ctx.paths, manifest, name, scope=scope, models=_models(models), rpm=rpm,
+        ctx.paths,
+        manifest,
+        name,
+        scope=scope,
+        models=_models(models),
+        rpm=rpm,
         description=description,
-    )  # fmt: skip
+    )
     click.echo(f"key {name} ({scope}) declared in {manifest}; it is shown only now:", err=True)
     click.echo(secret)
 

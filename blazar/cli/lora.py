@@ -16,11 +16,11 @@ from typing import Any
 
 import click
 
-from blazar import manifest_ops
 from blazar.cli.context import Context, pass_context
 from blazar.cli.format import echo_json, human_bytes, table
 from blazar.cli.manifest import _event, _progress_for
 from blazar.errors import InvalidInput
+from blazar.manifest import ops as manifest_ops
 from specs.sources import InvalidSource, default_name, parse_source
 
 
@@ -88,9 +88,14 @@ def add(
     if always_on:
         fields["always_on"] = True
     manifest_ops.apply_lora(
-        ctx.paths, ctx.paths.manifest, name, fields,
-        notify=lambda m: click.echo(m, err=True), on_event=_event, progress_for=_progress_for,
-    )  # fmt: skip
+        ctx.paths,
+        ctx.paths.manifest,
+        name,
+        fields,
+        notify=lambda m: click.echo(m, err=True),
+        on_event=_event,
+        progress_for=_progress_for,
+    )
     how = "on for every request" if always_on else f"request it as {model}+{name}"
     click.echo(f"added adapter {name} for {model} (declared in {ctx.paths.manifest}); {how}")
 
@@ -135,7 +140,7 @@ def _state(row: dict[str, Any]) -> str:
 
 def adapter_rows(ctx: Context) -> list[dict[str, Any]]:
     """Each adapter the manifest declares or the store holds, merged by name."""
-    from blazar.reconcile import load_or_empty
+    from blazar.reconcile.apply import load_or_empty
 
     manifest = load_or_empty(ctx.paths.manifest)
     held = {r.name: r for r in ctx.store.list_loras()}

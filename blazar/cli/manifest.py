@@ -1,6 +1,6 @@
 """Declarative commands: `blazar diff`, `apply`, `status`, `schema`.
 
-`blazar.reconcile` (and with it the manifest's pydantic models) is imported by
+`blazar.reconcile.apply` (and with it the manifest's pydantic models) is imported by
 the commands that load a manifest, so `blazar status` does not pay for it.
 """
 
@@ -52,7 +52,7 @@ def diff(
 ) -> None:
     """Show what `apply` would change, as terraform shows a plan, and where the host, the
     manifest and its blazar.lock disagree (drift). PATH: the manifest."""
-    from blazar.reconcile import load, manifest_drift, manifest_path, reconcile
+    from blazar.reconcile.apply import load, manifest_drift, manifest_path, reconcile
 
     where = manifest_path(ctx.paths, path)
     manifest = load(where, host)
@@ -148,8 +148,8 @@ def apply(
 ) -> None:
     """Make the host match the manifest, and write blazar.lock next to it (what it resolved
     to; commit it). PATH: the manifest (default: `blazar config path`)."""
-    from blazar.lockfile import lock_path, read_lock
-    from blazar.reconcile import load, manifest_path, reconcile, update_lock
+    from blazar.reconcile.apply import load, manifest_path, reconcile, update_lock
+    from blazar.reconcile.lockfile import lock_path, read_lock
 
     where = manifest_path(ctx.paths, path)
     manifest = load(where, host)

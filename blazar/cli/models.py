@@ -12,15 +12,15 @@ import click
 from blazar.cli.context import Context, pass_context
 from blazar.cli.format import echo_json, human_bytes, human_count, table
 from blazar.errors import NotFound
-from blazar.fit import CACHE_TYPES, estimate
-from blazar.hardware import memory_devices
-from blazar.store import ModelRecord
-from blazar.store_reads import read_models
+from blazar.host.hardware import memory_devices
+from blazar.models.fit import CACHE_TYPES, estimate
+from blazar.store.db import ModelRecord
+from blazar.store.reads import read_models
 from specs.names import InvalidName, parse_name
 
 if TYPE_CHECKING:  # kept out of `blazar list`'s start: it loads the manifest models
-    from blazar.cache_settings import CacheSettings
-    from blazar.chat_templates import AppliedTemplate
+    from blazar.launch.cache_settings import CacheSettings
+    from blazar.launch.served_template import AppliedTemplate
 
 
 def model_json(record: ModelRecord) -> dict[str, Any]:
@@ -252,8 +252,8 @@ def _show_set(record: ModelRecord) -> None:
 
 def _applied_template(ctx: Context, record: ModelRecord, path: Path | None) -> AppliedTemplate:
     """What `blazar serve` applies: the manifest's chat_template, else the GGUF's own."""
-    from blazar.chat_templates import AppliedTemplate, model_template
-    from blazar.reconcile import InvalidManifest, load
+    from blazar.launch.served_template import AppliedTemplate, model_template
+    from blazar.reconcile.apply import InvalidManifest, load
 
     path = path or ctx.paths.manifest
     if not path.exists():
@@ -287,8 +287,12 @@ def _template_line(template: AppliedTemplate) -> str:
     default=None,
     help="KV cache element type (default: the manifest's cache_type, else f16).",
 )
-@click.option("--manifest", type=click.Path(path_type=Path), default=None,
-              help="The manifest whose settings count (default: yours).")  # fmt: skip
+@click.option(
+    "--manifest",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="The manifest whose settings count (default: yours).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the estimate and its terms.")
 @pass_context
 def fit(
@@ -312,7 +316,7 @@ def fit(
     """
     from dataclasses import replace
 
-    from blazar import cache_settings
+    from blazar.launch import cache_settings
 
     record = _held(ctx, target)
     if record is None:
@@ -379,8 +383,8 @@ def _held(ctx: Context, name: str) -> ModelRecord | None:
 def _declared(path: Path, model: str) -> tuple[CacheSettings, int | None]:
     """The model's cache settings and engine context (ctx x slots) as the manifest at
     `path` declares them; the defaults when it does not declare the model."""
-    from blazar import cache_settings
-    from blazar.reconcile import load_or_empty
+    from blazar.launch import cache_settings
+    from blazar.reconcile.apply import load_or_empty
 
     manifest = load_or_empty(path)
     key = manifest.resolve_model(model)

@@ -19,7 +19,8 @@ from blazar.cli.context import Context, pass_context
 from blazar.cli.format import echo_json, table
 from blazar.cli.serve import URL_OPTION, NoDaemon, call, daemon_url
 from blazar.errors import BlazarError, NotFound
-from blazar.observe import traces_db, trail
+from blazar.observe import trace_store as trace_store
+from blazar.observe import trail
 
 
 class NoTrace(NotFound):
@@ -41,11 +42,11 @@ def _fetch(ctx: Context, url: str | None, trace: str | None, model: str | None, 
             raise NoTrace(_missing(trace)) from None
         raise
     if trace is not None:
-        found = traces_db.find(ctx.store, trace)
+        found = trace_store.find(ctx.store, trace)
         if found is None:
             raise NoTrace(_missing(trace))
         return found
-    return traces_db.recent(ctx.store, model=model, limit=last)
+    return trace_store.recent(ctx.store, model=model, limit=last)
 
 
 def _missing(trace: str) -> str:
@@ -135,8 +136,19 @@ def render_watch(base: str, stats: dict[str, Any]) -> str:
                 _ratio(row),
             ]
         )
-    headers = ["MODEL", "READY", "STATE", "IN FLIGHT", "QUEUED", "REQ/S", "TTFT", "TOK/S",
-               "REQUESTS", "ERRORS", "CACHE HIT"]  # fmt: skip
+    headers = [
+        "MODEL",
+        "READY",
+        "STATE",
+        "IN FLIGHT",
+        "QUEUED",
+        "REQ/S",
+        "TTFT",
+        "TOK/S",
+        "REQUESTS",
+        "ERRORS",
+        "CACHE HIT",
+    ]
     lines = [f"blazar watch  {base}  {stamp}  (last minute; Ctrl-C to stop)", ""]
     lines.append(table(headers, rows) if rows else "No model is served yet.")
     rejected = {k: v for k, v in (stats.get("rejected") or {}).items() if v}
@@ -153,8 +165,13 @@ def render_watch(base: str, stats: dict[str, Any]) -> str:
 
 @click.command("watch")
 @URL_OPTION
-@click.option("--interval", type=click.FloatRange(0.2), default=2.0, show_default=True,
-              help="Seconds between refreshes.")  # fmt: skip
+@click.option(
+    "--interval",
+    type=click.FloatRange(0.2),
+    default=2.0,
+    show_default=True,
+    help="Seconds between refreshes.",
+)
 @click.option("--once", is_flag=True, help="Print one screen and exit.")
 @pass_context
 def watch(ctx: Context, url: str | None, interval: float, once: bool) -> None:

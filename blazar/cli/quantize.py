@@ -1,6 +1,6 @@
 """`blazar quantize MODEL --to TYPE`: a smaller copy of a model, made with llama-quantize.
 
-Thin: `blazar.quantize` finds (or, with `--build`, builds) llama-quantize, runs it
+Thin: `blazar.manifest.quantize` finds (or, with `--build`, builds) llama-quantize, runs it
 and declares the result as a new model in your manifest; this module prints.
 """
 
@@ -63,21 +63,34 @@ def quantize(
       blazar quantize gemma3:f16 --to Q4_K_M        # declares gemma3:q4_k_m
       blazar quantize gemma3:f16 --to Q8_0 --build --source ./llama.cpp
     """
-    from blazar.quantize import quantize_model
+    from blazar.manifest.quantize import quantize_model
 
     done = quantize_model(
-        ctx.paths, manifest_path or ctx.paths.manifest, model, to, name=name,
-        allow_requantize=allow_requantize, build_from=source if build else None,
-        threads=threads, force=force, notify=lambda m: click.echo(m, err=True),
-    )  # fmt: skip
+        ctx.paths,
+        manifest_path or ctx.paths.manifest,
+        model,
+        to,
+        name=name,
+        allow_requantize=allow_requantize,
+        build_from=source if build else None,
+        threads=threads,
+        force=force,
+        notify=lambda m: click.echo(m, err=True),
+    )
     if as_json:
         echo_json(
             {
-                "name": done.name, "base": done.base, "type": done.type, "path": str(done.path),
-                "sha256": done.sha256, "size": done.size, "base_size": done.base_size,
-                "seconds": round(done.seconds, 3), "tool": str(done.tool),
+                "name": done.name,
+                "base": done.base,
+                "type": done.type,
+                "path": str(done.path),
+                "sha256": done.sha256,
+                "size": done.size,
+                "base_size": done.base_size,
+                "seconds": round(done.seconds, 3),
+                "tool": str(done.tool),
             }
-        )  # fmt: skip
+        )
         return
     ratio = done.size / done.base_size if done.base_size else 0
     click.echo(

@@ -21,10 +21,10 @@ from typing import Any
 
 import click
 
-from blazar.children import owner_only
 from blazar.cli.context import Context, pass_context
 from blazar.cli.format import echo_json, table
 from blazar.errors import BlazarError
+from blazar.host.children import owner_only
 from blazar.paths import Paths
 
 DEFAULT_URL = "http://127.0.0.1:11435"
@@ -164,8 +164,21 @@ def ps(ctx: Context, url: str | None, as_json: bool) -> None:
     if not rows:
         click.echo("No model is loaded.")
         return
-    headers = ["MODEL", "REPLICA", "LANE", "ENGINE", "PID", "PORT", "SLOTS", "CTX", "IN FLIGHT",
-               "KEEP ALIVE", "STATE", "SPEC", "PROFILE"]  # fmt: skip
+    headers = [
+        "MODEL",
+        "REPLICA",
+        "LANE",
+        "ENGINE",
+        "PID",
+        "PORT",
+        "SLOTS",
+        "CTX",
+        "IN FLIGHT",
+        "KEEP ALIVE",
+        "STATE",
+        "SPEC",
+        "PROFILE",
+    ]
     click.echo(
         table(
             headers,
@@ -270,7 +283,7 @@ def run_(
     Example: blazar run gemma3-270m --no-draft "Why is the sea salty?"
     """
     if no_draft:
-        from blazar.reconcile import load_or_empty
+        from blazar.reconcile.apply import load_or_empty
         from blazar.tune.local import run_dense
 
         manifest = load_or_empty(ctx.paths.manifest)
@@ -335,9 +348,12 @@ def ensure_daemon(paths: Paths, url: str | None) -> str:
     command = [str(exe)] if exe.exists() else [sys.executable, "-m", "blazar.cli.main"]
     with open(log, "ab", opener=owner_only) as out:  # serve.log: 0600 (docs/security.md)
         subprocess.Popen(
-            [*command, "serve"], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            [*command, "serve"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             start_new_session=True,
-        )  # fmt: skip
+        )
     return _wait_healthy(paths, url, log)
 
 

@@ -56,9 +56,12 @@ def create(ctx: Context, path: Path | None, with_models: bool, force: bool, as_j
     from blazar.snapshots import create as write
 
     created = write(
-        ctx.paths, path, with_models=with_models, force=force,
+        ctx.paths,
+        path,
+        with_models=with_models,
+        force=force,
         notify=lambda m: click.echo(m, err=True),
-    )  # fmt: skip
+    )
     if as_json:
         echo_json({"path": str(created.path), "size": created.size, **created.listing.to_json()})
         return

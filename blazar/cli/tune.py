@@ -20,30 +20,46 @@ from blazar.cli.context import Context, pass_context
 from blazar.cli.format import echo_json, human_count, table
 
 MANIFEST = click.option(
-    "--manifest", "manifest_path", type=click.Path(path_type=Path), default=None,
+    "--manifest",
+    "manifest_path",
+    type=click.Path(path_type=Path),
+    default=None,
     help="The manifest whose declarations apply (default: yours).",
-)  # fmt: skip
+)
 
 
 def _manifest(ctx: Context, path: Path | None) -> Any:
-    from blazar.reconcile import load_or_empty
+    from blazar.reconcile.apply import load_or_empty
 
     return load_or_empty(path or ctx.paths.manifest)
 
 
 @click.command("tune")
 @click.argument("model")
-@click.option("--spec-race", is_flag=True, help="Race dense, n-gram and draft decoding "
-              "(the default when no stage is asked).")  # fmt: skip
-@click.option("--search", is_flag=True, help="Try slots, batch sizes, threads and cache types "
-              "one at a time, within what `blazar fit` says fits.")  # fmt: skip
+@click.option(
+    "--spec-race",
+    is_flag=True,
+    help="Race dense, n-gram and draft decoding (the default when no stage is asked).",
+)
+@click.option(
+    "--search",
+    is_flag=True,
+    help="Try slots, batch sizes, threads and cache types "
+    "one at a time, within what `blazar fit` says fits.",
+)
 @click.option("--ngram", is_flag=True, help="Refine the n-gram lookup's sizes and min hits.")
 @click.option("--cache-reuse", is_flag=True, help="Try cache_reuse on the long-prompt workload.")
 @click.option("--slots", type=click.IntRange(1, 64), default=None, help="Slots of every child.")
-@click.option("--replicas", type=click.IntRange(1, 8), default=1, show_default=True,
-              help="Children per candidate; the clients are spread over them.")  # fmt: skip
-@click.option("--load", type=click.IntRange(1, 64), default=1, show_default=True,
-              help="Concurrent clients.")  # fmt: skip
+@click.option(
+    "--replicas",
+    type=click.IntRange(1, 8),
+    default=1,
+    show_default=True,
+    help="Children per candidate; the clients are spread over them.",
+)
+@click.option(
+    "--load", type=click.IntRange(1, 64), default=1, show_default=True, help="Concurrent clients."
+)
 @click.option(
     "--runs",
     type=click.IntRange(1, 50),
@@ -51,12 +67,20 @@ def _manifest(ctx: Context, path: Path | None) -> Any:
     show_default=True,
     help="Measured runs per candidate (their median decides), after a warm-up.",
 )
-@click.option("--workload", default=None, help="repetitive, chat, long-prompt or a workload "
-              "file (default: each stage's own).")  # fmt: skip
-@click.option("--requests", type=click.IntRange(1), default=None,
-              help="Only the workload's first N requests.")  # fmt: skip
-@click.option("--tokens", type=click.IntRange(1, 4096), default=None,
-              help="Tokens each request generates (default: the workload's).")  # fmt: skip
+@click.option(
+    "--workload",
+    default=None,
+    help="repetitive, chat, long-prompt or a workload file (default: each stage's own).",
+)
+@click.option(
+    "--requests", type=click.IntRange(1), default=None, help="Only the workload's first N requests."
+)
+@click.option(
+    "--tokens",
+    type=click.IntRange(1, 4096),
+    default=None,
+    help="Tokens each request generates (default: the workload's).",
+)
 @click.option(
     "--threshold",
     type=click.FloatRange(0, 1),
@@ -100,7 +124,7 @@ def tune(
 
     Example: blazar tune gemma3-270m --spec-race --workload repetitive
     """
-    from blazar.profiles import ProfileStore
+    from blazar.store.profiles import ProfileStore
     from blazar.tune.plan import Options
     from blazar.tune.session import Tuner
 
@@ -109,10 +133,20 @@ def tune(
         click.echo(f"{model}: profile dropped; the next spawn uses the manifest's settings")
         return
     options = Options(
-        search=search, spec_race=spec_race, ngram=ngram, cache_reuse=cache_reuse, slots=slots,
-        replicas=replicas, load=load, runs=runs, workload=workload, requests=requests,
-        tokens=tokens, threshold=threshold, drafts=drafts,
-    )  # fmt: skip
+        search=search,
+        spec_race=spec_race,
+        ngram=ngram,
+        cache_reuse=cache_reuse,
+        slots=slots,
+        replicas=replicas,
+        load=load,
+        runs=runs,
+        workload=workload,
+        requests=requests,
+        tokens=tokens,
+        threshold=threshold,
+        drafts=drafts,
+    )
     tuner = Tuner(ctx.store, ctx.paths, _manifest(ctx, manifest_path), model, options)
     if dry_run:
         report = tuner.plan()
@@ -129,8 +163,10 @@ def tune(
         click.echo("Dry run: nothing was started.")
     else:
         shown = ", ".join(f"{k} = {v!r}" for k, v in sorted(report.settings.items())) or "none"
-        click.echo(f"Profile of {report.model} recorded: {shown}. The next spawn uses it "
-                   "(`blazar ps` shows it).")  # fmt: skip
+        click.echo(
+            f"Profile of {report.model} recorded: {shown}. The next spawn uses it "
+            "(`blazar ps` shows it)."
+        )
     for note in report.notes:
         click.echo(f"  ! {note}")
 
@@ -156,8 +192,10 @@ class _Bar:
             return
         filled = int(20 * self.done / self.total)
         seconds = int(time.monotonic() - self.started)
-        line = (f"[{'#' * filled}{'.' * (20 - filled)}] {self.done}/{self.total} runs  "
-                f"{stage}: {label}  {seconds // 60}:{seconds % 60:02d}")  # fmt: skip
+        line = (
+            f"[{'#' * filled}{'.' * (20 - filled)}] {self.done}/{self.total} runs  "
+            f"{stage}: {label}  {seconds // 60}:{seconds % 60:02d}"
+        )
         click.echo(f"\r{line:<78}", nl=False, err=True)
 
     def close(self) -> None:
@@ -195,15 +233,20 @@ def _echo_stage(result: Any, options: Any, dry_run: bool) -> None:
         elif f is None or f.error is not None:
             rows.append([c.label, f"failed: {f.error}" if f and f.error else extra] + [None] * 6)
         else:
-            rows.append([
-                c.label, extra, f"{f.median:.1f}", _num(f.decode_tps), _num(f.prompt_tps),
-                f"{f.acceptance:.0%}" if f.acceptance is not None else None,
-                f"{f.ttft_s:.2f} s" if f.ttft_s is not None else None,
-                f"{f.memory_mb:.0f} MB" if f.memory_mb is not None else None,
-            ])  # fmt: skip
+            rows.append(
+                [
+                    c.label,
+                    extra,
+                    f"{f.median:.1f}",
+                    _num(f.decode_tps),
+                    _num(f.prompt_tps),
+                    f"{f.acceptance:.0%}" if f.acceptance is not None else None,
+                    f"{f.ttft_s:.2f} s" if f.ttft_s is not None else None,
+                    f"{f.memory_mb:.0f} MB" if f.memory_mb is not None else None,
+                ]
+            )
     figure = "STREAM TOK/S" if FIGURE[stage.name] == "stream" else "E2E TOK/S"
-    headers = ["MODE", "ARGV", figure, "DECODE TOK/S", "PROMPT TOK/S", "ACCEPTED", "TTFT",
-               "MEMORY"]  # fmt: skip
+    headers = ["MODE", "ARGV", figure, "DECODE TOK/S", "PROMPT TOK/S", "ACCEPTED", "TTFT", "MEMORY"]
     click.echo(table(headers, rows))
     if result.decision is not None:
         click.echo(f"  {result.decision.reason}")
@@ -235,15 +278,21 @@ def drafts(ctx: Context, model: str, manifest_path: Path | None, as_json: bool) 
             echo_json(option.to_json())
         return
     rows = [
-        [o.name, "yes" if o.declared else "", "yes" if o.held else "",
-         {True: "matches", False: "differs", None: "-"}[o.fits], o.reason,
-         human_count(o.parameters) if o.parameters else None,
-         f"{o.ratio:.3g}x" if o.ratio is not None else None]
+        [
+            o.name,
+            "yes" if o.declared else "",
+            "yes" if o.held else "",
+            {True: "matches", False: "differs", None: "-"}[o.fits],
+            o.reason,
+            human_count(o.parameters) if o.parameters else None,
+            f"{o.ratio:.3g}x" if o.ratio is not None else None,
+        ]
         for o in options
-    ]  # fmt: skip
+    ]
     click.echo(f"Drafts for {target} (set models.{target}.draft to one that matches):")
-    click.echo(table(["MODEL", "DECLARED", "HELD", "VOCABULARY", "WHY NOT", "PARAMETERS",
-                      "SIZE"], rows))  # fmt: skip
+    click.echo(
+        table(["MODEL", "DECLARED", "HELD", "VOCABULARY", "WHY NOT", "PARAMETERS", "SIZE"], rows)
+    )
 
 
 COMMANDS = [tune, drafts]

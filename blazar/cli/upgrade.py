@@ -1,6 +1,6 @@
 """`blazar upgrade [--rollback]`: Blazar itself, upgraded the way it was installed.
 
-Thin: `blazar.upgrade` detects the install, keeps the old one, runs pip and checks
+Thin: `blazar.host.upgrade` detects the install, keeps the old one, runs pip and checks
 that the new one starts; this module prints. It imports only the standard
 library and click, so it runs even when Blazar's other dependencies are broken.
 """
@@ -35,7 +35,7 @@ def upgrade(rollback: bool, source: str | None, as_json: bool) -> None:
       blazar upgrade --source git+https://github.com/blazar-llm/blazar.git@main
       blazar upgrade --rollback
     """
-    from blazar import upgrade as self_upgrade
+    from blazar.host import upgrade as self_upgrade
 
     install = self_upgrade.this_install(source)
     if rollback:
@@ -45,12 +45,15 @@ def upgrade(rollback: bool, source: str | None, as_json: bool) -> None:
     if as_json:
         echo_json(
             {
-                "how": install.how, "prefix": str(install.prefix), "source": install.source,
-                "before": done.before, "after": done.after,
+                "how": install.how,
+                "prefix": str(install.prefix),
+                "source": install.source,
+                "before": done.before,
+                "after": done.after,
                 "previous": str(done.previous) if done.previous else None,
                 "rolled_back": rollback,
             }
-        )  # fmt: skip
+        )
         return
     if done.before == done.after:
         click.echo(f"Blazar {done.after} is the newest from {install.source}; nothing changed")

@@ -16,11 +16,11 @@ from typing import Any
 
 import click
 
-from blazar import manifest_ops
 from blazar.cli.context import Context, manifest_option, pass_context
 from blazar.cli.format import echo_json, human_bytes
 from blazar.cli.manifest import _event, _progress_for
 from blazar.errors import InvalidInput, NotFound
+from blazar.manifest import ops as manifest_ops
 from specs.models import AUTO_PROJECTOR
 
 
@@ -76,9 +76,15 @@ def mmproj(
             raise InvalidInput("give SOURCE or --remove, not both")
         declared = None if remove else projector_source(source or "")
         manifest_ops.apply_projector(
-            ctx.paths, manifest, model, declared, sha256,
-            notify=lambda m: click.echo(m, err=True), on_event=_event, progress_for=_progress_for,
-        )  # fmt: skip
+            ctx.paths,
+            manifest,
+            model,
+            declared,
+            sha256,
+            notify=lambda m: click.echo(m, err=True),
+            on_event=_event,
+            progress_for=_progress_for,
+        )
         if declared is None:
             click.echo(f"removed the projector of {model} (declared in {manifest})")
         else:
@@ -102,7 +108,7 @@ def mmproj(
 
 def projector_row(ctx: Context, manifest_path: Path, model: str) -> dict[str, Any]:
     """What the manifest declares and the store holds of MODEL's projector."""
-    from blazar.reconcile import load_or_empty
+    from blazar.reconcile.apply import load_or_empty
     from specs.names import parse_name
 
     manifest = load_or_empty(manifest_path)

@@ -32,11 +32,11 @@ from blazar.doctor.serving import (
     model_findings,
     runtime_findings,
 )
-from blazar.engines.records import EngineStore
+from blazar.engines.ledger import EngineStore
 from blazar.errors import BlazarError
 from blazar.paths import Paths
-from blazar.reconcile import load
-from blazar.store import Store
+from blazar.reconcile.apply import load
+from blazar.store.db import Store
 from specs.manifest import Manifest
 
 __all__ = ["GROUPS", "DaemonView", "Finding", "examine", "exit_code"]

@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 from blazar.doctor.findings import ERROR, INFO, OK, WARNING, Finding
-from blazar.engines.records import EngineRecord, EngineStore
+from blazar.engines.ledger import EngineRecord, EngineStore
 from specs.manifest import Manifest
 
 LOW_DISK, VERY_LOW_DISK = 5 * 10**9, 500 * 10**6

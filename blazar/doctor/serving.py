@@ -15,9 +15,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from blazar.doctor.findings import ERROR, INFO, OK, WARNING, DaemonView, Finding
-from blazar.hashing import sha256_file
+from blazar.models.hashing import sha256_file
 from blazar.observe.cachebust import FIX as BUSTER_FIX
-from blazar.store import Condition, ModelRecord, Store
+from blazar.store.db import Condition, ModelRecord, Store
 from specs.manifest import Manifest
 from specs.names import parse_name
 
@@ -244,22 +244,27 @@ def _set_finding(name: str, record: ModelRecord, path: Path, deep: bool) -> Find
     if not path.is_dir() or missing:
         gone = ", ".join(missing) if path.is_dir() else f"its directory {path}"
         return Finding(
-            "MODELS", ERROR, f"model '{name}': {gone} is missing",
+            "MODELS",
+            ERROR,
+            f"model '{name}': {gone} is missing",
             f"`blazar rm {name}` then `blazar apply` to fetch it again",
-        )  # fmt: skip
+        )
     if sum((path / f).stat().st_size for f in files) != record.size:
         return Finding(
-            "MODELS", ERROR, f"model '{name}': its files are not the size the store recorded",
+            "MODELS",
+            ERROR,
+            f"model '{name}': its files are not the size the store recorded",
             f"`blazar rm {name}` then `blazar apply` to fetch it again",
-        )  # fmt: skip
+        )
     if deep:
         changed = [f for f, digest in files.items() if sha256_file(path / f)[0] != digest]
         if changed:
             return Finding(
-                "MODELS", ERROR,
+                "MODELS",
+                ERROR,
                 f"model '{name}': {', '.join(changed)} no longer hash to the recorded sha256",
                 f"`blazar rm {name}` then `blazar apply` to fetch it again",
-            )  # fmt: skip
+            )
     checked = "present, sizes and sha256 match" if deep else "present with their recorded sizes"
     return Finding("MODELS", OK, f"model '{name}' ({record.kind}): {len(files)} files {checked}")
 

@@ -55,18 +55,27 @@ class AudioLane:
 
 LANES = {
     "whisper": AudioLane(
-        "whisper", PACKAGE_ENGINES["whisper"], "whisper_launcher.py", "transcription",
+        "whisper",
+        PACKAGE_ENGINES["whisper"],
+        "whisper_launcher.py",
+        "transcription",
         "real-time factor (audio seconds per second of work)",
     ),
     "piper": AudioLane(
-        "piper", PACKAGE_ENGINES["piper"], "piper_launcher.py", "speech",
+        "piper",
+        PACKAGE_ENGINES["piper"],
+        "piper_launcher.py",
+        "speech",
         "synthesis speed (audio seconds per second of work)",
     ),
     "mistralrs": AudioLane(
-        "mistralrs", PACKAGE_ENGINES["mistralrs"], "mistralrs_launcher.py", "chat",
+        "mistralrs",
+        PACKAGE_ENGINES["mistralrs"],
+        "mistralrs_launcher.py",
+        "chat",
         "decode tokens/s",
     ),
-}  # fmt: skip
+}
 
 
 def lane(kind: str) -> AudioLane:
@@ -85,9 +94,17 @@ def _install_from_cache(
     python: Path, cache: Path, requirement: str
 ) -> subprocess.CompletedProcess[str]:
     return _pip(
-        "--python", str(python), "install", "--no-index", "--find-links", str(cache),
-        "--only-binary", ":all:", "--quiet", requirement,
-    )  # fmt: skip
+        "--python",
+        str(python),
+        "install",
+        "--no-index",
+        "--find-links",
+        str(cache),
+        "--only-binary",
+        ":all:",
+        "--quiet",
+        requirement,
+    )
 
 
 def install_audio(
@@ -117,9 +134,12 @@ def install_audio(
                 f"could not install {requirement}:\n{_tail(result.stderr or result.stdout)}"
             )
         launcher_version = place_launcher(
-            Path(__file__).with_name(spec.launcher), tmp, spec.launcher, requirement,
+            Path(__file__).with_name(spec.launcher),
+            tmp,
+            spec.launcher,
+            requirement,
             timeout=120,
-        )  # fmt: skip
+        )
         publish(tmp, final)
     return InstalledEngine(
         kind=kind,

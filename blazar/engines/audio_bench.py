@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from blazar.engines.bench import BenchError
+from blazar.engines.ledger import BenchResult, EngineRecord
 from blazar.engines.process import EngineServer
-from blazar.engines.records import BenchResult, EngineRecord
 
 CLIP = Path(__file__).with_name("bench_clip.wav")
 SENTENCE = (

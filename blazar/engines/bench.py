@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from blazar.engines.kinds import OPENAI_ONLY
+from blazar.engines.ledger import BenchResult, EngineRecord
 from blazar.engines.process import EngineServer
-from blazar.engines.records import BenchResult, EngineRecord
 from blazar.errors import BlazarError
 
 PROMPT = (
@@ -90,10 +90,18 @@ def bench_engines(
     decoding mode's flags: `spec` names it) go to every engine."""
     workload = workload or Workload()
     args = [
-        "--model", str(model_path), "--ctx-size", str(CTX), "--parallel", "1",
-        "--threads", str(workload.threads), "--threads-batch", str(workload.threads),
+        "--model",
+        str(model_path),
+        "--ctx-size",
+        str(CTX),
+        "--parallel",
+        "1",
+        "--threads",
+        str(workload.threads),
+        "--threads-batch",
+        str(workload.threads),
         *extra_args,
-    ]  # fmt: skip
+    ]
     logs = [log_dir / f"bench-{e.tag}.log" for e in engines]
     samples = asyncio.run(_measure(engines, args, logs, workload))
     results = []

@@ -48,8 +48,20 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 _BUILD = re.compile(r"b([0-9]+)")
 _URL = re.compile(r"^(https?|file)://")
 _GIT_URL = re.compile(r"^(https?|git|ssh|file)://|^[\w.-]+@[\w.-]+:")
-_KEYS = {"kind", "description", "repo", "commit", "tree", "archive", "sha256",
-         "architectures", "build_options", "upstream", "backends", "build_minutes"}  # fmt: skip
+_KEYS = {
+    "kind",
+    "description",
+    "repo",
+    "commit",
+    "tree",
+    "archive",
+    "sha256",
+    "architectures",
+    "build_options",
+    "upstream",
+    "backends",
+    "build_minutes",
+}
 BACKENDS = ("cpu", "cuda")  # what `blazar.engines.source` builds
 
 
@@ -96,13 +108,21 @@ class Offer:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "id": self.id, "kind": self.kind, "repo": self.repo, "commit": self.commit,
-            "tree": self.tree, "archive": self.archive, "sha256": self.sha256,
-            "architectures": list(self.architectures), "build_options": list(self.build_options),
+            "id": self.id,
+            "kind": self.kind,
+            "repo": self.repo,
+            "commit": self.commit,
+            "tree": self.tree,
+            "archive": self.archive,
+            "sha256": self.sha256,
+            "architectures": list(self.architectures),
+            "build_options": list(self.build_options),
             "upstream": f"b{self.upstream}" if self.upstream is not None else None,
-            "description": self.description, "backends": list(self.backends),
-            "build_minutes": self.build_minutes, "build_estimate": self.build_estimate,
-        }  # fmt: skip
+            "description": self.description,
+            "backends": list(self.backends),
+            "build_minutes": self.build_minutes,
+            "build_estimate": self.build_estimate,
+        }
 
 
 @dataclass(frozen=True)
@@ -192,16 +212,26 @@ def parse_offer(offer_id: str, body: object) -> Offer:
     if not backends or any(b not in BACKENDS for b in backends):
         raise ValueError(f"backends must list some of {', '.join(BACKENDS)}")
     minutes = body.get("build_minutes")
-    if minutes is not None and (isinstance(minutes, bool) or not isinstance(minutes, int)
-                                or minutes < 1):  # fmt: skip
+    if minutes is not None and (
+        isinstance(minutes, bool) or not isinstance(minutes, int) or minutes < 1
+    ):
         raise ValueError("build_minutes must be a whole number of minutes, at least 1")
     description = body.get("description", "")
     return Offer(
-        id=offer_id, kind=kind, repo=repo, commit=commit, architectures=architectures,
-        tree=tree, archive=archive, sha256=sha256, build_options=options, upstream=build,
+        id=offer_id,
+        kind=kind,
+        repo=repo,
+        commit=commit,
+        architectures=architectures,
+        tree=tree,
+        archive=archive,
+        sha256=sha256,
+        build_options=options,
+        upstream=build,
         description=description if isinstance(description, str) else "",
-        backends=backends, build_minutes=minutes,
-    )  # fmt: skip
+        backends=backends,
+        build_minutes=minutes,
+    )
 
 
 def parse_catalog(text: str, source: str) -> Catalog:

@@ -24,7 +24,7 @@ from pathlib import Path
 from blazar import urls
 from blazar.archives import SOFTWARE, ArchiveError, UnsafeArchive, extract  # noqa: F401 (re-export)
 from blazar.errors import BlazarError, VerificationFailed
-from blazar.hashing import sha256_file
+from blazar.models.hashing import sha256_file
 
 CHUNK = 1024 * 1024
 USER_AGENT = "blazar"

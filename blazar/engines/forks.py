@@ -92,7 +92,7 @@ def fetch_archive(offer: Offer, into: Path, downloads: Path) -> Path:
     try:
         if offer.archive.startswith("file://"):
             local = Path(offer.archive.removeprefix("file://"))
-            from blazar.hashing import sha256_file
+            from blazar.models.hashing import sha256_file
 
             if sha256_file(local)[0] != offer.sha256:
                 raise VerificationFailed("sha256 mismatch")
@@ -139,13 +139,26 @@ def install_offer(
     say(f"verified {offer.digest}; building ...")
     try:
         built = build_source(
-            engines_root, str(tree), backend, work_dir=work_dir, jobs=jobs, log=say,
-            runner=runner, extra=offer.build_options, lane=offer.id, tag=offer.tag(backend),
-        )  # fmt: skip
+            engines_root,
+            str(tree),
+            backend,
+            work_dir=work_dir,
+            jobs=jobs,
+            log=say,
+            runner=runner,
+            extra=offer.build_options,
+            lane=offer.id,
+            tag=offer.tag(backend),
+        )
     finally:
         shutil.rmtree(tree, ignore_errors=True)
     details = {**built.details, "source": f"{offer.repo}@{offer.commit}", "offer": offer.id}
     return InstalledEngine(
-        kind=built.kind, tag=built.tag, method="fork", version=offer.commit, path=built.path,
-        command=built.command, details=details,
-    )  # fmt: skip
+        kind=built.kind,
+        tag=built.tag,
+        method="fork",
+        version=offer.commit,
+        path=built.path,
+        command=built.command,
+        details=details,
+    )

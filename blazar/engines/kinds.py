@@ -41,9 +41,16 @@ NOT_OFFERED = {
     "ollama": "ollama is a model server with a store of its own, not an engine: "
     "`blazar import --scan` adopts its models",
 }
-ALIASES = {"sd.cpp": "sdcpp", "stable-diffusion.cpp": "sdcpp", "mistral.rs": "mistralrs",
-           "llama.cpp": "llamacpp", "mlx-lm": "mlx", "faster-whisper": "whisper",
-           "piper-tts": "piper", "text-generation-inference": "tgi"}  # fmt: skip
+ALIASES = {
+    "sd.cpp": "sdcpp",
+    "stable-diffusion.cpp": "sdcpp",
+    "mistral.rs": "mistralrs",
+    "llama.cpp": "llamacpp",
+    "mlx-lm": "mlx",
+    "faster-whisper": "whisper",
+    "piper-tts": "piper",
+    "text-generation-inference": "tgi",
+}
 HOW_TO_ASK = (
     "To ask for a kind, open an issue on Blazar's tracker saying which models you would "
     "serve with it and on what hardware; meanwhile a server of that kind that speaks "

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from blazar.engines.base import processes_using
-from blazar.engines.records import EngineStore
-from blazar.store import Store, utcnow
+from blazar.engines.ledger import EngineStore
+from blazar.store.db import Store, utcnow
 from reconcilers.ports import ObservedLane
 
 MAINSTREAM, FORK = "mainstream", "fork"

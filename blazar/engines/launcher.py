@@ -52,8 +52,14 @@ LOAD_ERROR = 1
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 POOLING_TYPES = ("none", "mean", "cls", "last", "rank")
 # --load-mode values as llama-server spells them, and their llama_load_mode names
-LOAD_MODES = {"auto": "AUTO", "none": "NONE", "mmap": "MMAP", "mlock": "MLOCK",
-              "mmap+mlock": "MMAP_MLOCK", "dio": "DIRECT_IO"}  # fmt: skip
+LOAD_MODES = {
+    "auto": "AUTO",
+    "none": "NONE",
+    "mmap": "MMAP",
+    "mlock": "MLOCK",
+    "mmap+mlock": "MMAP_MLOCK",
+    "dio": "DIRECT_IO",
+}
 FLASH_ATTN = {"on": "ENABLED", "off": "DISABLED", "auto": "AUTO"}
 ROPE_SCALING = {"none": "NONE", "linear": "LINEAR", "yarn": "YARN"}
 
@@ -175,8 +181,11 @@ def _spec_types() -> dict[str, Any]:
     from this build's `common_speculative_type` members; {} for a build without it."""
     kinds = getattr(xllamacpp, "common_speculative_type", None)
     members = getattr(kinds, "__members__", {})
-    named = {k.removeprefix("COMMON_SPECULATIVE_TYPE_").lower().replace("_", "-"): v
-             for k, v in members.items() if not k.endswith("_COUNT")}  # fmt: skip
+    named = {
+        k.removeprefix("COMMON_SPECULATIVE_TYPE_").lower().replace("_", "-"): v
+        for k, v in members.items()
+        if not k.endswith("_COUNT")
+    }
     return {**named, "draft": named["draft-simple"]} if "draft-simple" in named else named
 
 
@@ -251,11 +260,14 @@ def _show_version(params: Any, value: str) -> NoReturn:
 _NO_MMAP, _MMAP = _load_mode("none"), _load_mode("mmap")
 
 # (names, metavar or None for a switch, help, apply); names as llama-server spells them
-# fmt: off
 _TABLE: list[tuple[str, str | None, str, Apply]] = [
     ("--model -m", "FNAME", "model path (GGUF)", _set("model.path")),
-    ("--mmproj -mm", "FNAME", "multimodal projector (mmproj GGUF): images reach the model",
-     _set("mmproj.path")),
+    (
+        "--mmproj -mm",
+        "FNAME",
+        "multimodal projector (mmproj GGUF): images reach the model",
+        _set("mmproj.path"),
+    ),
     ("--host", "HOST", "address to listen on", _set_host),
     ("--port", "PORT", "port to listen on (default 8080); 0 picks a free one", _set("port", _port)),
     ("--reuse-port", None, "let several sockets share the port", _switch("reuse_port")),
@@ -263,8 +275,12 @@ _TABLE: list[tuple[str, str | None, str, Apply]] = [
     ("--parallel -np", "N", "number of slots", _set("n_parallel", _int)),
     ("--threads -t", "N", "generation threads", _set("cpuparams.n_threads", _int)),
     ("--threads-batch -tb", "N", "prompt threads", _set("cpuparams_batch.n_threads", _int)),
-    ("--n-gpu-layers -ngl --gpu-layers", "N|auto|all", "layers to offload",
-     _set("n_gpu_layers", _gpu_layers)),
+    (
+        "--n-gpu-layers -ngl --gpu-layers",
+        "N|auto|all",
+        "layers to offload",
+        _set("n_gpu_layers", _gpu_layers),
+    ),
     ("--batch-size -b", "N", "logical batch size", _set("n_batch", _int)),
     ("--ubatch-size -ub", "N", "physical batch size", _set("n_ubatch", _int)),
     ("--n-predict -n", "N", "default token limit of a request", _set("n_predict", _int)),
@@ -279,12 +295,24 @@ _TABLE: list[tuple[str, str | None, str, Apply]] = [
     ("--no-slots", None, "do not serve /slots", _switch("endpoint_slots", False)),
     ("--props", None, "allow POST /props", _switch("endpoint_props")),
     ("--slot-save-path", "DIR", "where slots are saved", _set("slot_save_path", _directory)),
-    ("--lora", "FNAME", "LoRA adapter(s), comma-separated",
-     _extend("lora_adapters", lambda v: _lora(v, scaled=False))),
-    ("--lora-scaled", "FNAME:SCALE", "LoRA adapter(s), comma-separated",
-     _extend("lora_adapters", lambda v: _lora(v, scaled=True))),
-    ("--lora-init-without-apply", None, "load adapters at scale 0",
-     _switch("lora_init_without_apply")),
+    (
+        "--lora",
+        "FNAME",
+        "LoRA adapter(s), comma-separated",
+        _extend("lora_adapters", lambda v: _lora(v, scaled=False)),
+    ),
+    (
+        "--lora-scaled",
+        "FNAME:SCALE",
+        "LoRA adapter(s), comma-separated",
+        _extend("lora_adapters", lambda v: _lora(v, scaled=True)),
+    ),
+    (
+        "--lora-init-without-apply",
+        None,
+        "load adapters at scale 0",
+        _switch("lora_init_without_apply"),
+    ),
     ("--embeddings --embedding", None, "serve embeddings only", _switch("embedding")),
     ("--pooling", "|".join(POOLING_TYPES), "embedding pooling", _set("pooling_type", _pooling)),
     ("--cache-type-k -ctk", "TYPE", "K cache type", _set("cache_type_k", _cache_type)),
@@ -292,32 +320,76 @@ _TABLE: list[tuple[str, str | None, str, Apply]] = [
     ("--kv-unified -kvu", None, "one KV buffer for all slots", _switch("kv_unified")),
     ("--no-kv-unified -no-kvu", None, "a KV buffer per slot", _switch("kv_unified", False)),
     ("--cache-reuse", "N", "min chunk to reuse by KV shifting", _set("n_cache_reuse", _int)),
-    ("--spec-type", "TYPE[,TYPE]", "speculative decoding: none, draft, ngram-simple, ...",
-     _set_spec_types),
-    ("--spec-draft-model --model-draft -md", "FNAME", "draft model (--spec-type draft)",
-     _set("speculative.draft.mparams.path")),
-    ("--spec-draft-n-max --draft-max --draft-n --draft", "N", "most tokens drafted a step",
-     _set("speculative.draft.n_max", _int)),
-    ("--spec-draft-n-min --draft-min", "N", "fewest tokens drafted a step",
-     _set("speculative.draft.n_min", _int)),
-    ("--spec-draft-p-min --draft-p-min", "P", "least draft probability to go on",
-     _set("speculative.draft.p_min", lambda v: float(_parse(float, "a number", v)))),
-    ("--spec-draft-threads --threads-draft -td", "N", "draft generation threads",
-     _set("speculative.draft.cpuparams.n_threads", _int)),
-    ("--spec-draft-threads-batch --threads-batch-draft -tbd", "N", "draft prompt threads",
-     _set("speculative.draft.cpuparams_batch.n_threads", _int)),
+    (
+        "--spec-type",
+        "TYPE[,TYPE]",
+        "speculative decoding: none, draft, ngram-simple, ...",
+        _set_spec_types,
+    ),
+    (
+        "--spec-draft-model --model-draft -md",
+        "FNAME",
+        "draft model (--spec-type draft)",
+        _set("speculative.draft.mparams.path"),
+    ),
+    (
+        "--spec-draft-n-max --draft-max --draft-n --draft",
+        "N",
+        "most tokens drafted a step",
+        _set("speculative.draft.n_max", _int),
+    ),
+    (
+        "--spec-draft-n-min --draft-min",
+        "N",
+        "fewest tokens drafted a step",
+        _set("speculative.draft.n_min", _int),
+    ),
+    (
+        "--spec-draft-p-min --draft-p-min",
+        "P",
+        "least draft probability to go on",
+        _set("speculative.draft.p_min", lambda v: float(_parse(float, "a number", v))),
+    ),
+    (
+        "--spec-draft-threads --threads-draft -td",
+        "N",
+        "draft generation threads",
+        _set("speculative.draft.cpuparams.n_threads", _int),
+    ),
+    (
+        "--spec-draft-threads-batch --threads-batch-draft -tbd",
+        "N",
+        "draft prompt threads",
+        _set("speculative.draft.cpuparams_batch.n_threads", _int),
+    ),
     ("--spec-ngram-size-n", "N", "n-gram lookup: tokens it matches", _ngram("size_n")),
     ("--spec-ngram-size-m", "N", "n-gram lookup: tokens it drafts", _ngram("size_m")),
     ("--spec-ngram-min-hits", "N", "n-gram lookup: hits before it drafts", _ngram("min_hits")),
-    ("--lookup-cache-static -lcs", "FNAME", "ngram-cache: a static lookup cache",
-     _set("speculative.ngram_cache.lookup_cache_static")),
-    ("--lookup-cache-dynamic -lcd", "FNAME", "ngram-cache: a dynamic lookup cache",
-     _set("speculative.ngram_cache.lookup_cache_dynamic")),
-    ("--cache-ram -cram", "MiB", "host-memory prompt cache (0: off, -1: no limit)",
-     _set("cache_ram_mib", _int)),
+    (
+        "--lookup-cache-static -lcs",
+        "FNAME",
+        "ngram-cache: a static lookup cache",
+        _set("speculative.ngram_cache.lookup_cache_static"),
+    ),
+    (
+        "--lookup-cache-dynamic -lcd",
+        "FNAME",
+        "ngram-cache: a dynamic lookup cache",
+        _set("speculative.ngram_cache.lookup_cache_dynamic"),
+    ),
+    (
+        "--cache-ram -cram",
+        "MiB",
+        "host-memory prompt cache (0: off, -1: no limit)",
+        _set("cache_ram_mib", _int),
+    ),
     ("--flash-attn -fa", "on|off|auto", "flash attention", _set("flash_attn_type", _flash_attn)),
-    ("--rope-scaling", "none|linear|yarn", "RoPE frequency scaling",
-     _set("rope_scaling_type", _rope_scaling)),
+    (
+        "--rope-scaling",
+        "none|linear|yarn",
+        "RoPE frequency scaling",
+        _set("rope_scaling_type", _rope_scaling),
+    ),
     ("--rope-scale", "N", "extend the context N times", _set("rope_freq_scale", _rope_scale)),
     ("--yarn-orig-ctx", "N", "YaRN: the training context", _set("yarn_orig_ctx", _int)),
     ("--load-mode -lm", "|".join(LOAD_MODES), "how to load", _set("load_mode", _load_mode)),
@@ -329,7 +401,6 @@ _TABLE: list[tuple[str, str | None, str, Apply]] = [
     ("--version", None, "print the version and exit", _show_version),
     ("--help -h", None, "print this help and exit", _show_help),
 ]
-# fmt: on
 FLAGS = tuple(
     Flag(tuple(names.split()), metavar, help, apply) for names, metavar, help, apply in _TABLE
 )

@@ -68,12 +68,31 @@ REFUSED = {
     "images": "this lane serves text only",
 }
 # Values that ask for nothing, so the field may be sent.
-NEUTRAL: dict[str, Any] = {"logprobs": (False, None), "seed": (None,), "mirostat": (0, None),
-                           "typical_p": (1, 1.0, None), "tfs_z": (1, 1.0, None), "tools": ([],),
-                           "functions": ([],), "top_logprobs": (None, 0)}  # fmt: skip
-SAMPLING = {**{k: k for k in ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
-                              "frequency_penalty", "repetition_penalty")},
-            "repeat_penalty": "repetition_penalty"}  # fmt: skip
+NEUTRAL: dict[str, Any] = {
+    "logprobs": (False, None),
+    "seed": (None,),
+    "mirostat": (0, None),
+    "typical_p": (1, 1.0, None),
+    "tfs_z": (1, 1.0, None),
+    "tools": ([],),
+    "functions": ([],),
+    "top_logprobs": (None, 0),
+}
+SAMPLING = {
+    **{
+        k: k
+        for k in (
+            "temperature",
+            "top_p",
+            "top_k",
+            "min_p",
+            "presence_penalty",
+            "frequency_penalty",
+            "repetition_penalty",
+        )
+    },
+    "repeat_penalty": "repetition_penalty",
+}
 LIMITS = ("max_completion_tokens", "max_tokens", "n_predict")
 
 
@@ -341,15 +360,25 @@ class Handler(BaseHTTPRequestHandler):
         engine, began = self.engine, time.monotonic()
         if not stream:
             done = engine.runner.send_chat_completion_request(request)
-            self._json(200, {
-                "id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion",
-                "created": int(time.time()), "model": engine.model,
-                "choices": [{"index": c.index, "finish_reason": finish(c.finish_reason),
-                             "message": {"role": "assistant", "content": c.message.content}}
-                            for c in done.choices],
-                "usage": usage_json(done.usage),
-                "timings": timings_json(done.usage, time.monotonic() - began),
-            })  # fmt: skip
+            self._json(
+                200,
+                {
+                    "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+                    "object": "chat.completion",
+                    "created": int(time.time()),
+                    "model": engine.model,
+                    "choices": [
+                        {
+                            "index": c.index,
+                            "finish_reason": finish(c.finish_reason),
+                            "message": {"role": "assistant", "content": c.message.content},
+                        }
+                        for c in done.choices
+                    ],
+                    "usage": usage_json(done.usage),
+                    "timings": timings_json(done.usage, time.monotonic() - began),
+                },
+            )
             return
         chunks = iter(engine.runner.send_chat_completion_request(request))
         head = next(chunks, None)  # the engine's refusal comes here, before the headers go
@@ -358,16 +387,29 @@ class Handler(BaseHTTPRequestHandler):
 
         def event(choices: list[dict[str, Any]], **extra: Any) -> None:
             self._send(
-                {"id": ident, "object": "chat.completion.chunk", "created": created,
-                 "model": engine.model, "choices": choices, **extra}
-            )  # fmt: skip
+                {
+                    "id": ident,
+                    "object": "chat.completion.chunk",
+                    "created": created,
+                    "model": engine.model,
+                    "choices": choices,
+                    **extra,
+                }
+            )
 
         event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
         try:
             for chunk in itertools.chain([head] if head is not None else [], chunks):
-                event([{"index": c.index, "delta": {"content": c.delta.content or ""},
-                        "finish_reason": finish(c.finish_reason)}
-                       for c in chunk.choices])  # fmt: skip
+                event(
+                    [
+                        {
+                            "index": c.index,
+                            "delta": {"content": c.delta.content or ""},
+                            "finish_reason": finish(c.finish_reason),
+                        }
+                        for c in chunk.choices
+                    ]
+                )
                 if chunk.usage is not None:
                     last_usage = chunk.usage
             if last_usage is not None:  # timings (and usage, when asked) in a last chunk
@@ -383,10 +425,22 @@ class Handler(BaseHTTPRequestHandler):
         done = engine.runner.send_completion_request(request)
         timings = timings_json(done.usage, time.monotonic() - began)
         ident, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
-        choices = [{"index": c.index, "text": c.text, "logprobs": None,
-                    "finish_reason": finish(c.finish_reason)} for c in done.choices]  # fmt: skip
-        answer = {"id": ident, "object": "text_completion", "created": created,
-                  "model": engine.model, "choices": choices}  # fmt: skip
+        choices = [
+            {
+                "index": c.index,
+                "text": c.text,
+                "logprobs": None,
+                "finish_reason": finish(c.finish_reason),
+            }
+            for c in done.choices
+        ]
+        answer = {
+            "id": ident,
+            "object": "text_completion",
+            "created": created,
+            "model": engine.model,
+            "choices": choices,
+        }
         if not stream:
             self._json(200, {**answer, "usage": usage_json(done.usage), "timings": timings})
             return
@@ -396,8 +450,11 @@ class Handler(BaseHTTPRequestHandler):
 
     def _start_stream(self) -> None:
         self.send_response(200)
-        for name, value in (("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache"),
-                            ("Transfer-Encoding", "chunked")):  # fmt: skip
+        for name, value in (
+            ("Content-Type", "text/event-stream"),
+            ("Cache-Control", "no-cache"),
+            ("Transfer-Encoding", "chunked"),
+        ):
             self.send_header(name, value)
         self.end_headers()
 

@@ -9,7 +9,7 @@ llama weights do not fit architecture X, which llama.cpp therefore knows),
 means supported. The answer is recorded in the store's `engine_support`, so
 each engine is probed once per architecture; a fork's support comes from the
 catalog instead. A mistralrs lane is probed the same way (mistral.rs's word is
-"Unknown normal-model GGUF architecture"). The engines port (`blazar.wiring`) and
+"Unknown normal-model GGUF architecture"). The engines port (`blazar.reconcile.ports`) and
 the gateway's passes (`blazar.serve.daemon`) call `ensure_probed` before they route
 models.
 
@@ -30,11 +30,11 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from blazar.engines.lanes import MAINSTREAM, LaneStore
+from blazar.engines.ledger import EngineRecord
 from blazar.engines.process import EngineServer, EngineStartError
-from blazar.engines.records import EngineRecord
 from blazar.errors import BlazarError
 from blazar.paths import Paths
-from blazar.store import Store, utcnow
+from blazar.store.db import Store, utcnow
 
 # llama.cpp's words for an architecture it does not know, and mistral.rs's (the mistralrs
 # lane's launcher says what the package raised).
@@ -140,8 +140,12 @@ def ensure_flags(store: Store) -> list[str]:
         if shown.returncode != 0 or "--model" not in flags:
             done.append(f"{lane.lane} {engine.tag}: --help exited {shown.returncode}")
             continue
-        row = {"lane": lane.lane, "tag": engine.tag, "flags": json.dumps(sorted(flags)),
-               "probed_at": utcnow()}  # fmt: skip
+        row = {
+            "lane": lane.lane,
+            "tag": engine.tag,
+            "flags": json.dumps(sorted(flags)),
+            "probed_at": utcnow(),
+        }
         with store.db.atomic():
             store.db["engine_flags"].insert(row, replace=True)  # type: ignore[union-attr]
         done.append(f"{lane.lane} {engine.tag}: {len(flags)} flags")

@@ -3,7 +3,7 @@
 Used by `blazar bench` and the engine update gate (`blazar.engines.bench`) and
 by tests that need a bare engine. It is `blazar.serve.supervisor.instance.Instance`
 without the supervision: no mailbox, no respawn, one start and one stop. The
-mechanics are the same ones, `blazar.children`'s: `--port 0` and the listening
+mechanics are the same ones, `blazar.host.children`'s: `--port 0` and the listening
 line, its own process group, PDEATHSIG, health polled to a deadline with a fast
 failure (and the log's last lines) on an early exit, SIGTERM/grace/SIGKILL.
 
@@ -21,9 +21,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 
-from blazar import children
-from blazar.children import ChildLog
 from blazar.errors import BlazarError
+from blazar.host import children
+from blazar.host.children import ChildLog
 
 
 class EngineStartError(BlazarError):

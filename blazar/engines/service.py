@@ -21,10 +21,10 @@ from blazar.engines.bench import GateVerdict, Workload, bench_engines, gate
 from blazar.engines.catalog import Catalog, Offer, load_catalog
 from blazar.engines.kinds import KINDS, OPENAI_ONLY, PACKAGE_KINDS, canonical_kind, unknown_kind
 from blazar.engines.lanes import ACTIVE, FORK, RETIRED, LaneRecord, LaneStore
-from blazar.engines.records import BenchResult, EngineRecord, EngineStore
+from blazar.engines.ledger import BenchResult, EngineRecord, EngineStore
 from blazar.errors import BlazarError, InvalidInput, NotFound
 from blazar.paths import Paths
-from blazar.store import Store, utcnow
+from blazar.store.db import Store, utcnow
 from specs.names import parse_name
 
 DEFAULT_GATE = 0.10
@@ -137,9 +137,15 @@ class Engines:
         work = Path(tempfile.mkdtemp(prefix=f"fork-{offer.id}-", dir=self.paths.cache))
         try:
             installed = install_offer(
-                offer, backend, self.paths.engines, work_dir=work, downloads=self.paths.downloads,
-                jobs=jobs, log=log, runner=runner or subprocess.run,
-            )  # fmt: skip
+                offer,
+                backend,
+                self.paths.engines,
+                work_dir=work,
+                downloads=self.paths.downloads,
+                jobs=jobs,
+                log=log,
+                runner=runner or subprocess.run,
+            )
         finally:
             shutil.rmtree(work, ignore_errors=True)
         record = self.records.add(installed)
@@ -147,12 +153,16 @@ class Engines:
         keep = lane.origin == FORK and lane.state != RETIRED  # a retiring fork stays retiring
         self.lanes.put(
             LaneRecord(
-                lane=offer.id, kind=offer.kind, origin=FORK,
-                state=lane.state if keep else ACTIVE, since=lane.since if keep else utcnow(),
+                lane=offer.id,
+                kind=offer.kind,
+                origin=FORK,
+                state=lane.state if keep else ACTIVE,
+                since=lane.since if keep else utcnow(),
                 reason=lane.reason if keep else f"installed from the catalog offer {offer.id}",
-                offer=offer.to_json(), architectures=offer.architectures,
+                offer=offer.to_json(),
+                architectures=offer.architectures,
             )
-        )  # fmt: skip
+        )
         for arch in offer.architectures:
             self.lanes.record_support(offer.id, record.tag, arch, True, "catalog")
         return record
@@ -210,11 +220,18 @@ class Engines:
         kind = canonical_kind(kind) if canonical_kind(kind) in KINDS else kind
         lane = self.lanes.get(kind)
         if lane.origin == FORK:
-            return self.update_fork(lane, max_drop=max_drop, model=model, catalog=catalog,
-                                    progress=progress, runner=runner)  # fmt: skip
+            return self.update_fork(
+                lane,
+                max_drop=max_drop,
+                model=model,
+                catalog=catalog,
+                progress=progress,
+                runner=runner,
+            )
         if kind in PACKAGE_KINDS:
-            return self.update_audio(kind, version=version, max_drop=max_drop, model=model,
-                                     progress=progress)  # fmt: skip
+            return self.update_audio(
+                kind, version=version, max_drop=max_drop, model=model, progress=progress
+            )
         if kind != KIND:
             forks = tuple(lane.lane for lane in self.lanes.all() if lane.origin == FORK)
             raise InvalidInput(unknown_kind(kind, forks))
@@ -240,9 +257,12 @@ class Engines:
         if existing.active:
             return UpdateOutcome(lane, tag, False, False, f"{tag} is current (active)")
         return UpdateOutcome(
-            lane, tag, False, False,
+            lane,
+            tag,
+            False,
+            False,
             f"{tag} is already installed but inactive{why}: `blazar engine use {tag}` activates it",
-        )  # fmt: skip
+        )
 
     def update_audio(
         self,
@@ -400,12 +420,14 @@ class Engines:
             known = self.lanes.support(lane, active.tag) if active else {}
             forks = {a for f in self.lanes.all() if f.origin == FORK for a in f.architectures}
             models = [
-                m for m in models if known.get(m.architecture or "") is not False
+                m
+                for m in models
+                if known.get(m.architecture or "") is not False
                 and (m.architecture not in forks or known.get(m.architecture or ""))
-            ]  # fmt: skip
+            ]
         if models and lane not in OPENAI_ONLY:  # mistral.rs: the tiny llama, which it loads
             return BenchModel(models[0].ref.short, Path(models[0].path), models[0].sha256)
-        from blazar.hashing import sha256_file
+        from blazar.models.hashing import sha256_file
         from blazar.testing.tiny import write_tiny_model
 
         path = self.paths.cache / "bench" / "tiny.gguf"
@@ -437,9 +459,16 @@ class Engines:
                 self.records.record_bench(result)
             return found
         results = bench_engines(
-            engines, chosen.path, chosen.name, chosen.sha256, self.paths.logs,
-            workload=workload, note=note, extra_args=extra_args, spec=spec,
-        )  # fmt: skip
+            engines,
+            chosen.path,
+            chosen.name,
+            chosen.sha256,
+            self.paths.logs,
+            workload=workload,
+            note=note,
+            extra_args=extra_args,
+            spec=spec,
+        )
         for result in results:
             self.records.record_bench(result)
         return results

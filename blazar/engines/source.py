@@ -38,18 +38,28 @@ BACKENDS = ("cpu", "cuda")
 # instructions it advertises but faults on (SIGILL loading a Q8_0 model). Static
 # libraries, because GGML_CPU_ALL_VARIANTS needs GGML_BACKEND_DL, which needs shared ones.
 BASE_FLAGS = (
-    "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_SERVER=ON",
-    "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DLLAMA_BUILD_SERVER=ON",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
     "-DLLAMA_USE_PREBUILT_UI=OFF",  # ON downloads the web UI at build time
-    "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
-    "-DGGML_NATIVE=OFF", "-DBUILD_SHARED_LIBS=OFF",
-)  # fmt: skip
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DGGML_NATIVE=OFF",
+    "-DBUILD_SHARED_LIBS=OFF",
+)
 # Newest gcc major each CUDA release accepts (crt/host_config.h: "gcc versions later
 # than N are not supported"), keyed by the first CUDA version with that limit; used
 # when nvcc's own header cannot be read.
 GCC_CAPS = {
-    (11, 0): 9, (11, 1): 10, (11, 4): 11, (12, 0): 12, (12, 4): 13, (12, 8): 14, (13, 0): 15,
-}  # fmt: skip
+    (11, 0): 9,
+    (11, 1): 10,
+    (11, 4): 11,
+    (12, 0): 12,
+    (12, 4): 13,
+    (12, 8): 14,
+    (13, 0): 15,
+}
 _GIT_URL = re.compile(r"^(https?|git|ssh|file)://|^[\w.-]+@[\w.-]+:")
 _BUILD_IN_NAME = re.compile(r"(?:^|[-_.])b(\d+)$")
 
@@ -389,9 +399,15 @@ def build_source(
     if cache.exists() and f"CMAKE_HOME_DIRECTORY:INTERNAL={tree.root}\n" not in cache.read_text():
         shutil.rmtree(build_dir)  # configured for another tree: cmake would refuse it
     commands = cmake_args(
-        backend, cuda=cuda, build_dir=build_dir, source_dir=tree.root, jobs=jobs,
-        build_number=tree.build_number, commit=tree.commit, extra=extra,
-    )  # fmt: skip
+        backend,
+        cuda=cuda,
+        build_dir=build_dir,
+        source_dir=tree.root,
+        jobs=jobs,
+        build_number=tree.build_number,
+        commit=tree.commit,
+        extra=extra,
+    )
     log_path = work_dir / f"build-{backend}.log"
     run_cmake(commands, log_path, str(tree.root), say, runner)
     built = build_dir / "bin"

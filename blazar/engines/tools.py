@@ -1,6 +1,6 @@
 """llama.cpp's tools beside the engines: finding and building `llama-quantize`.
 
-`blazar.quantize` asks `find_quantize` for a binary: the one beside the active
+`blazar.manifest.quantize` asks `find_quantize` for a binary: the one beside the active
 engine's `llama-server` (a `release` engine's archive ships every tool; a
 `source` engine built with it), else one Blazar built before under
 `<engines>/tools/llama-quantize/<tag>/`. The `wheel` engine (xllamacpp) ships
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from blazar.engines.base import publish, staging
-from blazar.engines.records import EngineRecord
+from blazar.engines.ledger import EngineRecord
 from blazar.engines.source import (
     Runner,
     SourceBuildError,
@@ -91,9 +91,15 @@ def build_quantize(
         return root / tag / QUANTIZE
     build_dir = work_dir / "build-quantize"
     commands = cmake_args(
-        "cpu", cuda=None, build_dir=build_dir, source_dir=tree.root, jobs=jobs,
-        build_number=tree.build_number, commit=tree.commit, target=QUANTIZE,
-    )  # fmt: skip
+        "cpu",
+        cuda=None,
+        build_dir=build_dir,
+        source_dir=tree.root,
+        jobs=jobs,
+        build_number=tree.build_number,
+        commit=tree.commit,
+        target=QUANTIZE,
+    )
     log_path = work_dir / "build-quantize.log"
     run_cmake(commands, log_path, f"{QUANTIZE} from {tree.root}", say, runner)
     made = build_dir / "bin" / QUANTIZE

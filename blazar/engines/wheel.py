@@ -19,7 +19,7 @@ from pathlib import Path
 
 from blazar.engines.base import KIND, InstalledEngine, publish, staging
 from blazar.errors import BlazarError, InvalidInput
-from blazar.hashing import sha256_file
+from blazar.models.hashing import sha256_file
 
 PACKAGE = "xllamacpp"
 LAUNCHER = Path(__file__).with_name("launcher.py")
@@ -147,17 +147,26 @@ def install_wheel(engines_root: Path, cache: Path, version: str | None = None) -
     with staging(engines_root, tag) as (tmp, final):
         venv = make_venv(tmp)
         result = _pip(
-            "--python", str(venv / "bin" / "python"), "install", "--no-index", "--no-deps",
-            "--quiet", str(wheel),
-        )  # fmt: skip
+            "--python",
+            str(venv / "bin" / "python"),
+            "install",
+            "--no-index",
+            "--no-deps",
+            "--quiet",
+            str(wheel),
+        )
         if result.returncode != 0:
             raise WheelInstallError(
                 f"could not install {wheel.name}:\n{_tail(result.stderr or result.stdout)}"
             )
         launcher_version = place_launcher(
-            LAUNCHER, tmp, "launcher.py", f"{PACKAGE} {version}", timeout=60,
+            LAUNCHER,
+            tmp,
+            "launcher.py",
+            f"{PACKAGE} {version}",
+            timeout=60,
             companions=LAUNCHER_COMPANIONS,
-        )  # fmt: skip
+        )
         publish(tmp, final)
     return InstalledEngine(
         kind=KIND,

@@ -102,10 +102,14 @@ def options(query: dict[str, list[str]], beam_size: int) -> dict[str, Any]:
 
 def segment_json(segment: Any) -> dict[str, Any]:
     words = [
-        {"word": w.word, "start": round(w.start, 3), "end": round(w.end, 3),
-         "probability": round(w.probability, 4)}
+        {
+            "word": w.word,
+            "start": round(w.start, 3),
+            "end": round(w.end, 3),
+            "probability": round(w.probability, 4),
+        }
         for w in (segment.words or ())
-    ]  # fmt: skip
+    ]
     return {
         "type": "segment",
         "id": segment.id,

@@ -177,8 +177,12 @@ def _model(
         return None
     name = unique(clean_name(model_id), taken)
     if name != model_id:
-        out.skip(f"{where} (name)", model_id, f"declared as {name!r}: Blazar's names are lowercase "
-                 "letters, digits, '.', '-', '_' and one ':tag'")  # fmt: skip
+        out.skip(
+            f"{where} (name)",
+            model_id,
+            f"declared as {name!r}: Blazar's names are lowercase "
+            "letters, digits, '.', '-', '_' and one ':tag'",
+        )
     fields = {"source": mapped.fields.pop("source"), **mapped.fields}
     aliases = [a for a in fields.pop("aliases", []) if clean_name(a) != name]
     for alias in spec.get("aliases") or []:
@@ -236,15 +240,29 @@ def _globals(
         if _MACRO.search(text):
             continue  # an unset ${env.VAR}: listed by expand
         digest = hashlib.sha256(text.encode()).hexdigest()
-        out.declare("keys", f"llama-swap-{n}", {"sha256": digest, "description":
-                    "migrated from llama-swap's apiKeys (only its sha256 is here)"})  # fmt: skip
+        out.declare(
+            "keys",
+            f"llama-swap-{n}",
+            {
+                "sha256": digest,
+                "description": "migrated from llama-swap's apiKeys (only its sha256 is here)",
+            },
+        )
     for peer_id, peer in (data.get("peers") or {}).items():
         _peer(out, str(peer_id), peer)
     for key, value in data.items():
         if key in GLOBAL_WHY:
             out.skip(key, value, GLOBAL_WHY[key])
-        elif key not in ("models", "macros", "globalTTL", "groups", "matrix", "hooks",
-                         "apiKeys", "peers"):  # fmt: skip
+        elif key not in (
+            "models",
+            "macros",
+            "globalTTL",
+            "groups",
+            "matrix",
+            "hooks",
+            "apiKeys",
+            "peers",
+        ):
             out.skip(key, value, "a setting Blazar does not know")
 
 
@@ -261,8 +279,12 @@ def _peer(out: Migrated, peer_id: str, peer: Any) -> None:
     if isinstance(key, str) and (match := _ENV_ONLY.fullmatch(key.strip())):
         fields["key_env"] = match.group(1)
     elif key:
-        out.skip(f"{where}.apiKey", "(a key)", "Blazar reads a remote's key from an environment "
-                 "variable: put it in one and set key_env")  # fmt: skip
+        out.skip(
+            f"{where}.apiKey",
+            "(a key)",
+            "Blazar reads a remote's key from an environment "
+            "variable: put it in one and set key_env",
+        )
     for extra in sorted(set(peer) - {"proxy", "models", "apiKey"}):
         out.skip(f"{where}.{extra}", peer[extra], "Blazar's remotes have no such setting")
     out.declare("remotes", clean_name(peer_id).replace(":", "-"), fields)
@@ -271,8 +293,12 @@ def _peer(out: Migrated, peer_id: str, peer: Any) -> None:
 def _groups(out: Migrated, data: dict[str, Any], names: dict[str, str]) -> None:
     groups = data.get("groups") or {}
     if data.get("matrix"):
-        out.skip("matrix", data["matrix"], "Blazar has no swap solver: it keeps at most "
-                 "serving.max_loaded_models loaded and evicts the least recently used")  # fmt: skip
+        out.skip(
+            "matrix",
+            data["matrix"],
+            "Blazar has no swap solver: it keeps at most "
+            "serving.max_loaded_models loaded and evicts the least recently used",
+        )
     if not isinstance(groups, dict) or not groups:
         if not data.get("matrix"):
             out.serving["max_loaded_models"] = 1

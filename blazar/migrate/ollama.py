@@ -137,9 +137,13 @@ def _one(
             out.declare(
                 "loras",
                 lora,
-                {"model": name, "source": adapter.as_uri(), "sha256": layer_digest,
-                 "always_on": True},
-            )  # fmt: skip
+                {
+                    "model": name,
+                    "source": adapter.as_uri(),
+                    "sha256": layer_digest,
+                    "always_on": True,
+                },
+            )
         elif kind in WHY:
             text = _text(store, layer_digest) if kind == "template" else layer_digest
             out.skip(f"{where} {kind.upper()}", text or layer_digest, WHY[kind])

@@ -24,22 +24,60 @@ from specs.models import _RESERVED_ARGS  # flags `args` may not carry: each has 
 # Flags that take a value: llama-server's vocabulary (a flag not here that is followed
 # by a word not starting with '-' is taken to take it, and kept as args).
 _SAMPLING = {
-    "--temp": "temperature", "--temperature": "temperature", "--top-k": "top_k",
-    "--top-p": "top_p", "--min-p": "min_p", "--typical": "typical_p",
-    "--typical-p": "typical_p", "--repeat-penalty": "repeat_penalty",
-    "--repeat-last-n": "repeat_last_n", "--presence-penalty": "presence_penalty",
-    "--frequency-penalty": "frequency_penalty", "--mirostat": "mirostat",
-    "--mirostat-lr": "mirostat_eta", "--mirostat-ent": "mirostat_tau", "-s": "seed",
-    "--seed": "seed", "--keep": "num_keep", "-n": "num_predict", "--n-predict": "num_predict",
+    "--temp": "temperature",
+    "--temperature": "temperature",
+    "--top-k": "top_k",
+    "--top-p": "top_p",
+    "--min-p": "min_p",
+    "--typical": "typical_p",
+    "--typical-p": "typical_p",
+    "--repeat-penalty": "repeat_penalty",
+    "--repeat-last-n": "repeat_last_n",
+    "--presence-penalty": "presence_penalty",
+    "--frequency-penalty": "frequency_penalty",
+    "--mirostat": "mirostat",
+    "--mirostat-lr": "mirostat_eta",
+    "--mirostat-ent": "mirostat_tau",
+    "-s": "seed",
+    "--seed": "seed",
+    "--keep": "num_keep",
+    "-n": "num_predict",
+    "--n-predict": "num_predict",
     "--predict": "num_predict",
-}  # fmt: skip
+}
 _BOOLEAN = {
-    "--jinja", "--no-jinja", "--embedding", "--embeddings", "--rerank", "--reranking",
-    "--mlock", "--no-mmap", "--mmap", "-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified",
-    "--metrics", "--slots", "--no-slots", "--props", "--no-warmup", "--cont-batching",
-    "-cb", "--no-cont-batching", "-nocb", "--verbose", "-v", "--log-disable", "--no-webui",
-    "--no-repack", "--check-tensors", "--cache-prompt", "--no-cache-prompt", "-fa",
-}  # fmt: skip
+    "--jinja",
+    "--no-jinja",
+    "--embedding",
+    "--embeddings",
+    "--rerank",
+    "--reranking",
+    "--mlock",
+    "--no-mmap",
+    "--mmap",
+    "-kvu",
+    "--kv-unified",
+    "-no-kvu",
+    "--no-kv-unified",
+    "--metrics",
+    "--slots",
+    "--no-slots",
+    "--props",
+    "--no-warmup",
+    "--cont-batching",
+    "-cb",
+    "--no-cont-batching",
+    "-nocb",
+    "--verbose",
+    "-v",
+    "--log-disable",
+    "--no-webui",
+    "--no-repack",
+    "--check-tensors",
+    "--cache-prompt",
+    "--no-cache-prompt",
+    "-fa",
+}
 _BLAZAR_OWNS = {
     "--port": "Blazar picks each child's port",
     "--host": "Blazar binds its children to loopback",
@@ -269,17 +307,22 @@ def _lora_scaled(out: Mapped, value: str | None, base: Path) -> None:
 
 def _model_url(out: Mapped, value: str | None, base: Path) -> None:
     out.unmapped.append(
-        ("--model-url", value or "", "an https:// source needs its sha256: declare source and "
-         "sha256 by hand (or `blazar pull URL --sha256 HEX`)"),
-    )  # fmt: skip
+        (
+            "--model-url",
+            value or "",
+            "an https:// source needs its sha256: declare source and "
+            "sha256 by hand (or `blazar pull URL --sha256 HEX`)",
+        ),
+    )
 
 
 def _load_mode(out: Mapped, value: str | None, base: Path) -> None:
     if value in ("mmap", "none", "mlock", "mmap+mlock"):
         out.fields["load_mode"] = value
     else:
-        out.unmapped.append(("--load-mode", value or "", "load_mode is mmap, none, mlock or "
-                             "mmap+mlock"))  # fmt: skip
+        out.unmapped.append(
+            ("--load-mode", value or "", "load_mode is mmap, none, mlock or mmap+mlock")
+        )
 
 
 def _mmproj(out: Mapped, value: str | None, base: Path) -> None:
@@ -289,9 +332,12 @@ def _mmproj(out: Mapped, value: str | None, base: Path) -> None:
 
 def _mmproj_url(out: Mapped, value: str | None, base: Path) -> None:
     out.unmapped.append(
-        ("--mmproj-url", value or "", "an https:// projector needs its sha256: set mmproj and "
-         "mmproj_sha256 by hand"),
-    )  # fmt: skip
+        (
+            "--mmproj-url",
+            value or "",
+            "an https:// projector needs its sha256: set mmproj and mmproj_sha256 by hand",
+        ),
+    )
 
 
 def _jinja(out: Mapped, value: str | None, base: Path) -> None:
@@ -299,21 +345,39 @@ def _jinja(out: Mapped, value: str | None, base: Path) -> None:
 
 
 _HANDLERS: dict[str, Callable[[Mapped, str | None, Path], None]] = {
-    "-m": _model, "--model": _model, "-mu": _model_url, "--model-url": _model_url,
+    "-m": _model,
+    "--model": _model,
+    "-mu": _model_url,
+    "--model-url": _model_url,
     "-c": _int_field("ctx", zero_means_default=True),
     "--ctx-size": _int_field("ctx", zero_means_default=True),
-    "-np": _int_field("slots"), "--parallel": _int_field("slots"),
-    "-a": _alias, "--alias": _alias, "--jinja": _jinja,
-    "--chat-template": _template, "--chat-template-file": _template_file,
-    "-fa": _flash, "--flash-attn": _flash,
-    "--embedding": _embeddings, "--embeddings": _embeddings,
-    "--rerank": _rerank, "--reranking": _rerank, "--pooling": _pooling,
-    "-kvu": _kv_unified(True), "--kv-unified": _kv_unified(True),
-    "-no-kvu": _kv_unified(False), "--no-kv-unified": _kv_unified(False),
+    "-np": _int_field("slots"),
+    "--parallel": _int_field("slots"),
+    "-a": _alias,
+    "--alias": _alias,
+    "--jinja": _jinja,
+    "--chat-template": _template,
+    "--chat-template-file": _template_file,
+    "-fa": _flash,
+    "--flash-attn": _flash,
+    "--embedding": _embeddings,
+    "--embeddings": _embeddings,
+    "--rerank": _rerank,
+    "--reranking": _rerank,
+    "--pooling": _pooling,
+    "-kvu": _kv_unified(True),
+    "--kv-unified": _kv_unified(True),
+    "-no-kvu": _kv_unified(False),
+    "--no-kv-unified": _kv_unified(False),
     "-cram": _int_field("cache_ram_mb", minimum=-1),
     "--cache-ram": _int_field("cache_ram_mb", minimum=-1),
     "--cache-reuse": _int_field("cache_reuse"),
-    "--lora": _lora, "--lora-scaled": _lora_scaled,
-    "-lm": _load_mode, "--load-mode": _load_mode,
-    "-mm": _mmproj, "--mmproj": _mmproj, "-mmu": _mmproj_url, "--mmproj-url": _mmproj_url,
-}  # fmt: skip
+    "--lora": _lora,
+    "--lora-scaled": _lora_scaled,
+    "-lm": _load_mode,
+    "--load-mode": _load_mode,
+    "-mm": _mmproj,
+    "--mmproj": _mmproj,
+    "-mmu": _mmproj_url,
+    "--mmproj-url": _mmproj_url,
+}

@@ -6,7 +6,7 @@ path in `blazar.serve.request.pipeline`/`engine`/`openai_api`) fills a `trace.Tr
 request; the pure parts here read it: `outcome` (what the engine answered: text,
 finish reason, usage, timings), `sentinels` (checks on each answer), `cachebust`
 (a client whose system prompt changes every turn), `trail` (a trace as a routing
-trail, for `blazar why`). `metrics` holds the Prometheus families, `traces_db`
+trail, for `blazar why`). `metrics` holds the Prometheus families, `trace_store`
 keeps traces in the store, `otlp` exports spans when `serving.otlp_endpoint` is set.
 Nothing here imports the gateway.
 """

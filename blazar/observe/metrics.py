@@ -25,11 +25,40 @@ from prometheus_client.parser import text_string_to_metric_families
 
 # Seconds: milliseconds (a cached short answer) to minutes (a long prompt on a CPU).
 LATENCY_BUCKETS = (
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
-)  # fmt: skip
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+)
 TOKEN_BUCKETS = (
-    0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0,
-)  # fmt: skip
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.15,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+)
 LOAD_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 
@@ -118,27 +147,35 @@ class Metrics:
 
         by_model = ["model", "protocol"]
         self.requests = counter(
-            "blazar_requests_total", "Requests answered, by model, protocol and HTTP status.",
+            "blazar_requests_total",
+            "Requests answered, by model, protocol and HTTP status.",
             ["model", "protocol", "status"],
-        )  # fmt: skip
+        )
         self.duration = histogram(
-            "blazar_request_duration_seconds", "From arrival to the answer's last byte.",
-            by_model, LATENCY_BUCKETS,
-        )  # fmt: skip
+            "blazar_request_duration_seconds",
+            "From arrival to the answer's last byte.",
+            by_model,
+            LATENCY_BUCKETS,
+        )
         self.ttft = histogram(
             "blazar_time_to_first_token_seconds",
             "From arrival to the first output token (streams: as sent; whole answers: the "
             "wait plus the engine's prompt time).",
-            by_model, LATENCY_BUCKETS,
-        )  # fmt: skip
+            by_model,
+            LATENCY_BUCKETS,
+        )
         self.itl = histogram(
-            "blazar_inter_token_latency_seconds", "Between output events of a stream.",
-            ["model"], TOKEN_BUCKETS,
-        )  # fmt: skip
+            "blazar_inter_token_latency_seconds",
+            "Between output events of a stream.",
+            ["model"],
+            TOKEN_BUCKETS,
+        )
         self.queue_wait = histogram(
-            "blazar_queue_wait_seconds", "Time a request waited in its model's queue for a slot.",
-            ["model"], LATENCY_BUCKETS,
-        )  # fmt: skip
+            "blazar_queue_wait_seconds",
+            "Time a request waited in its model's queue for a slot.",
+            ["model"],
+            LATENCY_BUCKETS,
+        )
         self.prompt_tokens = counter(
             "blazar_prompt_tokens_total", "Prompt tokens, cached ones included.", ["model"]
         )
@@ -155,13 +192,16 @@ class Metrics:
             "blazar_model_loads_total", "Instances started (a load, or a restart).", ["model"]
         )
         self.load_seconds = histogram(
-            "blazar_model_load_seconds", "From spawning an instance to its first healthy answer.",
-            ["model"], LOAD_BUCKETS,
-        )  # fmt: skip
+            "blazar_model_load_seconds",
+            "From spawning an instance to its first healthy answer.",
+            ["model"],
+            LOAD_BUCKETS,
+        )
         self.restarts = counter(
-            "blazar_child_restarts_total", "Instances that exited while ready and are restarted.",
+            "blazar_child_restarts_total",
+            "Instances that exited while ready and are restarted.",
             ["model", "replica"],
-        )  # fmt: skip
+        )
         self.rejected = counter(
             "blazar_rejected_total",
             "Requests refused before reaching a model: busy (no slot, no room to load), "

@@ -83,7 +83,7 @@ class Trace:
         "token",
         "tool_rounds",
         "wall",
-    )  # fmt: skip
+    )
 
     def __init__(self, trace_id: str, protocol: str, route: str, *, enforce: bool = False):
         self.id, self.protocol, self.route, self.enforce = trace_id, protocol, route, enforce

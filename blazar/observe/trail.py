@@ -76,8 +76,10 @@ def render(record: dict[str, Any]) -> list[str]:
             f"{c['server']}.{c['tool']} {_ms(c.get('ms'))}" + (" (error)" if c.get("error") else "")
             for c in rounds.get("calls") or []
         )
-        step(f"tool round {n}: finish {rounds.get('finish') or '-'}"
-             + (f"; called {calls}" if calls else ""))  # fmt: skip
+        step(
+            f"tool round {n}: finish {rounds.get('finish') or '-'}"
+            + (f"; called {calls}" if calls else "")
+        )
     status = f"status {r.get('status')} in {_ms(r.get('duration_ms'))}"
     if r.get("error"):
         code = f" [{r['code']}]" if r.get("code") else ""

@@ -26,8 +26,12 @@ from blazar.protocols.anthropic_stream import STATUS_TYPES, error
 IN_PROGRESS, CANCELING, ENDED = "in_progress", "canceling", "ended"
 # A request's state; all but QUEUED are the `result.type` Anthropic's results carry.
 QUEUED, SUCCEEDED, ERRORED, CANCELED, EXPIRED = (
-    "queued", "succeeded", "errored", "canceled", "expired"
-)  # fmt: skip
+    "queued",
+    "succeeded",
+    "errored",
+    "canceled",
+    "expired",
+)
 RESULTS = (SUCCEEDED, ERRORED, CANCELED, EXPIRED)
 MAX_REQUESTS = 100_000  # Anthropic's limit per batch
 CUSTOM_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")

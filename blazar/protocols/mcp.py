@@ -55,8 +55,13 @@ def notification(method: str) -> bytes:
 
 def method_not_found(msg_id: Any, method: str) -> bytes:
     """The answer to a request the server sends that Blazar does not serve."""
-    return orjson.dumps({"jsonrpc": "2.0", "id": msg_id, "error": {
-        "code": METHOD_NOT_FOUND, "message": f"the client does not offer {method}"}})  # fmt: skip
+    return orjson.dumps(
+        {
+            "jsonrpc": "2.0",
+            "id": msg_id,
+            "error": {"code": METHOD_NOT_FOUND, "message": f"the client does not offer {method}"},
+        }
+    )
 
 
 def initialize_params() -> dict[str, Any]:
@@ -92,10 +97,13 @@ def tools_page(result: Any) -> tuple[list[Tool], str | None]:
         if not isinstance(item, Mapping) or not isinstance(item.get("name"), str):
             raise McpProtocolError(f"tools/list gave a tool without a name: {str(item)[:200]}")
         schema = item.get("inputSchema")
-        tools.append(Tool(
-            item["name"], str(item.get("description") or ""),
-            dict(schema) if isinstance(schema, Mapping) else {"type": "object"},
-        ))  # fmt: skip
+        tools.append(
+            Tool(
+                item["name"],
+                str(item.get("description") or ""),
+                dict(schema) if isinstance(schema, Mapping) else {"type": "object"},
+            )
+        )
     cursor = result.get("nextCursor")
     return tools, cursor if isinstance(cursor, str) and cursor else None
 

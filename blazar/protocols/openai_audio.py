@@ -44,28 +44,107 @@ TRUE = ("1", "true", "yes", "on")
 
 # Whisper's language codes and the names OpenAI's verbose_json gives them.
 LANGUAGES = {
-    "en": "english", "zh": "chinese", "de": "german", "es": "spanish", "ru": "russian",
-    "ko": "korean", "fr": "french", "ja": "japanese", "pt": "portuguese", "tr": "turkish",
-    "pl": "polish", "ca": "catalan", "nl": "dutch", "ar": "arabic", "sv": "swedish",
-    "it": "italian", "id": "indonesian", "hi": "hindi", "fi": "finnish", "vi": "vietnamese",
-    "he": "hebrew", "uk": "ukrainian", "el": "greek", "ms": "malay", "cs": "czech",
-    "ro": "romanian", "da": "danish", "hu": "hungarian", "ta": "tamil", "no": "norwegian",
-    "th": "thai", "ur": "urdu", "hr": "croatian", "bg": "bulgarian", "lt": "lithuanian",
-    "la": "latin", "mi": "maori", "ml": "malayalam", "cy": "welsh", "sk": "slovak",
-    "te": "telugu", "fa": "persian", "lv": "latvian", "bn": "bengali", "sr": "serbian",
-    "az": "azerbaijani", "sl": "slovenian", "kn": "kannada", "et": "estonian",
-    "mk": "macedonian", "br": "breton", "eu": "basque", "is": "icelandic", "hy": "armenian",
-    "ne": "nepali", "mn": "mongolian", "bs": "bosnian", "kk": "kazakh", "sq": "albanian",
-    "sw": "swahili", "gl": "galician", "mr": "marathi", "pa": "punjabi", "si": "sinhala",
-    "km": "khmer", "sn": "shona", "yo": "yoruba", "so": "somali", "af": "afrikaans",
-    "oc": "occitan", "ka": "georgian", "be": "belarusian", "tg": "tajik", "sd": "sindhi",
-    "gu": "gujarati", "am": "amharic", "yi": "yiddish", "lo": "lao", "uz": "uzbek",
-    "fo": "faroese", "ht": "haitian creole", "ps": "pashto", "tk": "turkmen", "nn": "nynorsk",
-    "mt": "maltese", "sa": "sanskrit", "lb": "luxembourgish", "my": "myanmar", "bo": "tibetan",
-    "tl": "tagalog", "mg": "malagasy", "as": "assamese", "tt": "tatar", "haw": "hawaiian",
-    "ln": "lingala", "ha": "hausa", "ba": "bashkir", "jw": "javanese", "su": "sundanese",
+    "en": "english",
+    "zh": "chinese",
+    "de": "german",
+    "es": "spanish",
+    "ru": "russian",
+    "ko": "korean",
+    "fr": "french",
+    "ja": "japanese",
+    "pt": "portuguese",
+    "tr": "turkish",
+    "pl": "polish",
+    "ca": "catalan",
+    "nl": "dutch",
+    "ar": "arabic",
+    "sv": "swedish",
+    "it": "italian",
+    "id": "indonesian",
+    "hi": "hindi",
+    "fi": "finnish",
+    "vi": "vietnamese",
+    "he": "hebrew",
+    "uk": "ukrainian",
+    "el": "greek",
+    "ms": "malay",
+    "cs": "czech",
+    "ro": "romanian",
+    "da": "danish",
+    "hu": "hungarian",
+    "ta": "tamil",
+    "no": "norwegian",
+    "th": "thai",
+    "ur": "urdu",
+    "hr": "croatian",
+    "bg": "bulgarian",
+    "lt": "lithuanian",
+    "la": "latin",
+    "mi": "maori",
+    "ml": "malayalam",
+    "cy": "welsh",
+    "sk": "slovak",
+    "te": "telugu",
+    "fa": "persian",
+    "lv": "latvian",
+    "bn": "bengali",
+    "sr": "serbian",
+    "az": "azerbaijani",
+    "sl": "slovenian",
+    "kn": "kannada",
+    "et": "estonian",
+    "mk": "macedonian",
+    "br": "breton",
+    "eu": "basque",
+    "is": "icelandic",
+    "hy": "armenian",
+    "ne": "nepali",
+    "mn": "mongolian",
+    "bs": "bosnian",
+    "kk": "kazakh",
+    "sq": "albanian",
+    "sw": "swahili",
+    "gl": "galician",
+    "mr": "marathi",
+    "pa": "punjabi",
+    "si": "sinhala",
+    "km": "khmer",
+    "sn": "shona",
+    "yo": "yoruba",
+    "so": "somali",
+    "af": "afrikaans",
+    "oc": "occitan",
+    "ka": "georgian",
+    "be": "belarusian",
+    "tg": "tajik",
+    "sd": "sindhi",
+    "gu": "gujarati",
+    "am": "amharic",
+    "yi": "yiddish",
+    "lo": "lao",
+    "uz": "uzbek",
+    "fo": "faroese",
+    "ht": "haitian creole",
+    "ps": "pashto",
+    "tk": "turkmen",
+    "nn": "nynorsk",
+    "mt": "maltese",
+    "sa": "sanskrit",
+    "lb": "luxembourgish",
+    "my": "myanmar",
+    "bo": "tibetan",
+    "tl": "tagalog",
+    "mg": "malagasy",
+    "as": "assamese",
+    "tt": "tatar",
+    "haw": "hawaiian",
+    "ln": "lingala",
+    "ha": "hausa",
+    "ba": "bashkir",
+    "jw": "javanese",
+    "su": "sundanese",
     "yue": "cantonese",
-}  # fmt: skip
+}
 CODES = {name: code for code, name in LANGUAGES.items()}
 
 
@@ -156,18 +235,26 @@ def transcription_request(
     if language is not None:
         language = CODES.get(language.lower(), language.lower())
         if language not in LANGUAGES:
-            raise _bad(f"language {one('language')!r} is not a language code Whisper knows "
-                       "(ISO 639-1, such as en, de, fr)")  # fmt: skip
+            raise _bad(
+                f"language {one('language')!r} is not a language code Whisper knows "
+                "(ISO 639-1, such as en, de, fr)"
+            )
     granularities = tuple(
-        dict.fromkeys([*fields.get("timestamp_granularities[]", ()),
-                       *fields.get("timestamp_granularities", ())])
-    )  # fmt: skip
+        dict.fromkeys(
+            [
+                *fields.get("timestamp_granularities[]", ()),
+                *fields.get("timestamp_granularities", ()),
+            ]
+        )
+    )
     for granularity in granularities:
         if granularity not in GRANULARITIES:
             raise _bad(f"timestamp_granularities[] {granularity!r} is not word or segment")
     if (stream := one("stream")) is not None and stream.lower() in TRUE:
-        raise _bad("stream is not supported for transcriptions here; use async=true for "
-                   "a job to poll instead")  # fmt: skip
+        raise _bad(
+            "stream is not supported for transcriptions here; use async=true for "
+            "a job to poll instead"
+        )
     return TranscriptionRequest(
         model=model,
         task=task,
@@ -232,8 +319,18 @@ def vtt(transcript: Transcript) -> str:
     return "WEBVTT\n\n" + "\n".join(cues)
 
 
-SEGMENT_FIELDS = ("id", "seek", "start", "end", "text", "tokens", "temperature", "avg_logprob",
-                  "compression_ratio", "no_speech_prob")  # fmt: skip
+SEGMENT_FIELDS = (
+    "id",
+    "seek",
+    "start",
+    "end",
+    "text",
+    "tokens",
+    "temperature",
+    "avg_logprob",
+    "compression_ratio",
+    "no_speech_prob",
+)
 
 
 def verbose(transcript: Transcript, request: TranscriptionRequest) -> dict[str, Any]:

@@ -37,20 +37,48 @@ RATE = 24_000  # pcm16: 16-bit mono little-endian at 24 kHz, as OpenAI's protoco
 FORMAT = "pcm16"
 MODALITIES = ("text", "audio")
 CLIENT_EVENTS = (
-    "session.update", "input_audio_buffer.append", "input_audio_buffer.commit",
-    "input_audio_buffer.clear", "conversation.item.create", "response.create",
+    "session.update",
+    "input_audio_buffer.append",
+    "input_audio_buffer.commit",
+    "input_audio_buffer.clear",
+    "conversation.item.create",
+    "response.create",
     "response.cancel",
-)  # fmt: skip
-SESSION_FIELDS = frozenset({
-    "model", "modalities", "instructions", "voice", "input_audio_format", "output_audio_format",
-    "input_audio_transcription", "turn_detection", "tools", "tool_choice", "temperature",
-    "max_response_output_tokens", "speed", "input_audio_noise_reduction", "tracing",
-})  # fmt: skip
-RESPONSE_FIELDS = frozenset({
-    "modalities", "instructions", "voice", "output_audio_format", "temperature",
-    "max_response_output_tokens", "max_output_tokens", "metadata", "conversation", "tools",
-    "tool_choice",
-})  # fmt: skip
+)
+SESSION_FIELDS = frozenset(
+    {
+        "model",
+        "modalities",
+        "instructions",
+        "voice",
+        "input_audio_format",
+        "output_audio_format",
+        "input_audio_transcription",
+        "turn_detection",
+        "tools",
+        "tool_choice",
+        "temperature",
+        "max_response_output_tokens",
+        "speed",
+        "input_audio_noise_reduction",
+        "tracing",
+    }
+)
+RESPONSE_FIELDS = frozenset(
+    {
+        "modalities",
+        "instructions",
+        "voice",
+        "output_audio_format",
+        "temperature",
+        "max_response_output_tokens",
+        "max_output_tokens",
+        "metadata",
+        "conversation",
+        "tools",
+        "tool_choice",
+    }
+)
 MAX_OUTPUT_TOKENS = 4096
 
 
@@ -58,9 +86,12 @@ class EventError(Exception):
     """A client event the session refuses, answered as an `error` event."""
 
     def __init__(
-        self, message: str, code: str = "invalid_value", param: str | None = None,
+        self,
+        message: str,
+        code: str = "invalid_value",
+        param: str | None = None,
         kind: str = "invalid_request_error",
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__(message)
         self.message, self.code, self.param, self.kind = message, code, param, kind
 
@@ -92,17 +123,24 @@ class Settings:
 
     def to_api(self, session_id: str) -> dict[str, Any]:
         return {
-            "id": session_id, "object": "realtime.session", "model": self.model,
-            "modalities": list(self.modalities), "instructions": self.instructions,
-            "voice": self.voice, "input_audio_format": FORMAT, "output_audio_format": FORMAT,
+            "id": session_id,
+            "object": "realtime.session",
+            "model": self.model,
+            "modalities": list(self.modalities),
+            "instructions": self.instructions,
+            "voice": self.voice,
+            "input_audio_format": FORMAT,
+            "output_audio_format": FORMAT,
             "input_audio_transcription": (
                 self.transcription.to_api() if self.transcription is not None else None
             ),
-            "turn_detection": None, "tools": [], "tool_choice": "auto",
+            "turn_detection": None,
+            "tools": [],
+            "tool_choice": "auto",
             "temperature": self.temperature,
             "max_response_output_tokens": self.max_tokens if self.max_tokens else "inf",
             "speed": self.speed,
-        }  # fmt: skip
+        }
 
 
 def parse_event(data: Any) -> dict[str, Any]:
@@ -111,13 +149,17 @@ def parse_event(data: Any) -> dict[str, Any]:
         raise EventError("an event must be a JSON object with a 'type'", "invalid_json")
     kind = data.get("type")
     if not isinstance(kind, str):
-        raise EventError("the event has no 'type': name one of " + ", ".join(CLIENT_EVENTS),
-                         "missing_required_parameter", "type")  # fmt: skip
+        raise EventError(
+            "the event has no 'type': name one of " + ", ".join(CLIENT_EVENTS),
+            "missing_required_parameter",
+            "type",
+        )
     if kind not in CLIENT_EVENTS:
         raise EventError(
             f"Invalid value: {kind!r}. The events served here are: {', '.join(CLIENT_EVENTS)}",
-            "invalid_value", "type",
-        )  # fmt: skip
+            "invalid_value",
+            "type",
+        )
     event_id = data.get("event_id")
     if event_id is not None and not isinstance(event_id, str):
         raise EventError("'event_id' must be a string", "invalid_type", "event_id")
@@ -132,8 +174,9 @@ def _text(value: Any, param: str) -> str:
 
 def _number(value: Any, param: str, low: float, high: float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-        raise EventError(f"'{param}' must be a number from {low:g} to {high:g}", "invalid_value",
-                         param)  # fmt: skip
+        raise EventError(
+            f"'{param}' must be a number from {low:g} to {high:g}", "invalid_value", param
+        )
     return float(value)
 
 
@@ -141,18 +184,25 @@ def _max_tokens(value: Any, param: str) -> int | None:
     if value == "inf" or value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_OUTPUT_TOKENS:
-        raise EventError(f"'{param}' must be an integer from 1 to {MAX_OUTPUT_TOKENS}, or 'inf'",
-                         "invalid_value", param)  # fmt: skip
+        raise EventError(
+            f"'{param}' must be an integer from 1 to {MAX_OUTPUT_TOKENS}, or 'inf'",
+            "invalid_value",
+            param,
+        )
     return value
 
 
 def _modalities(value: Any, param: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not value or any(m not in MODALITIES for m in value):
-        raise EventError(f"'{param}' must be [\"text\"] or [\"text\", \"audio\"]", "invalid_value",
-                         param)  # fmt: skip
+        raise EventError(
+            f'\'{param}\' must be ["text"] or ["text", "audio"]', "invalid_value", param
+        )
     if "text" not in value:
-        raise EventError(f"'{param}' must include \"text\": an audio answer comes with its "
-                         "transcript", "invalid_value", param)  # fmt: skip
+        raise EventError(
+            f"'{param}' must include \"text\": an audio answer comes with its transcript",
+            "invalid_value",
+            param,
+        )
     return tuple(m for m in MODALITIES if m in value)
 
 
@@ -160,23 +210,28 @@ def _format(value: Any, param: str) -> None:
     if value != FORMAT:
         raise EventError(
             f"'{param}' {value!r} is not available here: audio is pcm16 (16-bit mono "
-            f"little-endian at {RATE} Hz)", "invalid_value", param,
-        )  # fmt: skip
+            f"little-endian at {RATE} Hz)",
+            "invalid_value",
+            param,
+        )
 
 
 def _no_tools(tools: Any, param: str) -> None:
     if tools not in (None, []):
         raise EventError(
             f"'{param}': tools are not available on /v1/realtime here; use "
-            "/v1/chat/completions for tool calls", "unsupported_value", param,
-        )  # fmt: skip
+            "/v1/chat/completions for tool calls",
+            "unsupported_value",
+            param,
+        )
 
 
 def _unknown(fields: Mapping[str, Any], known: frozenset[str], prefix: str) -> None:
     extra = sorted(set(fields) - known)
     if extra:
-        raise EventError(f"Unknown parameter: '{prefix}.{extra[0]}'", "unknown_parameter",
-                         f"{prefix}.{extra[0]}")  # fmt: skip
+        raise EventError(
+            f"Unknown parameter: '{prefix}.{extra[0]}'", "unknown_parameter", f"{prefix}.{extra[0]}"
+        )
 
 
 def _transcription(value: Any) -> Transcription | None:
@@ -184,8 +239,12 @@ def _transcription(value: Any) -> Transcription | None:
     if value is None:
         return None
     if not isinstance(value, dict) or not isinstance(value.get("model"), str) or not value["model"]:
-        raise EventError(f"'{param}' must be null or {{\"model\": NAME}} naming a transcription "
-                         "model served here", "invalid_value", param)  # fmt: skip
+        raise EventError(
+            f"'{param}' must be null or {{\"model\": NAME}} naming a transcription "
+            "model served here",
+            "invalid_value",
+            param,
+        )
     _unknown(value, frozenset({"model", "language", "prompt"}), param)
     language = value.get("language")
     prompt = value.get("prompt")
@@ -196,9 +255,12 @@ def _transcription(value: Any) -> Transcription | None:
     if language:
         language = CODES.get(language.lower(), language.lower())
         if language not in LANGUAGES:
-            raise EventError(f"'{param}.language' {value['language']!r} is not a language code "
-                             "Whisper knows (ISO 639-1, such as en, de, fr)", "invalid_value",
-                             f"{param}.language")  # fmt: skip
+            raise EventError(
+                f"'{param}.language' {value['language']!r} is not a language code "
+                "Whisper knows (ISO 639-1, such as en, de, fr)",
+                "invalid_value",
+                f"{param}.language",
+            )
     return Transcription(value["model"], language or None, prompt or None)
 
 
@@ -206,8 +268,9 @@ def updated(settings: Settings, session: Any) -> Settings:
     """The settings after a `session.update` (`session`: its `session` object). Which
     models the names are is the caller's to check (they need the served models)."""
     if not isinstance(session, dict):
-        raise EventError("'session' must be an object of the settings to change",
-                         "invalid_type", "session")  # fmt: skip
+        raise EventError(
+            "'session' must be an object of the settings to change", "invalid_type", "session"
+        )
     _unknown(session, SESSION_FIELDS, "session")
     changes: dict[str, Any] = {}
     if "model" in session:
@@ -227,11 +290,15 @@ def updated(settings: Settings, session: Any) -> Settings:
         raise EventError(
             "turn detection is not available here: set 'session.turn_detection' to null and "
             "end each turn yourself with input_audio_buffer.commit and response.create",
-            "unsupported_value", "session.turn_detection",
-        )  # fmt: skip
+            "unsupported_value",
+            "session.turn_detection",
+        )
     if session.get("input_audio_noise_reduction") is not None:
-        raise EventError("input audio noise reduction is not available here: set it to null",
-                         "unsupported_value", "session.input_audio_noise_reduction")  # fmt: skip
+        raise EventError(
+            "input audio noise reduction is not available here: set it to null",
+            "unsupported_value",
+            "session.input_audio_noise_reduction",
+        )
     _no_tools(session.get("tools"), "session.tools")
     if "temperature" in session:
         changes["temperature"] = _number(session["temperature"], "session.temperature", 0, 2)
@@ -260,9 +327,12 @@ def for_response(settings: Settings, response: Any) -> ResponseOptions:
         raise EventError("'response' must be an object", "invalid_type", "response")
     _unknown(response, RESPONSE_FIELDS, "response")
     if response.get("conversation", "auto") != "auto":
-        raise EventError("'response.conversation' must be 'auto' here: every response joins "
-                         "the session's conversation", "unsupported_value",
-                         "response.conversation")  # fmt: skip
+        raise EventError(
+            "'response.conversation' must be 'auto' here: every response joins "
+            "the session's conversation",
+            "unsupported_value",
+            "response.conversation",
+        )
     _no_tools(response.get("tools"), "response.tools")
     changes: dict[str, Any] = {}
     if "modalities" in response:
@@ -280,8 +350,9 @@ def for_response(settings: Settings, response: Any) -> ResponseOptions:
             changes["max_tokens"] = _max_tokens(response[name], f"response.{name}")
     metadata = response.get("metadata")
     if metadata is not None and not isinstance(metadata, dict):
-        raise EventError("'response.metadata' must be an object", "invalid_type",
-                         "response.metadata")  # fmt: skip
+        raise EventError(
+            "'response.metadata' must be an object", "invalid_type", "response.metadata"
+        )
     return ResponseOptions(dataclasses.replace(settings, **changes), metadata)
 
 
@@ -308,8 +379,14 @@ class Item:
             content = [{"type": self.kind, key: self.text or ""}] if self.text is not None else []
         else:
             content = [{"type": "input_text", "text": self.text}]
-        return {"id": self.id, "object": "realtime.item", "type": "message",
-                "status": self.status, "role": self.role, "content": content}  # fmt: skip
+        return {
+            "id": self.id,
+            "object": "realtime.item",
+            "type": "message",
+            "status": self.status,
+            "role": self.role,
+            "content": content,
+        }
 
 
 def parse_item(item: Any, new_id: Callable[[], str]) -> Item:
@@ -318,12 +395,16 @@ def parse_item(item: Any, new_id: Callable[[], str]) -> Item:
     if not isinstance(item, dict):
         raise EventError("'item' must be an object", "invalid_type", param)
     if item.get("type", "message") != "message":
-        raise EventError(f"item type {item.get('type')!r} is not available here: send "
-                         "messages", "unsupported_value", "item.type")  # fmt: skip
+        raise EventError(
+            f"item type {item.get('type')!r} is not available here: send messages",
+            "unsupported_value",
+            "item.type",
+        )
     role = item.get("role")
     if role not in ("user", "assistant", "system"):
-        raise EventError("'item.role' must be user, assistant or system", "invalid_value",
-                         "item.role")  # fmt: skip
+        raise EventError(
+            "'item.role' must be user, assistant or system", "invalid_value", "item.role"
+        )
     content = item.get("content")
     if not isinstance(content, list) or not content:
         raise EventError("'item.content' must be a list of parts", "invalid_type", "item.content")
@@ -336,16 +417,23 @@ def parse_item(item: Any, new_id: Callable[[], str]) -> Item:
         elif kind == "input_audio" and isinstance(part.get("transcript"), str):
             texts.append(part["transcript"])
         elif kind == "input_audio":
-            raise EventError(f"'{where}': send audio with input_audio_buffer.append and commit "
-                             "it; an input_audio part here needs its 'transcript'",
-                             "unsupported_value", where)  # fmt: skip
+            raise EventError(
+                f"'{where}': send audio with input_audio_buffer.append and commit "
+                "it; an input_audio part here needs its 'transcript'",
+                "unsupported_value",
+                where,
+            )
         else:
-            raise EventError(f"'{where}' must be an input_text or text part with its 'text'",
-                             "invalid_value", where)  # fmt: skip
+            raise EventError(
+                f"'{where}' must be an input_text or text part with its 'text'",
+                "invalid_value",
+                where,
+            )
     given = item.get("id")
     if given is not None and (not isinstance(given, str) or not given or len(given) > 64):
-        raise EventError("'item.id' must be a string of at most 64 characters", "invalid_value",
-                         "item.id")  # fmt: skip
+        raise EventError(
+            "'item.id' must be a string of at most 64 characters", "invalid_value", "item.id"
+        )
     return Item(given or new_id(), role, "text", "\n".join(texts))
 
 
@@ -365,8 +453,11 @@ class Conversation:
     def add(self, item: Item) -> str | None:
         """Append an item; the id of the one before it (`previous_item_id`)."""
         if any(i.id == item.id for i in self.items):
-            raise EventError(f"an item with id {item.id!r} is already in the conversation",
-                             "duplicate_item_id", "item.id")  # fmt: skip
+            raise EventError(
+                f"an item with id {item.id!r} is already in the conversation",
+                "duplicate_item_id",
+                "item.id",
+            )
         previous = self.last_id
         self.items.append(item)
         del self.items[: -self.limit]
@@ -396,10 +487,16 @@ class Events:
         return {"type": kind, "event_id": f"event_{self.prefix}_{next(self._n)}", **fields}
 
     def error(self, error: EventError, event_id: str | None = None) -> dict[str, Any]:
-        return self.make("error", error={
-            "type": error.kind, "code": error.code, "message": error.message,
-            "param": error.param, "event_id": event_id,
-        })  # fmt: skip
+        return self.make(
+            "error",
+            error={
+                "type": error.kind,
+                "code": error.code,
+                "message": error.message,
+                "param": error.param,
+                "event_id": event_id,
+            },
+        )
 
 
 def usage(engine: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -408,23 +505,36 @@ def usage(engine: Mapping[str, Any] | None) -> dict[str, Any] | None:
         return None
     prompt = int(engine.get("prompt_tokens") or 0)
     completion = int(engine.get("completion_tokens") or 0)
-    return {"total_tokens": prompt + completion, "input_tokens": prompt,
-            "output_tokens": completion,
-            "input_token_details": {"text_tokens": prompt, "audio_tokens": 0},
-            "output_token_details": {"text_tokens": completion, "audio_tokens": 0}}  # fmt: skip
+    return {
+        "total_tokens": prompt + completion,
+        "input_tokens": prompt,
+        "output_tokens": completion,
+        "input_token_details": {"text_tokens": prompt, "audio_tokens": 0},
+        "output_token_details": {"text_tokens": completion, "audio_tokens": 0},
+    }
 
 
 def response_object(
-    response_id: str, options: ResponseOptions, status: str, *,
-    output: list[dict[str, Any]] | None = None, details: dict[str, Any] | None = None,
+    response_id: str,
+    options: ResponseOptions,
+    status: str,
+    *,
+    output: list[dict[str, Any]] | None = None,
+    details: dict[str, Any] | None = None,
     used: dict[str, Any] | None = None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     settings = options.settings
     return {
-        "id": response_id, "object": "realtime.response", "status": status,
-        "status_details": details, "output": output or [], "usage": used,
-        "metadata": options.metadata, "modalities": list(settings.modalities),
-        "voice": settings.voice, "output_audio_format": FORMAT,
+        "id": response_id,
+        "object": "realtime.response",
+        "status": status,
+        "status_details": details,
+        "output": output or [],
+        "usage": used,
+        "metadata": options.metadata,
+        "modalities": list(settings.modalities),
+        "voice": settings.voice,
+        "output_audio_format": FORMAT,
         "temperature": settings.temperature,
         "max_output_tokens": settings.max_tokens if settings.max_tokens else "inf",
-    }  # fmt: skip
+    }

@@ -40,13 +40,32 @@ __all__ = ["ResponsesRequest", "check_metadata", "input_items", "obj", "response
 
 ACCEPTED = frozenset(
     {
-        "model", "input", "instructions", "max_output_tokens", "temperature", "top_p",
-        "tools", "tool_choice", "parallel_tool_calls", "text", "reasoning", "stream",
-        "stream_options", "store", "metadata", "user", "safety_identifier",
-        "prompt_cache_key", "service_tier", "truncation", "include", "top_logprobs",
-        "max_tool_calls", "previous_response_id",
+        "model",
+        "input",
+        "instructions",
+        "max_output_tokens",
+        "temperature",
+        "top_p",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "text",
+        "reasoning",
+        "stream",
+        "stream_options",
+        "store",
+        "metadata",
+        "user",
+        "safety_identifier",
+        "prompt_cache_key",
+        "service_tier",
+        "truncation",
+        "include",
+        "top_logprobs",
+        "max_tool_calls",
+        "previous_response_id",
     }
-)  # fmt: skip
+)
 REFUSED = {
     "conversation": "Blazar does not store conversations; send the whole conversation as input",
     "background": "background responses need stored state, which Blazar does not keep",

@@ -35,10 +35,10 @@ from typing import Any
 
 from blazar import __version__
 from blazar.errors import InvalidInput
-from blazar.fit import estimate
-from blazar.hardware import Device
-from blazar.lockfile import lock_path, read_lock
-from blazar.store import Store
+from blazar.host.hardware import Device
+from blazar.models.fit import estimate
+from blazar.reconcile.lockfile import lock_path, read_lock
+from blazar.store.db import Store
 from specs.loader import HOSTS, manifest_files, overlay_file
 from specs.manifest import Manifest
 from specs.names import parse_name
@@ -70,8 +70,11 @@ def documents(
     _refuse_what_a_pod_cannot_do(manifest)
     name = options.name
     settings = manifest.kubernetes
-    labels = {"app.kubernetes.io/name": "blazar", "app.kubernetes.io/instance": name,
-              "app.kubernetes.io/managed-by": "blazar"}  # fmt: skip
+    labels = {
+        "app.kubernetes.io/name": "blazar",
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/managed-by": "blazar",
+    }
     meta = {"name": name, "labels": labels}
     if options.namespace:
         meta["namespace"] = options.namespace
@@ -268,10 +271,13 @@ def memory_bytes(manifest: Manifest, sizes: Mapping[tuple[str, str], int], store
         slots = manifest.slots_for(name)
         if record is not None and record.source == model.source and record.facts.get("block_count"):
             report = estimate(
-                key, {**record.facts, "size": record.size}, [BIG],
-                ctx=manifest.ctx_for(name) * slots, cache_type=model.cache_type or "f16",
+                key,
+                {**record.facts, "size": record.size},
+                [BIG],
+                ctx=manifest.ctx_for(name) * slots,
+                cache_type=model.cache_type or "f16",
                 ctx_extend=model.ctx_extend,
-            )  # fmt: skip
+            )
             need = report.needed
         else:
             need = int(weights * 1.25)

@@ -43,9 +43,10 @@ from aiohttp import web
 from blazar.engines.catalog import CatalogError, load_catalog
 from blazar.engines.probe import ensure_probed
 from blazar.errors import BlazarError
-from blazar.locking import LockTimeout, apply_lock
+from blazar.host.locking import LockTimeout, apply_lock
 from blazar.paths import Paths
-from blazar.reconcile import InvalidManifest, load, reconcile
+from blazar.reconcile.apply import InvalidManifest, load, reconcile
+from blazar.reconcile.ports import offer_view
 from blazar.serve import logs as serve_logs
 from blazar.serve import triggers
 from blazar.serve.gateway.access import Access
@@ -64,8 +65,7 @@ from blazar.serve.supervisor.build import build_runtimes
 from blazar.serve.supervisor.child_http import ChildConnections
 from blazar.serve.supervisor.instance import Instance
 from blazar.serve.supervisor.scheduler import Scheduler
-from blazar.store import Store
-from blazar.wiring import offer_view
+from blazar.store.db import Store
 from reconcilers.ports import OfferView
 from specs.manifest import Manifest
 

@@ -21,7 +21,7 @@ import orjson
 from aiohttp import web
 
 from blazar.protocols import ProtocolError
-from blazar.store import storable
+from blazar.store.db import storable
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 TRACE = "x-request-id"  # the header a client may send and every response carries

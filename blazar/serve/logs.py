@@ -6,7 +6,7 @@ and every other library's at WARNING and above, goes to stderr and to
 `<logs>/serve.log`, each line with its time and level. When stderr already is that
 file (`blazar launch` starts serve with its output there) it is written once.
 The file rotates at MAX_BYTES, keeping BACKUPS older ones. Children's output has
-logs of its own (`blazar.children.ChildLog`, one per instance).
+logs of its own (`blazar.host.children.ChildLog`, one per instance).
 
 No key reaches these lines (docs/security.md, "Logs"): every handler installed
 here carries `ScrubSecrets`, which formats each record, whatever logger it comes
@@ -25,7 +25,7 @@ import re
 import sys
 from pathlib import Path
 
-from blazar.children import owner_only, restrict_rotations
+from blazar.host.children import owner_only, restrict_rotations
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 MAX_BYTES = 10 * 1024 * 1024
@@ -51,7 +51,7 @@ _CREDENTIALS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"(?i)(bearer\s+)[^\s'\",;]+"), rf"\1{HIDDEN}"),
     # The WebSocket form of a key (docs/security.md: `Sec-WebSocket-Protocol`).
     (re.compile(r"(openai-insecure-api-key\.)[^\s'\",;]+"), rf"\1{HIDDEN}"),
-    # Blazar's own keys (`blazar.api_keys.new_secret`), wherever they stand.
+    # Blazar's own keys (`blazar.manifest.keys.new_secret`), wherever they stand.
     (re.compile(r"plm_[A-Za-z0-9_-]+"), f"plm_{HIDDEN}"),
 )
 

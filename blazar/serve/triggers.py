@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from blazar.locking import held
+from blazar.host.locking import held
 
 TIMER = 30.0
 LOCK_POLL = 0.1  # seconds between looks at the apply lock while another apply holds it

@@ -21,8 +21,8 @@ from typing import IO, Any
 
 from blazar import __version__, archives
 from blazar.errors import AlreadyExists, BlazarError, InvalidInput, VerificationFailed
-from blazar.hashing import CHUNK, sha256_file
-from blazar.locking import apply_lock
+from blazar.host.locking import apply_lock
+from blazar.models.hashing import CHUNK, sha256_file
 from blazar.paths import DB_NAME, Paths
 
 FORMAT = 1

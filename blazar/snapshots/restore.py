@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from blazar.errors import AlreadyExists, Conflict
-from blazar.locking import apply_lock
+from blazar.host.locking import apply_lock
 from blazar.paths import Paths
 from blazar.snapshots.archive import (
     BLOBS_MEMBER,
@@ -181,7 +181,7 @@ def restore_store(snapshot_db: Path, db: Path) -> None:
     target = sqlite3.connect(str(db), timeout=30)
     try:
         source.backup(target)
-        target.execute("PRAGMA journal_mode=WAL")  # as `blazar.store.Store` opens it
+        target.execute("PRAGMA journal_mode=WAL")  # as `blazar.store.db.Store` opens it
     finally:
         target.close()
         source.close()

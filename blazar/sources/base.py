@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from blazar.errors import BlazarError, NotGGUF, VerificationFailed
-from blazar.hashing import sha256_file
+from blazar.models.hashing import sha256_file
 from specs.sources import Source
 
 Progress = Callable[[int, int | None], None]
@@ -58,7 +58,7 @@ class Fetched:
     size: int  # total bytes of all files
     temporary: bool  # True when the files sit in Blazar's download area (delete after import)
     detail: dict[str, str] = field(default_factory=dict)  # repo, revision, filename, url, ...
-    # A model of several files (`blazar.filesets`): each file's path inside the model's
+    # A model of several files (`blazar.models.filesets`): each file's path inside the model's
     # directory, in the order of `files`, and the sha256 the source lists for each.
     names: tuple[str, ...] = ()
     hashes: dict[str, str] = field(default_factory=dict)

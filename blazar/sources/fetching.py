@@ -19,7 +19,7 @@ from pathlib import Path
 
 from blazar.engines.download import DownloadError, download
 from blazar.errors import InvalidInput, NotGGUF, VerificationFailed
-from blazar.filesets import is_safetensors_model
+from blazar.models.filesets import is_safetensors_model
 from blazar.sources.base import (
     SHARD,
     Fetched,
@@ -168,8 +168,8 @@ def _fetch_file(source: FileSource, sha256: str | None) -> Fetched:
 
 def _fetch_directory(path: Path, sha256: str | None) -> Fetched:
     """A local safetensors model: its files, each hashed, and the set's digest."""
-    from blazar.filesets import safetensors_files, set_digest
-    from blazar.hashing import sha256_file
+    from blazar.models.filesets import safetensors_files, set_digest
+    from blazar.models.hashing import sha256_file
 
     names = safetensors_files(p.name for p in path.iterdir() if p.is_file())
     hashes = {name: sha256_file(path / name)[0] for name in names}

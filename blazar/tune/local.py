@@ -17,11 +17,11 @@ from typing import TypeVar
 
 from blazar.engines.process import EngineServer
 from blazar.errors import InvalidInput, NotFound
+from blazar.launch.tuning import Tuning
 from blazar.paths import Paths
 from blazar.serve.supervisor.build import build_runtimes
 from blazar.serve.supervisor.runtime import ModelRuntime, resolve
-from blazar.store import Store
-from blazar.tuning import Tuning
+from blazar.store.db import Store
 from specs.manifest import Manifest
 
 T = TypeVar("T")

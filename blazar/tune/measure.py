@@ -74,8 +74,13 @@ def completion(predict: int, cache_prompt: bool, clock: Callable[[], float]) -> 
     """A streamed, greedy `/completion` request of `predict` tokens."""
 
     def send(url: str, prompt: str) -> Sample:
-        body = {"prompt": prompt, "n_predict": predict, "temperature": 0, "stream": True,
-                "cache_prompt": cache_prompt}  # fmt: skip
+        body = {
+            "prompt": prompt,
+            "n_predict": predict,
+            "temperature": 0,
+            "stream": True,
+            "cache_prompt": cache_prompt,
+        }
         request = urllib.request.Request(
             f"{url}/completion", json.dumps(body).encode(), {"Content-Type": "application/json"}
         )
@@ -126,8 +131,14 @@ def run_once(
     return Run(tokens / seconds if seconds > 0 else 0.0, tuple(samples))
 
 
-def figures(label: str, runs: Sequence[Run], argv: Sequence[str], memory_mb: float | None,
-            settings: dict[str, object], figure: str = "e2e") -> Figures:  # fmt: skip
+def figures(
+    label: str,
+    runs: Sequence[Run],
+    argv: Sequence[str],
+    memory_mb: float | None,
+    settings: dict[str, object],
+    figure: str = "e2e",
+) -> Figures:
     """A candidate's figures from its runs; `figure` is what each run counts: `e2e`
     (tokens over the run's time) or `stream` (`Run.stream_tps`)."""
     samples = [s for r in runs for s in r.samples]
@@ -216,7 +227,8 @@ async def measure(
             for job in group:
                 rss = [resident_mb(s.pid) for s in servers[job.label]]
                 memory = sum(r for r in rss if r is not None) if any(rss) else None
-                measured = figures(job.label, done[job.label], job.args, memory, job.settings,
-                                   figure)  # fmt: skip
+                measured = figures(
+                    job.label, done[job.label], job.args, memory, job.settings, figure
+                )
                 found.append(replace(measured, error=failed.get(job.label)))
     return found

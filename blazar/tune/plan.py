@@ -25,8 +25,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 STAGES = ("search", "spec-race", "ngram", "cache-reuse")
-DEFAULT_WORKLOAD = {"search": "chat", "spec-race": "chat", "ngram": "repetitive",
-                    "cache-reuse": "long-prompt"}  # fmt: skip
+DEFAULT_WORKLOAD = {
+    "search": "chat",
+    "spec-race": "chat",
+    "ngram": "repetitive",
+    "cache-reuse": "long-prompt",
+}
 # What each stage's runs count (`blazar.tune.measure`): the streaming speed for decoding
 # modes, tokens over the whole run for what changes the prompt's time too.
 FIGURE = {"search": "e2e", "spec-race": "stream", "ngram": "stream", "cache-reuse": "e2e"}
@@ -57,8 +61,9 @@ class Options:
 
     @property
     def stages(self) -> tuple[str, ...]:
-        asked = dict(zip(STAGES, (self.search, self.spec_race, self.ngram, self.cache_reuse),
-                         strict=True))  # fmt: skip
+        asked = dict(
+            zip(STAGES, (self.search, self.spec_race, self.ngram, self.cache_reuse), strict=True)
+        )
         chosen = tuple(s for s in STAGES if asked[s])
         return chosen or ("spec-race",)
 
@@ -103,18 +108,21 @@ def stage_plan(
         tries += [(f"draft:{d}", {"spec": "draft", "draft": d}) for d in drafts]
     elif stage == "ngram":
         tries = [("ngram", {"spec": "ngram"})]
-        tries += [(f"{k}={v}", {"spec": "ngram", k: v}) for k, vs in NGRAM_TRIES.items()
-                  for v in vs]  # fmt: skip
+        tries += [
+            (f"{k}={v}", {"spec": "ngram", k: v}) for k, vs in NGRAM_TRIES.items() for v in vs
+        ]
     elif stage == "cache-reuse":
         tries = [("cache_reuse=0", {"cache_reuse": 0})]
         tries += [(f"cache_reuse={v}", {"cache_reuse": v}) for v in CACHE_REUSE_TRIES]
     elif stage == "search":
         tries = [("current", {})]
         varied: dict[str, tuple[Any, ...]] = {
-            "slots": () if options.slots else SLOT_TRIES, "batch": BATCH_TRIES,
-            "ubatch": UBATCH_TRIES, "threads": tuple(sorted({max(1, cores // 2), cores})),
+            "slots": () if options.slots else SLOT_TRIES,
+            "batch": BATCH_TRIES,
+            "ubatch": UBATCH_TRIES,
+            "threads": tuple(sorted({max(1, cores // 2), cores})),
             "cache_type": ("f16", "q8_0"),
-        }  # fmt: skip
+        }
         defaults = {"slots": 1, "batch": 2048, "ubatch": 512, "cache_type": "f16"}
         for key, values in varied.items():
             mine = now.get(key, defaults.get(key))

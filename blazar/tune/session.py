@@ -6,7 +6,7 @@ for, and its argv is the one serve would give a child with those settings
 (`ModelRuntime.args`). The manifest's pins do not hold back the measurement (racing
 draft decoding when `spec = "off"` is pinned still measures it); they hold back what the
 profile changes at the next spawn, and the report says so. After the last stage the
-settings every stage kept or adopted become the model's profile (`blazar.profiles`),
+settings every stage kept or adopted become the model's profile (`blazar.store.profiles`),
 unless it was a dry run or `record` is off.
 
 `blazar.cli.tune` calls `Tuner(...).plan()` for `--dry-run` and `.run()` otherwise.
@@ -23,18 +23,18 @@ from typing import Any
 
 from blazar.engines.probe import ensure_flags
 from blazar.errors import InvalidInput, NotFound
-from blazar.fit import estimate
-from blazar.hardware import memory_devices
+from blazar.host.hardware import memory_devices
+from blazar.launch.tuning import tuned
+from blazar.models.fit import estimate
 from blazar.paths import Paths
-from blazar.profiles import SETTINGS, Profile, ProfileStore
 from blazar.serve.supervisor.build import build_runtimes
 from blazar.serve.supervisor.runtime import ModelRuntime, default_threads, resolve
-from blazar.store import Store
+from blazar.store.db import Store
+from blazar.store.profiles import SETTINGS, Profile, ProfileStore
 from blazar.tune.measure import Job, completion, measure
 from blazar.tune.plan import FIGURE, Options, Stage, stage_plan
 from blazar.tune.race import Decision, Figures, decide
 from blazar.tune.workloads import load_workload
-from blazar.tuning import tuned
 from specs.manifest import Manifest
 from specs.models import Model
 from specs.names import parse_name
@@ -133,15 +133,22 @@ class Tuner:
             tuning.slots if "slots" in tuning.from_profile else self.runtime.slots
         )
         runtime = replace(
-            self.runtime, tuning=tuning, slots=slots or 1,
+            self.runtime,
+            tuning=tuning,
+            slots=slots or 1,
             cache=replace(self.runtime.cache, **dict(tuning.cache)),
-        )  # fmt: skip
+        )
         return runtime, problem or self._fit_problem(runtime)
 
     def _fit_problem(self, runtime: ModelRuntime) -> str | None:
         facts = {**runtime.facts, "size": runtime.facts.get("size") or 0}
-        report = estimate(runtime.name, facts, memory_devices(), ctx=runtime.ctx * runtime.slots,
-                          cache_type=runtime.cache.kv_type)  # fmt: skip
+        report = estimate(
+            runtime.name,
+            facts,
+            memory_devices(),
+            ctx=runtime.ctx * runtime.slots,
+            cache_type=runtime.cache.kv_type,
+        )
         if report.fits:
             return None
         gib = 1024**3
@@ -153,9 +160,14 @@ class Tuner:
         threads = self.runtime.tuning.threads or default_threads()
         current = {"slots": self.runtime.slots, "threads": threads, **base}
         stage = stage_plan(
-            name, self.options, base, drafts=self.drafts, cores=max(1, default_threads() * 2),
-            current=current, problem=lambda s: self.runtime_for(s)[1],
-        )  # fmt: skip
+            name,
+            self.options,
+            base,
+            drafts=self.drafts,
+            cores=max(1, default_threads() * 2),
+            current=current,
+            problem=lambda s: self.runtime_for(s)[1],
+        )
         argv = {
             c.label: self.runtime_for(c.settings)[0].args()
             for c in stage.candidates
@@ -166,11 +178,21 @@ class Tuner:
     def plan(self) -> TuneReport:
         """The stages and the runs each would make, from the current settings; nothing runs."""
         stages = tuple(self._stage(s, dict(self.base)) for s in self.options.stages)
-        return TuneReport(self.runtime.name, self.engine, stages, dict(self.base), False,
-                          self._pin_notes(self.base))  # fmt: skip
+        return TuneReport(
+            self.runtime.name,
+            self.engine,
+            stages,
+            dict(self.base),
+            False,
+            self._pin_notes(self.base),
+        )
 
-    def run(self, progress: Callable[[str, str], None] = lambda stage, label: None,
-            *, record: bool = True) -> TuneReport:  # fmt: skip
+    def run(
+        self,
+        progress: Callable[[str, str], None] = lambda stage, label: None,
+        *,
+        record: bool = True,
+    ) -> TuneReport:
         """Measure every stage, each from what the ones before adopted; record the result."""
         base, results = dict(self.base), []
         for name in self.options.stages:
@@ -191,11 +213,17 @@ class Tuner:
             step = functools.partial(progress, name)
             found = asyncio.run(
                 measure(
-                    jobs, workload.prompts, send, runs=self.options.runs,
-                    replicas=self.options.replicas, load=self.options.load,
-                    log_dir=self.paths.logs, progress=step, figure=FIGURE[name],
+                    jobs,
+                    workload.prompts,
+                    send,
+                    runs=self.options.runs,
+                    replicas=self.options.replicas,
+                    load=self.options.load,
+                    log_dir=self.paths.logs,
+                    progress=step,
+                    figure=FIGURE[name],
                 )
-            )  # fmt: skip
+            )
             decision = decide(found, stage.candidates[0].label, self.options.threshold)
             kept = next(c for c in stage.candidates if c.label == decision.winner)
             base.update(kept.settings)
@@ -206,15 +234,26 @@ class Tuner:
             label = last.decision.winner if last.decision else last.stage.candidates[0].label
             ProfileStore(self.store).record(
                 Profile(
-                    self.runtime.name, self.runtime.sha256, settings, engine=self.engine,
-                    figures=TuneReport(self.runtime.name, self.engine, tuple(results), settings,
-                                       True).to_json()["stages"],
-                    argv=list(last.argv.get(label, ())), workload=last.stage.workload,
+                    self.runtime.name,
+                    self.runtime.sha256,
+                    settings,
+                    engine=self.engine,
+                    figures=TuneReport(
+                        self.runtime.name, self.engine, tuple(results), settings, True
+                    ).to_json()["stages"],
+                    argv=list(last.argv.get(label, ())),
+                    workload=last.stage.workload,
                     note=",".join(self.options.stages),
                 )
-            )  # fmt: skip
-        return TuneReport(self.runtime.name, self.engine, tuple(results), settings, record,
-                          self._pin_notes(settings))  # fmt: skip
+            )
+        return TuneReport(
+            self.runtime.name,
+            self.engine,
+            tuple(results),
+            settings,
+            record,
+            self._pin_notes(settings),
+        )
 
     def _pin_notes(self, settings: dict[str, Any]) -> tuple[str, ...]:
         """For each profile setting the manifest pins: that the pin wins at the next spawn."""

@@ -26,7 +26,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from blazar.gguf_info import inspect_gguf
+from blazar.models.gguf import inspect_gguf
 from blazar.protocols import EngineRequest, LoadOnly, anthropic, ollama
 from blazar.protocols.openai_requests import shape_request
 from blazar.protocols.openai_responses import responses_request
@@ -73,103 +73,309 @@ IMAGE = (  # a 1x1 PNG
 # name -> (translator, kwargs, client request, live note)
 OLLAMA_REQUESTS: dict[str, tuple[str, dict[str, Any], dict[str, Any], str | None]] = {
     "req_chat_basic": ("chat_request", CTX, {"model": "tiny", "messages": HI}, None),
-    "req_chat_options": ("chat_request", CTX, {
-        "model": "tiny", "messages": HI, "stream": False, "keep_alive": "10m",
-        "options": {"num_predict": 8, "num_ctx": 512, "temperature": 0.3, "top_k": 7,
-                    "top_p": 0.8, "min_p": 0.1, "typical_p": 0.9, "seed": 42, "stop": ["zzz"],
-                    "repeat_penalty": 1.2, "repeat_last_n": 33, "presence_penalty": 0.5,
-                    "frequency_penalty": 0.25, "mirostat": 0, "mirostat_tau": 5.0,
-                    "mirostat_eta": 0.1, "num_keep": 4, "num_thread": 2, "num_gpu": 0,
-                    "use_mmap": True, "tfs_z": 1.0, "penalize_newline": False}}, None),
-    "req_chat_history": ("chat_request", CTX, {
-        "model": "tiny", "stream": False, "options": {"num_predict": 4},
-        "messages": [{"role": "system", "content": "be brief"}, *HI,
-                     {"role": "assistant", "content": "hello", "thinking": "greet back"},
-                     {"role": "user", "content": "how are you"}]}, None),
-    "req_chat_tools": ("chat_request", CTX, {
-        "model": "tiny", "stream": False, "options": {"num_predict": 4}, "tools": [WEATHER_TOOL],
-        "messages": [{"role": "user", "content": "weather in paris?"},
-                     {"role": "assistant", "content": "", "tool_calls": [
-                         {"function": {"name": "get_weather", "arguments": {"city": "paris"}}}]},
-                     {"role": "tool", "tool_name": "get_weather", "content": "sunny"}]}, None),
-    "req_chat_format_json": ("chat_request", CTX, {
-        "model": "tiny", "messages": HI, "stream": False, "format": "json"},
-        "a grammar sampler cannot be built over the tiny vocabulary; Gemma checks it live"),
-    "req_chat_format_schema": ("chat_request", CTX, {
-        "model": "tiny", "messages": HI, "stream": False, "format": CITY_SCHEMA},
-        "a grammar sampler cannot be built over the tiny vocabulary; Gemma checks it live"),
-    "req_chat_think_true": ("chat_request", CTX, {
-        "model": "tiny", "messages": HI, "think": True, "stream": False,
-        "options": {"num_predict": 3}}, None),
-    "req_chat_think_false": ("chat_request", CTX, {
-        "model": "tiny", "messages": HI, "think": False, "stream": False,
-        "options": {"num_predict": 3}}, None),
-    "req_chat_think_level": ("chat_request", CTX, {
-        "model": "tiny", "messages": HI, "think": "high", "stream": False,
-        "options": {"num_predict": 3}}, None),
-    "req_chat_images_vision": ("chat_request", {**CTX, "has_vision": True}, {
-        "model": "llava", "stream": False,
-        "messages": [{"role": "user", "content": "what is this?", "images": [IMAGE]}]},
-        "the tiny model has no vision projector"),
-    "req_chat_load_only": ("chat_request", CTX, {"model": "tiny", "messages": [],
-                                                 "keep_alive": 0}, None),
-    "req_generate_basic": ("generate_request", CTX, {
-        "model": "tiny", "prompt": "hi", "system": "be brief", "stream": False,
-        "options": {"num_predict": 5}}, None),
-    "req_generate_stream": ("generate_request", CTX, {
-        "model": "tiny", "prompt": "hi", "options": {"num_predict": 3}}, None),
-    "req_generate_raw": ("generate_request", CTX, {
-        "model": "tiny", "prompt": "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
-        "raw": True, "stream": False, "options": {"num_predict": 5, "stop": ["zzz"]}}, None),
-    "req_generate_raw_format": ("generate_request", CTX, {
-        "model": "tiny", "prompt": "a city:", "raw": True, "stream": False,
-        "format": CITY_SCHEMA, "options": {"num_predict": 16}}, None),
-    "req_generate_suffix": ("generate_request", CTX, {
-        "model": "coder", "prompt": "def add(a, b):\n", "suffix": "\n    return c\n",
-        "stream": False, "options": {"temperature": 0}},
-        "the tiny model has no fill-in-the-middle tokens (the engine answers 501)"),
-    "req_generate_unlimited": ("generate_request", CTX, {
-        "model": "tiny", "prompt": "hi", "stream": False, "options": {"num_predict": -1}}, None),
+    "req_chat_options": (
+        "chat_request",
+        CTX,
+        {
+            "model": "tiny",
+            "messages": HI,
+            "stream": False,
+            "keep_alive": "10m",
+            "options": {
+                "num_predict": 8,
+                "num_ctx": 512,
+                "temperature": 0.3,
+                "top_k": 7,
+                "top_p": 0.8,
+                "min_p": 0.1,
+                "typical_p": 0.9,
+                "seed": 42,
+                "stop": ["zzz"],
+                "repeat_penalty": 1.2,
+                "repeat_last_n": 33,
+                "presence_penalty": 0.5,
+                "frequency_penalty": 0.25,
+                "mirostat": 0,
+                "mirostat_tau": 5.0,
+                "mirostat_eta": 0.1,
+                "num_keep": 4,
+                "num_thread": 2,
+                "num_gpu": 0,
+                "use_mmap": True,
+                "tfs_z": 1.0,
+                "penalize_newline": False,
+            },
+        },
+        None,
+    ),
+    "req_chat_history": (
+        "chat_request",
+        CTX,
+        {
+            "model": "tiny",
+            "stream": False,
+            "options": {"num_predict": 4},
+            "messages": [
+                {"role": "system", "content": "be brief"},
+                *HI,
+                {"role": "assistant", "content": "hello", "thinking": "greet back"},
+                {"role": "user", "content": "how are you"},
+            ],
+        },
+        None,
+    ),
+    "req_chat_tools": (
+        "chat_request",
+        CTX,
+        {
+            "model": "tiny",
+            "stream": False,
+            "options": {"num_predict": 4},
+            "tools": [WEATHER_TOOL],
+            "messages": [
+                {"role": "user", "content": "weather in paris?"},
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {"function": {"name": "get_weather", "arguments": {"city": "paris"}}}
+                    ],
+                },
+                {"role": "tool", "tool_name": "get_weather", "content": "sunny"},
+            ],
+        },
+        None,
+    ),
+    "req_chat_format_json": (
+        "chat_request",
+        CTX,
+        {"model": "tiny", "messages": HI, "stream": False, "format": "json"},
+        "a grammar sampler cannot be built over the tiny vocabulary; Gemma checks it live",
+    ),
+    "req_chat_format_schema": (
+        "chat_request",
+        CTX,
+        {"model": "tiny", "messages": HI, "stream": False, "format": CITY_SCHEMA},
+        "a grammar sampler cannot be built over the tiny vocabulary; Gemma checks it live",
+    ),
+    "req_chat_think_true": (
+        "chat_request",
+        CTX,
+        {
+            "model": "tiny",
+            "messages": HI,
+            "think": True,
+            "stream": False,
+            "options": {"num_predict": 3},
+        },
+        None,
+    ),
+    "req_chat_think_false": (
+        "chat_request",
+        CTX,
+        {
+            "model": "tiny",
+            "messages": HI,
+            "think": False,
+            "stream": False,
+            "options": {"num_predict": 3},
+        },
+        None,
+    ),
+    "req_chat_think_level": (
+        "chat_request",
+        CTX,
+        {
+            "model": "tiny",
+            "messages": HI,
+            "think": "high",
+            "stream": False,
+            "options": {"num_predict": 3},
+        },
+        None,
+    ),
+    "req_chat_images_vision": (
+        "chat_request",
+        {**CTX, "has_vision": True},
+        {
+            "model": "llava",
+            "stream": False,
+            "messages": [{"role": "user", "content": "what is this?", "images": [IMAGE]}],
+        },
+        "the tiny model has no vision projector",
+    ),
+    "req_chat_load_only": (
+        "chat_request",
+        CTX,
+        {"model": "tiny", "messages": [], "keep_alive": 0},
+        None,
+    ),
+    "req_generate_basic": (
+        "generate_request",
+        CTX,
+        {
+            "model": "tiny",
+            "prompt": "hi",
+            "system": "be brief",
+            "stream": False,
+            "options": {"num_predict": 5},
+        },
+        None,
+    ),
+    "req_generate_stream": (
+        "generate_request",
+        CTX,
+        {"model": "tiny", "prompt": "hi", "options": {"num_predict": 3}},
+        None,
+    ),
+    "req_generate_raw": (
+        "generate_request",
+        CTX,
+        {
+            "model": "tiny",
+            "prompt": "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+            "raw": True,
+            "stream": False,
+            "options": {"num_predict": 5, "stop": ["zzz"]},
+        },
+        None,
+    ),
+    "req_generate_raw_format": (
+        "generate_request",
+        CTX,
+        {
+            "model": "tiny",
+            "prompt": "a city:",
+            "raw": True,
+            "stream": False,
+            "format": CITY_SCHEMA,
+            "options": {"num_predict": 16},
+        },
+        None,
+    ),
+    "req_generate_suffix": (
+        "generate_request",
+        CTX,
+        {
+            "model": "coder",
+            "prompt": "def add(a, b):\n",
+            "suffix": "\n    return c\n",
+            "stream": False,
+            "options": {"temperature": 0},
+        },
+        "the tiny model has no fill-in-the-middle tokens (the engine answers 501)",
+    ),
+    "req_generate_unlimited": (
+        "generate_request",
+        CTX,
+        {"model": "tiny", "prompt": "hi", "stream": False, "options": {"num_predict": -1}},
+        None,
+    ),
     "req_generate_load_only": ("generate_request", CTX, {"model": "tiny"}, None),
-    "req_generate_context": ("generate_request", CTX, {
-        "model": "tiny", "prompt": "and then?", "context": [3, 346, 344, 4], "stream": False,
-        "options": {"num_predict": 5}},
-        "the gateway sets the prompt: the context tokens, then the rendered messages"),
-    "req_embed_list": ("embed_request", CTX, {
-        "model": "tiny", "input": ["hello world", "the cat"], "dimensions": 8,
-        "truncate": True}, None),
+    "req_generate_context": (
+        "generate_request",
+        CTX,
+        {
+            "model": "tiny",
+            "prompt": "and then?",
+            "context": [3, 346, 344, 4],
+            "stream": False,
+            "options": {"num_predict": 5},
+        },
+        "the gateway sets the prompt: the context tokens, then the rendered messages",
+    ),
+    "req_embed_list": (
+        "embed_request",
+        CTX,
+        {"model": "tiny", "input": ["hello world", "the cat"], "dimensions": 8, "truncate": True},
+        None,
+    ),
     "req_embed_load_only": ("embed_request", CTX, {"model": "tiny", "input": []}, None),
-    "req_embeddings_legacy": ("embeddings_request", CTX, {
-        "model": "tiny", "prompt": "hello world"}, None),
-}  # fmt: skip
+    "req_embeddings_legacy": (
+        "embeddings_request",
+        CTX,
+        {"model": "tiny", "prompt": "hello world"},
+        None,
+    ),
+}
 
 ANTHROPIC_REQUESTS: dict[str, tuple[str, dict[str, Any], dict[str, Any], str | None]] = {
-    "req_basic": ("messages_request", {}, {"model": "tiny", "max_tokens": 8, "messages": HI},
-                  None),
-    "req_full": ("messages_request", {}, {
-        "model": "tiny", "max_tokens": 8, "stream": True,
-        "system": [{"type": "text", "text": "be brief", "cache_control": {"type": "ephemeral"}}],
-        "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
-        "stop_sequences": ["zzz"], "temperature": 0.5, "top_p": 0.9, "top_k": 20,
-        "metadata": {"user_id": "u-1"}, "service_tier": "auto"}, None),
-    "req_tools": ("messages_request", {}, {
-        "model": "tiny", "max_tokens": 8, "tools": [ANTHROPIC_TOOL],
-        "tool_choice": {"type": "auto"},
-        "messages": [{"role": "user", "content": "weather in paris?"},
-                     {"role": "assistant", "content": [
-                         {"type": "text", "text": "let me look"},
-                         {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
-                          "input": {"city": "paris"}}]},
-                     {"role": "user", "content": [
-                         {"type": "tool_result", "tool_use_id": "toolu_1",
-                          "content": [{"type": "text", "text": "sunny"}]},
-                         {"type": "text", "text": "and tomorrow?"}]}]}, None),
-    "req_thinking": ("messages_request", {}, {
-        "model": "tiny", "max_tokens": 8, "messages": HI,
-        "thinking": {"type": "enabled", "budget_tokens": 1024}}, None),
-    "req_count_tokens": ("count_tokens_request", {}, {
-        "model": "tiny", "messages": HI, "system": "be brief"}, None),
-}  # fmt: skip
+    "req_basic": ("messages_request", {}, {"model": "tiny", "max_tokens": 8, "messages": HI}, None),
+    "req_full": (
+        "messages_request",
+        {},
+        {
+            "model": "tiny",
+            "max_tokens": 8,
+            "stream": True,
+            "system": [
+                {"type": "text", "text": "be brief", "cache_control": {"type": "ephemeral"}}
+            ],
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+            "stop_sequences": ["zzz"],
+            "temperature": 0.5,
+            "top_p": 0.9,
+            "top_k": 20,
+            "metadata": {"user_id": "u-1"},
+            "service_tier": "auto",
+        },
+        None,
+    ),
+    "req_tools": (
+        "messages_request",
+        {},
+        {
+            "model": "tiny",
+            "max_tokens": 8,
+            "tools": [ANTHROPIC_TOOL],
+            "tool_choice": {"type": "auto"},
+            "messages": [
+                {"role": "user", "content": "weather in paris?"},
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "text", "text": "let me look"},
+                        {
+                            "type": "tool_use",
+                            "id": "toolu_1",
+                            "name": "get_weather",
+                            "input": {"city": "paris"},
+                        },
+                    ],
+                },
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": "toolu_1",
+                            "content": [{"type": "text", "text": "sunny"}],
+                        },
+                        {"type": "text", "text": "and tomorrow?"},
+                    ],
+                },
+            ],
+        },
+        None,
+    ),
+    "req_thinking": (
+        "messages_request",
+        {},
+        {
+            "model": "tiny",
+            "max_tokens": 8,
+            "messages": HI,
+            "thinking": {"type": "enabled", "budget_tokens": 1024},
+        },
+        None,
+    ),
+    "req_count_tokens": (
+        "count_tokens_request",
+        {},
+        {"model": "tiny", "messages": HI, "system": "be brief"},
+        None,
+    ),
+}
 
 Want = Callable[[Any], bool]
 
@@ -222,72 +428,201 @@ def _tool_use(out: Any) -> bool:
 
 # name -> (engine, translator, request translator, client request, response kwargs, want)
 OLLAMA_RESPONSES: dict[str, tuple[str, str, str, dict[str, Any], dict[str, Any], Want]] = {
-    "chat_response": ("tiny", "chat_response", "chat_request", {
-        "model": "tiny", "messages": HI, "stream": False, "options": {"num_predict": 6}},
-        {"model": "tiny", "created_at": WHEN, **DURATIONS}, _any),
-    "chat_stream": ("tiny", "chat_stream", "chat_request", {
-        "model": "tiny", "messages": HI, "options": {"num_predict": 4}},
-        {"model": "tiny", "created_at": WHEN, **DURATIONS}, _any),
-    "chat_stream_stop": ("tiny", "chat_stream", "chat_request", {
-        "model": "tiny", "messages": HI, "options": {"num_predict": 40, "stop": STOP_WORDS}},
-        {"model": "tiny", "created_at": WHEN, **DURATIONS}, _finished_by_stop),
-    "generate_response": ("tiny", "generate_response", "generate_request", {
-        "model": "tiny", "prompt": "hi", "system": "be brief", "stream": False,
-        "options": {"num_predict": 5}},
-        {"model": "tiny", "created_at": WHEN, **DURATIONS}, _any),
-    "generate_stream": ("tiny", "generate_stream", "generate_request", {
-        "model": "tiny", "prompt": "hi", "options": {"num_predict": 3}},
-        {"model": "tiny", "created_at": WHEN, "endpoint": "generate", **DURATIONS}, _any),
-    "generate_raw_response": ("tiny", "generate_response", "generate_request", {
-        "model": "tiny", "prompt": "hello", "raw": True, "stream": False,
-        "options": {"num_predict": 4}},
-        {"model": "tiny", "created_at": WHEN, **DURATIONS}, _any),
-    "generate_raw_stream": ("tiny", "generate_stream", "generate_request", {
-        "model": "tiny", "prompt": "hello", "raw": True, "options": {"num_predict": 3}},
-        {"model": "tiny", "created_at": WHEN, "endpoint": "generate", **DURATIONS}, _any),
-    "embed_response": ("tiny", "embed_response", "embed_request", {
-        "model": "tiny", "input": ["hello world", "the cat"], "dimensions": 4},
-        {"model": "tiny", **DURATIONS}, _any),
-    "embeddings_response": ("tiny", "embeddings_response", "embeddings_request", {
-        "model": "tiny", "prompt": "hello world"}, {}, _any),
-    "chat_tool_calls_response": ("gemma", "chat_response", "chat_request", {
-        "model": "gemma3-270m", "stream": False, "tools": [WEATHER_TOOL],
-        "messages": [{"role": "user", "content": "weather in paris?"}],
-        "options": {"num_predict": 40}},
-        {"model": "gemma3-270m", "created_at": WHEN, **DURATIONS}, _has_tool_calls),
-    "chat_tool_calls_stream": ("gemma", "chat_stream", "chat_request", {
-        "model": "gemma3-270m", "tools": [WEATHER_TOOL],
-        "messages": [{"role": "user", "content": "weather in paris?"}],
-        "options": {"num_predict": 40}},
-        {"model": "gemma3-270m", "created_at": WHEN, **DURATIONS}, _has_tool_calls),
-    "chat_format_schema_response": ("gemma", "chat_response", "chat_request", {
-        "model": "gemma3-270m", "stream": False, "format": CITY_SCHEMA,
-        "messages": [{"role": "user", "content": "Is it sunny in Paris? Answer in JSON."}],
-        "options": {"num_predict": 40, "temperature": 0}},
-        {"model": "gemma3-270m", "created_at": WHEN, **DURATIONS}, _any),
-}  # fmt: skip
+    "chat_response": (
+        "tiny",
+        "chat_response",
+        "chat_request",
+        {"model": "tiny", "messages": HI, "stream": False, "options": {"num_predict": 6}},
+        {"model": "tiny", "created_at": WHEN, **DURATIONS},
+        _any,
+    ),
+    "chat_stream": (
+        "tiny",
+        "chat_stream",
+        "chat_request",
+        {"model": "tiny", "messages": HI, "options": {"num_predict": 4}},
+        {"model": "tiny", "created_at": WHEN, **DURATIONS},
+        _any,
+    ),
+    "chat_stream_stop": (
+        "tiny",
+        "chat_stream",
+        "chat_request",
+        {"model": "tiny", "messages": HI, "options": {"num_predict": 40, "stop": STOP_WORDS}},
+        {"model": "tiny", "created_at": WHEN, **DURATIONS},
+        _finished_by_stop,
+    ),
+    "generate_response": (
+        "tiny",
+        "generate_response",
+        "generate_request",
+        {
+            "model": "tiny",
+            "prompt": "hi",
+            "system": "be brief",
+            "stream": False,
+            "options": {"num_predict": 5},
+        },
+        {"model": "tiny", "created_at": WHEN, **DURATIONS},
+        _any,
+    ),
+    "generate_stream": (
+        "tiny",
+        "generate_stream",
+        "generate_request",
+        {"model": "tiny", "prompt": "hi", "options": {"num_predict": 3}},
+        {"model": "tiny", "created_at": WHEN, "endpoint": "generate", **DURATIONS},
+        _any,
+    ),
+    "generate_raw_response": (
+        "tiny",
+        "generate_response",
+        "generate_request",
+        {
+            "model": "tiny",
+            "prompt": "hello",
+            "raw": True,
+            "stream": False,
+            "options": {"num_predict": 4},
+        },
+        {"model": "tiny", "created_at": WHEN, **DURATIONS},
+        _any,
+    ),
+    "generate_raw_stream": (
+        "tiny",
+        "generate_stream",
+        "generate_request",
+        {"model": "tiny", "prompt": "hello", "raw": True, "options": {"num_predict": 3}},
+        {"model": "tiny", "created_at": WHEN, "endpoint": "generate", **DURATIONS},
+        _any,
+    ),
+    "embed_response": (
+        "tiny",
+        "embed_response",
+        "embed_request",
+        {"model": "tiny", "input": ["hello world", "the cat"], "dimensions": 4},
+        {"model": "tiny", **DURATIONS},
+        _any,
+    ),
+    "embeddings_response": (
+        "tiny",
+        "embeddings_response",
+        "embeddings_request",
+        {"model": "tiny", "prompt": "hello world"},
+        {},
+        _any,
+    ),
+    "chat_tool_calls_response": (
+        "gemma",
+        "chat_response",
+        "chat_request",
+        {
+            "model": "gemma3-270m",
+            "stream": False,
+            "tools": [WEATHER_TOOL],
+            "messages": [{"role": "user", "content": "weather in paris?"}],
+            "options": {"num_predict": 40},
+        },
+        {"model": "gemma3-270m", "created_at": WHEN, **DURATIONS},
+        _has_tool_calls,
+    ),
+    "chat_tool_calls_stream": (
+        "gemma",
+        "chat_stream",
+        "chat_request",
+        {
+            "model": "gemma3-270m",
+            "tools": [WEATHER_TOOL],
+            "messages": [{"role": "user", "content": "weather in paris?"}],
+            "options": {"num_predict": 40},
+        },
+        {"model": "gemma3-270m", "created_at": WHEN, **DURATIONS},
+        _has_tool_calls,
+    ),
+    "chat_format_schema_response": (
+        "gemma",
+        "chat_response",
+        "chat_request",
+        {
+            "model": "gemma3-270m",
+            "stream": False,
+            "format": CITY_SCHEMA,
+            "messages": [{"role": "user", "content": "Is it sunny in Paris? Answer in JSON."}],
+            "options": {"num_predict": 40, "temperature": 0},
+        },
+        {"model": "gemma3-270m", "created_at": WHEN, **DURATIONS},
+        _any,
+    ),
+}
 
 MSG = {"model": "tiny", "message_id": "msg_blazar_0001"}
 ANTHROPIC_RESPONSES: dict[str, tuple[str, str, str, dict[str, Any], dict[str, Any], Want]] = {
-    "message_response": ("tiny", "message_response", "messages_request", {
-        "model": "tiny", "max_tokens": 6, "messages": HI}, MSG, _any),
-    "message_stream": ("tiny", "stream", "messages_request", {
-        "model": "tiny", "max_tokens": 4, "messages": HI, "stream": True}, MSG, _any),
-    "message_stop_sequence": ("tiny", "message_response", "messages_request", {
-        "model": "tiny", "max_tokens": 40, "messages": HI, "stop_sequences": STOP_WORDS},
-        MSG, _anthropic_stop),
-    "message_stop_sequence_stream": ("tiny", "stream", "messages_request", {
-        "model": "tiny", "max_tokens": 40, "messages": HI, "stop_sequences": STOP_WORDS,
-        "stream": True}, MSG, _anthropic_stop),
-    "message_tool_use": ("gemma", "message_response", "messages_request", {
-        "model": "gemma3-270m", "max_tokens": 40, "tools": [ANTHROPIC_TOOL],
-        "messages": [{"role": "user", "content": "weather in paris?"}]},
-        {**MSG, "model": "gemma3-270m"}, _tool_use),
-    "message_tool_use_stream": ("gemma", "stream", "messages_request", {
-        "model": "gemma3-270m", "max_tokens": 40, "tools": [ANTHROPIC_TOOL], "stream": True,
-        "messages": [{"role": "user", "content": "weather in paris?"}]},
-        {**MSG, "model": "gemma3-270m"}, _tool_use_after_text),
-}  # fmt: skip
+    "message_response": (
+        "tiny",
+        "message_response",
+        "messages_request",
+        {"model": "tiny", "max_tokens": 6, "messages": HI},
+        MSG,
+        _any,
+    ),
+    "message_stream": (
+        "tiny",
+        "stream",
+        "messages_request",
+        {"model": "tiny", "max_tokens": 4, "messages": HI, "stream": True},
+        MSG,
+        _any,
+    ),
+    "message_stop_sequence": (
+        "tiny",
+        "message_response",
+        "messages_request",
+        {"model": "tiny", "max_tokens": 40, "messages": HI, "stop_sequences": STOP_WORDS},
+        MSG,
+        _anthropic_stop,
+    ),
+    "message_stop_sequence_stream": (
+        "tiny",
+        "stream",
+        "messages_request",
+        {
+            "model": "tiny",
+            "max_tokens": 40,
+            "messages": HI,
+            "stop_sequences": STOP_WORDS,
+            "stream": True,
+        },
+        MSG,
+        _anthropic_stop,
+    ),
+    "message_tool_use": (
+        "gemma",
+        "message_response",
+        "messages_request",
+        {
+            "model": "gemma3-270m",
+            "max_tokens": 40,
+            "tools": [ANTHROPIC_TOOL],
+            "messages": [{"role": "user", "content": "weather in paris?"}],
+        },
+        {**MSG, "model": "gemma3-270m"},
+        _tool_use,
+    ),
+    "message_tool_use_stream": (
+        "gemma",
+        "stream",
+        "messages_request",
+        {
+            "model": "gemma3-270m",
+            "max_tokens": 40,
+            "tools": [ANTHROPIC_TOOL],
+            "stream": True,
+            "messages": [{"role": "user", "content": "weather in paris?"}],
+        },
+        {**MSG, "model": "gemma3-270m"},
+        _tool_use_after_text,
+    ),
+}
 
 
 RESPONSE_ID = "resp_blazar0001"
@@ -298,43 +633,128 @@ STOPPED = {"stop": STOP_WORDS, "max_tokens": 40}
 RESPONSES_INPUT = "hi"
 # name -> (engine, translator, kind of client request, client request, engine body extra, want)
 OPENAI_RESPONSES: dict[str, tuple[str, str, str, dict[str, Any], dict[str, Any], Want]] = {
-    "responses_cut": ("tiny", "response_object", "responses", {
-        "model": "tiny", "input": RESPONSES_INPUT, "max_output_tokens": 5}, {}, _any),
-    "responses_cut_stream": ("tiny", "response_stream", "responses", {
-        "model": "tiny", "input": RESPONSES_INPUT, "max_output_tokens": 4, "stream": True},
-        {}, _any),
-    "responses_stop": ("tiny", "response_object", "responses", {
-        "model": "tiny", "input": RESPONSES_INPUT}, STOPPED, _finished_by_stop),
-    "responses_stop_stream": ("tiny", "response_stream", "responses", {
-        "model": "tiny", "input": RESPONSES_INPUT, "stream": True}, STOPPED, _finished_by_stop),
-    "responses_tool_call": ("gemma", "response_object", "responses", {
-        "model": "gemma3-270m", "input": "weather in paris?", "max_output_tokens": 60,
-        "tools": [{"type": "function", **WEATHER_TOOL["function"]}]}, {}, _whole_tool_call),
-    "responses_tool_call_stream": ("gemma", "response_stream", "responses", {
-        "model": "gemma3-270m", "input": "weather in paris?", "max_output_tokens": 60,
-        "stream": True, "tools": [{"type": "function", **WEATHER_TOOL["function"]}]},
-        {}, _whole_tool_call),
-    "responses_json_schema": ("gemma", "response_object", "responses", {
-        "model": "gemma3-270m", "input": "Is it sunny in Paris? Answer in JSON.",
-        "max_output_tokens": 40, "temperature": 0,
-        "text": {"format": {"type": "json_schema", "name": "city", "schema": CITY_SCHEMA}}},
-        {}, _any),
-    "completions_logprobs": ("tiny", "reshape_body", "completions", {
-        "model": "tiny", "prompt": "the quick", "max_tokens": 3, "logprobs": 2}, {}, _any),
-    "completions_logprobs_stream": ("tiny", "reply_stream", "completions", {
-        "model": "tiny", "prompt": "the quick", "max_tokens": 3, "logprobs": 2,
-        "stream": True}, {}, _any),
-    "completions_echo": ("tiny", "reshape_body", "completions", {
-        "model": "tiny", "prompt": ["the quick", "a"], "max_tokens": 2, "echo": True}, {}, _any),
-    "completions_echo_stream": ("tiny", "reply_stream", "completions", {
-        "model": "tiny", "prompt": "the quick", "max_tokens": 2, "echo": True, "stream": True},
-        {}, _any),
-    "chat_logprobs_without_top": ("tiny", "reshape_body", "chat", {
-        "model": "tiny", "messages": HI, "max_tokens": 2, "logprobs": True}, {}, _any),
-    "chat_logprobs_without_top_stream": ("tiny", "reply_stream", "chat", {
-        "model": "tiny", "messages": HI, "max_tokens": 2, "logprobs": True, "stream": True},
-        {}, _any),
-}  # fmt: skip
+    "responses_cut": (
+        "tiny",
+        "response_object",
+        "responses",
+        {"model": "tiny", "input": RESPONSES_INPUT, "max_output_tokens": 5},
+        {},
+        _any,
+    ),
+    "responses_cut_stream": (
+        "tiny",
+        "response_stream",
+        "responses",
+        {"model": "tiny", "input": RESPONSES_INPUT, "max_output_tokens": 4, "stream": True},
+        {},
+        _any,
+    ),
+    "responses_stop": (
+        "tiny",
+        "response_object",
+        "responses",
+        {"model": "tiny", "input": RESPONSES_INPUT},
+        STOPPED,
+        _finished_by_stop,
+    ),
+    "responses_stop_stream": (
+        "tiny",
+        "response_stream",
+        "responses",
+        {"model": "tiny", "input": RESPONSES_INPUT, "stream": True},
+        STOPPED,
+        _finished_by_stop,
+    ),
+    "responses_tool_call": (
+        "gemma",
+        "response_object",
+        "responses",
+        {
+            "model": "gemma3-270m",
+            "input": "weather in paris?",
+            "max_output_tokens": 60,
+            "tools": [{"type": "function", **WEATHER_TOOL["function"]}],
+        },
+        {},
+        _whole_tool_call,
+    ),
+    "responses_tool_call_stream": (
+        "gemma",
+        "response_stream",
+        "responses",
+        {
+            "model": "gemma3-270m",
+            "input": "weather in paris?",
+            "max_output_tokens": 60,
+            "stream": True,
+            "tools": [{"type": "function", **WEATHER_TOOL["function"]}],
+        },
+        {},
+        _whole_tool_call,
+    ),
+    "responses_json_schema": (
+        "gemma",
+        "response_object",
+        "responses",
+        {
+            "model": "gemma3-270m",
+            "input": "Is it sunny in Paris? Answer in JSON.",
+            "max_output_tokens": 40,
+            "temperature": 0,
+            "text": {"format": {"type": "json_schema", "name": "city", "schema": CITY_SCHEMA}},
+        },
+        {},
+        _any,
+    ),
+    "completions_logprobs": (
+        "tiny",
+        "reshape_body",
+        "completions",
+        {"model": "tiny", "prompt": "the quick", "max_tokens": 3, "logprobs": 2},
+        {},
+        _any,
+    ),
+    "completions_logprobs_stream": (
+        "tiny",
+        "reply_stream",
+        "completions",
+        {"model": "tiny", "prompt": "the quick", "max_tokens": 3, "logprobs": 2, "stream": True},
+        {},
+        _any,
+    ),
+    "completions_echo": (
+        "tiny",
+        "reshape_body",
+        "completions",
+        {"model": "tiny", "prompt": ["the quick", "a"], "max_tokens": 2, "echo": True},
+        {},
+        _any,
+    ),
+    "completions_echo_stream": (
+        "tiny",
+        "reply_stream",
+        "completions",
+        {"model": "tiny", "prompt": "the quick", "max_tokens": 2, "echo": True, "stream": True},
+        {},
+        _any,
+    ),
+    "chat_logprobs_without_top": (
+        "tiny",
+        "reshape_body",
+        "chat",
+        {"model": "tiny", "messages": HI, "max_tokens": 2, "logprobs": True},
+        {},
+        _any,
+    ),
+    "chat_logprobs_without_top_stream": (
+        "tiny",
+        "reply_stream",
+        "chat",
+        {"model": "tiny", "messages": HI, "max_tokens": 2, "logprobs": True, "stream": True},
+        {},
+        _any,
+    ),
+}
 OPENAI_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
 
@@ -344,9 +764,11 @@ def _openai_case(engines: dict[str, Engine], name: str, spec: tuple[Any, ...]) -
         translated = responses_request(request)
         engine_request = translated.engine
         kwargs: dict[str, Any] = {
-            "response_id": RESPONSE_ID, "created_at": CREATED, "model": request["model"],
+            "response_id": RESPONSE_ID,
+            "created_at": CREATED,
+            "model": request["model"],
             "echo": translated.echo,
-        }  # fmt: skip
+        }
     else:
         shaping = shape_request(OPENAI_PATHS[kind], request)
         body = shaping.body if shaping.body is not None else dict(request)

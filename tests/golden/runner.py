@@ -97,8 +97,11 @@ def _openai(translator: str, case: dict[str, Any]) -> Any:
         stream = ReplyStream(_reply(kwargs))
         raw = b"".join(encode(event) for event in data)
         out = stream.feed(raw) + stream.close()
-        return [json.loads(line[6:]) if line != b"data: [DONE]" else "[DONE]"
-                for line in out.split(b"\n\n") if line]  # fmt: skip
+        return [
+            json.loads(line[6:]) if line != b"data: [DONE]" else "[DONE]"
+            for line in out.split(b"\n\n")
+            if line
+        ]
     if translator == "response_object":
         return response_object(data, **kwargs)
     if translator == "response_stream":

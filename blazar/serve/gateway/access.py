@@ -150,8 +150,15 @@ PREFLIGHT_HEADERS = (
     "x-blazar-priority",
 )
 # Also allowed when a preflight asks for them: what the official SDKs send from a browser.
-SDK_HEADERS = frozenset({"anthropic-beta", "anthropic-dangerous-direct-browser-access",
-                         "openai-organization", "openai-project", "openai-beta"})  # fmt: skip
+SDK_HEADERS = frozenset(
+    {
+        "anthropic-beta",
+        "anthropic-dangerous-direct-browser-access",
+        "openai-organization",
+        "openai-project",
+        "openai-beta",
+    }
+)
 METHODS = "GET, HEAD, POST, DELETE, OPTIONS"
 EXPOSED = "x-request-id, request-id, retry-after"
 CORS_ORIGIN = web.RequestKey("cors_origin", str)
@@ -277,14 +284,24 @@ class Access:
         return found
 
     def _refuse(
-        self, request: web.Request, status: int, message: str, code: str | None, reason: str,
+        self,
+        request: web.Request,
+        status: int,
+        message: str,
+        code: str | None,
+        reason: str,
         retry_after: float | None = None,
-    ) -> web.Response:  # fmt: skip
+    ) -> web.Response:
         if self.audit is not None:
             self.audit.record(
-                "refused", key=request.get(KEY_NAME), client=_client(request),
-                method=request.method, path=request.path, status=status, reason=reason,
-            )  # fmt: skip
+                "refused",
+                key=request.get(KEY_NAME),
+                client=_client(request),
+                method=request.method,
+                path=request.path,
+                status=status,
+                reason=reason,
+            )
         return for_path(request.path).response(request, status, message, code, retry_after)
 
     async def guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -298,17 +315,24 @@ class Access:
                 self._hosts[host] = allowed  # type: ignore[index]
         if not allowed:
             return self._refuse(
-                request, 403, f"this gateway does not answer to the host name in Host: {host}; "
-                "add it to serving.allowed_hosts if it is yours", "permission_denied", "host",
-            )  # fmt: skip
+                request,
+                403,
+                f"this gateway does not answer to the host name in Host: {host}; "
+                "add it to serving.allowed_hosts if it is yours",
+                "permission_denied",
+                "host",
+            )
         origin = request.headers.get("Origin")
         if origin is not None:
             if not self.origins.allows(origin):
                 return self._refuse(
-                    request, 403, f"requests from the web origin {origin} are refused: add it "
+                    request,
+                    403,
+                    f"requests from the web origin {origin} are refused: add it "
                     "to serving.cors_origins if pages there may use this gateway",
-                    "permission_denied", "origin",
-                )  # fmt: skip
+                    "permission_denied",
+                    "origin",
+                )
             if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
                 return self._preflight(request, origin)
             request[CORS_ORIGIN] = origin
@@ -324,10 +348,14 @@ class Access:
             fits = self.budget.take(reserved)  # no await on the common path
             if not fits and not await self.budget.reserve(reserved, self.serving.body_timeout):
                 return self._refuse(
-                    request, 503, "the gateway holds as many request bodies as it may "
-                    "(serving.max_buffered); retry shortly", "bodies_busy", "busy",
+                    request,
+                    503,
+                    "the gateway holds as many request bodies as it may "
+                    "(serving.max_buffered); retry shortly",
+                    "bodies_busy",
+                    "busy",
                     retry_after=1,
-                )  # fmt: skip
+                )
             try:
                 if request.content.is_eof():  # it came whole with its head: nothing to wait for
                     body = await request.read()
@@ -337,10 +365,13 @@ class Access:
             except TimeoutError:
                 self.budget.release(reserved)
                 return self._refuse(
-                    request, 408, f"the request body did not arrive within "
-                    f"{self.serving.body_timeout:g} s (serving.body_timeout)", "request_timeout",
+                    request,
+                    408,
+                    f"the request body did not arrive within "
+                    f"{self.serving.body_timeout:g} s (serving.body_timeout)",
+                    "request_timeout",
                     "slow",
-                )  # fmt: skip
+                )
             except BaseException:
                 self.budget.release(reserved)
                 raise
@@ -364,25 +395,35 @@ class Access:
         secret = presented_key(request)
         if secret is None:
             return self._refuse(
-                request, 401, "an API key is required: send Authorization: Bearer <key> or "
-                "x-api-key: <key> (`blazar keys add` makes one)", "invalid_api_key", "no key",
-            )  # fmt: skip
+                request,
+                401,
+                "an API key is required: send Authorization: Bearer <key> or "
+                "x-api-key: <key> (`blazar keys add` makes one)",
+                "invalid_api_key",
+                "no key",
+            )
         digest = hashlib.sha256(secret.encode()).hexdigest()
         known, grant = self.grants.get(digest, NO_KEY)
         # Found by its digest; the comparison is confirmed in constant time.
         if grant is None or not hmac.compare_digest(known, digest):
             return self._refuse(
-                request, 401, "the API key is not valid: check it, or make one with "
-                "`blazar keys add`", "invalid_api_key", "bad key",
-            )  # fmt: skip
+                request,
+                401,
+                "the API key is not valid: check it, or make one with `blazar keys add`",
+                "invalid_api_key",
+                "bad key",
+            )
         request[KEY_NAME] = grant.name
         request[GRANT] = grant
         if RANK[grant.scope] < RANK[scope]:
             return self._refuse(
-                request, 403, f"the key '{grant.name}' has scope {grant.scope}; this route "
+                request,
+                403,
+                f"the key '{grant.name}' has scope {grant.scope}; this route "
                 f"needs {scope} (`blazar keys add NAME --scope {scope}`)",
-                "permission_denied", "scope",
-            )  # fmt: skip
+                "permission_denied",
+                "scope",
+            )
         now = time.monotonic()
         self.last_used[grant.name] = time.time()
         if grant.rpm is not None:
@@ -390,10 +431,14 @@ class Access:
             self.buckets[grant.name] = bucket
             if wait is not None:
                 return self._refuse(
-                    request, 429, f"the key '{grant.name}' may make {grant.rpm} requests a "
-                    "minute; retry after the time in Retry-After", "rate_limit_exceeded",
-                    "rate", retry_after=wait,
-                )  # fmt: skip
+                    request,
+                    429,
+                    f"the key '{grant.name}' may make {grant.rpm} requests a "
+                    "minute; retry after the time in Retry-After",
+                    "rate_limit_exceeded",
+                    "rate",
+                    retry_after=wait,
+                )
         return None
 
     async def _audited(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -412,16 +457,21 @@ class Access:
         finally:
             assert self.audit is not None
             self.audit.record(
-                "admin", key=request.get(KEY_NAME), client=_client(request),
-                method=request.method, path=request.path, status=status,
-            )  # fmt: skip
+                "admin",
+                key=request.get(KEY_NAME),
+                client=_client(request),
+                method=request.method,
+                path=request.path,
+                status=status,
+            )
 
     def _preflight(self, request: web.Request, origin: str) -> web.Response:
         asked = request.headers.get("Access-Control-Request-Headers", "")
         extra = [
-            h for h in (part.strip().lower() for part in asked.split(","))
+            h
+            for h in (part.strip().lower() for part in asked.split(","))
             if h and (h in SDK_HEADERS or h.startswith("x-stainless-"))
-        ]  # fmt: skip
+        ]
         return web.Response(
             status=204,
             headers={

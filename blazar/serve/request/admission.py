@@ -74,10 +74,16 @@ async def _admit(
     cap = None
     if runtime.preflight != "off":
         cap = await prompts.preflight(
-            lease.member.instance, lease.url, model=runtime.name, ctx=runtime.ctx,
-            kind=kind, body=body, size=size, tokens=tokens,
+            lease.member.instance,
+            lease.url,
+            model=runtime.name,
+            ctx=runtime.ctx,
+            kind=kind,
+            body=body,
+            size=size,
+            tokens=tokens,
             strict=runtime.preflight == "strict",
-        )  # fmt: skip
+        )
     slot = None
     if sessions is not None and tokens is not None:
         slot = await sessions.route(lease, tokens)

@@ -37,7 +37,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from blazar.locking import LockTimeout, apply_lock
+from blazar.host.locking import LockTimeout, apply_lock
 from blazar.protocols import ProtocolError
 from blazar.protocols.openai_audio import TranscriptionRequest, render
 from blazar.serve.request import steps
@@ -50,19 +50,40 @@ from blazar.serve.supervisor.scheduler import (
     SchedulerError,
     Starting,
 )
-from blazar.store import insert_isolated
+from blazar.store.db import insert_isolated
 
 QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED = (
-    "queued", "running", "succeeded", "failed", "cancelled"
-)  # fmt: skip
+    "queued",
+    "running",
+    "succeeded",
+    "failed",
+    "cancelled",
+)
 FINISHED = (SUCCEEDED, FAILED, CANCELLED)
 MAX_LIVE = 256  # jobs queued or running at once; more are refused (503)
 RESOLVE_WAIT = 60.0  # a recovered job waits this long for its model to be served again
 RETRY_WRITE = 0.5
 PRUNE_EVERY = 60.0
-COLUMNS = ("id", "status", "model", "task", "params", "file", "filename", "size", "done_s",
-           "total_s", "result", "content_type", "error", "retryable", "attempts",
-           "created_at", "started_at", "finished_at")  # fmt: skip
+COLUMNS = (
+    "id",
+    "status",
+    "model",
+    "task",
+    "params",
+    "file",
+    "filename",
+    "size",
+    "done_s",
+    "total_s",
+    "result",
+    "content_type",
+    "error",
+    "retryable",
+    "attempts",
+    "created_at",
+    "started_at",
+    "finished_at",
+)
 logger = logging.getLogger("blazar.serve")
 
 
@@ -123,28 +144,49 @@ class Job:
     def to_row(self) -> dict[str, Any]:
         params = {**self.request.to_json(), "key": self.key, "priority": self.priority}
         return {
-            "id": self.id, "status": self.status, "model": self.request.model,
-            "task": self.request.task, "params": json.dumps(params), "file": self.file,
-            "filename": self.filename, "size": self.size, "done_s": self.done_s,
-            "total_s": self.total_s, "result": self.result, "content_type": self.content_type,
-            "error": self.error, "retryable": int(self.retryable), "attempts": self.attempts,
-            "created_at": _iso(self.created_at), "started_at": _iso(self.started_at),
+            "id": self.id,
+            "status": self.status,
+            "model": self.request.model,
+            "task": self.request.task,
+            "params": json.dumps(params),
+            "file": self.file,
+            "filename": self.filename,
+            "size": self.size,
+            "done_s": self.done_s,
+            "total_s": self.total_s,
+            "result": self.result,
+            "content_type": self.content_type,
+            "error": self.error,
+            "retryable": int(self.retryable),
+            "attempts": self.attempts,
+            "created_at": _iso(self.created_at),
+            "started_at": _iso(self.started_at),
             "finished_at": _iso(self.finished_at),
-        }  # fmt: skip
+        }
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Job:
         params = json.loads(row["params"] or "{}")
         return cls(
-            id=row["id"], request=TranscriptionRequest.from_json({**params, "model": row["model"]}),
-            file=row["file"] or "", filename=row["filename"] or "", size=row["size"] or 0,
-            created_at=_epoch(row["created_at"]) or 0.0, status=row["status"],
-            key=params.get("key"), priority=bool(params.get("priority")),
-            done_s=row["done_s"] or 0.0, total_s=row["total_s"] or 0.0, result=row["result"],
-            content_type=row["content_type"], error=row["error"],
-            retryable=bool(row["retryable"]), attempts=row["attempts"] or 0,
-            started_at=_epoch(row["started_at"]), finished_at=_epoch(row["finished_at"]),
-        )  # fmt: skip
+            id=row["id"],
+            request=TranscriptionRequest.from_json({**params, "model": row["model"]}),
+            file=row["file"] or "",
+            filename=row["filename"] or "",
+            size=row["size"] or 0,
+            created_at=_epoch(row["created_at"]) or 0.0,
+            status=row["status"],
+            key=params.get("key"),
+            priority=bool(params.get("priority")),
+            done_s=row["done_s"] or 0.0,
+            total_s=row["total_s"] or 0.0,
+            result=row["result"],
+            content_type=row["content_type"],
+            error=row["error"],
+            retryable=bool(row["retryable"]),
+            attempts=row["attempts"] or 0,
+            started_at=_epoch(row["started_at"]),
+            finished_at=_epoch(row["finished_at"]),
+        )
 
 
 def stopped(job_id: str) -> str:
@@ -153,9 +195,10 @@ def stopped(job_id: str) -> str:
 
 def not_found(job_id: str) -> ProtocolError:
     return ProtocolError(
-        404, f"no audio job '{job_id}' here (finished jobs are kept for "
-        "serving.audio_job_retention)", "not_found",
-    )  # fmt: skip
+        404,
+        f"no audio job '{job_id}' here (finished jobs are kept for serving.audio_job_retention)",
+        "not_found",
+    )
 
 
 @dataclass
@@ -223,8 +266,16 @@ class AudioJobs:
         job_id = f"audiojob_{uuid.uuid4().hex[:24]}"
         path = self.audio_dir / job_id
         await asyncio.to_thread(_write_file, path, audio)
-        job = Job(job_id, request, str(path), filename, len(audio), self.clock(), key=key,
-                  priority=priority)  # fmt: skip
+        job = Job(
+            job_id,
+            request,
+            str(path),
+            filename,
+            len(audio),
+            self.clock(),
+            key=key,
+            priority=priority,
+        )
         self.jobs[job.id] = job
         self._mark(job)
         self._launch(job)
@@ -263,8 +314,15 @@ class AudioJobs:
             raise ProtocolError(409, f"audio job '{job_id}' cannot be retried: {why}", "conflict")
         if not Path(job.file).is_file():
             raise ProtocolError(409, f"audio job '{job_id}''s audio is gone; submit it again")
-        fresh = replace(job, status=QUEUED, error=None, retryable=False, done_s=0.0,
-                        started_at=None, finished_at=None)  # fmt: skip
+        fresh = replace(
+            job,
+            status=QUEUED,
+            error=None,
+            retryable=False,
+            done_s=0.0,
+            started_at=None,
+            finished_at=None,
+        )
         self.jobs[job_id] = fresh
         self._mark(fresh)
         self._launch(fresh)
@@ -309,9 +367,13 @@ class AudioJobs:
                             job.done_s, job.total_s = done, total
 
                         transcript = await transcribe(
-                            self.pipeline.children, timed.lease.url, timed.lease.runtime.name,
-                            audio, job.request, progress,
-                        )  # fmt: skip
+                            self.pipeline.children,
+                            timed.lease.url,
+                            timed.lease.runtime.name,
+                            audio,
+                            job.request,
+                            progress,
+                        )
                     break
                 except Busy as exc:  # the model's queue is full: the job stays queued
                     if job.status == RUNNING:
@@ -333,11 +395,13 @@ class AudioJobs:
             self._finish(job, FAILED, error=str(exc), retryable=True)
         except Exception as exc:  # a bug: the job says so, serve's log has the traceback
             logger.exception("audio job %s failed", job.id)
-            self._finish(job, FAILED, error=f"internal error ({type(exc).__name__})",
-                         retryable=True)  # fmt: skip
+            self._finish(
+                job, FAILED, error=f"internal error ({type(exc).__name__})", retryable=True
+            )
 
-    def _finish(self, job: Job, status: str, *, error: str | None = None,
-                retryable: bool = False) -> None:  # fmt: skip
+    def _finish(
+        self, job: Job, status: str, *, error: str | None = None, retryable: bool = False
+    ) -> None:
         job.status, job.error, job.retryable = status, error, retryable
         job.finished_at = self.clock()
         if status in (SUCCEEDED, CANCELLED):
@@ -421,9 +485,10 @@ class AudioJobs:
         """Forget finished jobs older than the retention period, and their audio."""
         cutoff = self.clock() - self.retention()
         old = [
-            j for j in self.jobs.values()
+            j
+            for j in self.jobs.values()
             if j.status in FINISHED and (j.finished_at or j.created_at) < cutoff
-        ]  # fmt: skip
+        ]
         for job in old:
             del self.jobs[job.id]
             self._dirty.pop(job.id, None)

@@ -6,7 +6,7 @@
 apply's transactions fail if another writer commits under them); it loads them all at
 start (`load`: the params only of requests still queued) and reads a batch's results
 back page by page (`results`), so results never stay in serve's memory. A row the store
-refuses costs only itself (`blazar.store.insert_isolated`): it is written escaped, or
+refuses costs only itself (`blazar.store.db.insert_isolated`): it is written escaped, or
 left out and logged, and the rest of the write goes in.
 """
 
@@ -20,11 +20,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from blazar.locking import LockTimeout, apply_lock
-from blazar.store import insert_isolated
+from blazar.host.locking import LockTimeout, apply_lock
+from blazar.store.db import insert_isolated
 
-BATCH_COLUMNS = ("id", "key", "status", "requests", "created_at", "expires_at", "ended_at",
-                 "cancel_initiated_at")  # fmt: skip
+BATCH_COLUMNS = (
+    "id",
+    "key",
+    "status",
+    "requests",
+    "created_at",
+    "expires_at",
+    "ended_at",
+    "cancel_initiated_at",
+)
 REQUEST_COLUMNS = ("batch_id", "idx", "custom_id", "state", "params", "result")
 PAGE = 1000
 logger = logging.getLogger("blazar.serve")

@@ -91,25 +91,35 @@ class Batch:
 
     def to_api(self, base_url: str) -> dict[str, Any]:
         return shapes.batch_object(
-            self.id, self.status, [i.state for i in self.items], created_at=self.created_at,
-            expires_at=self.expires_at, ended_at=self.ended_at,
-            cancel_initiated_at=self.cancel_initiated_at, base_url=base_url,
-        )  # fmt: skip
+            self.id,
+            self.status,
+            [i.state for i in self.items],
+            created_at=self.created_at,
+            expires_at=self.expires_at,
+            ended_at=self.ended_at,
+            cancel_initiated_at=self.cancel_initiated_at,
+            base_url=base_url,
+        )
 
     def row(self) -> dict[str, Any]:
         return {
-            "id": self.id, "key": self.key, "status": self.status, "requests": len(self.items),
-            "created_at": shapes.iso(self.created_at), "expires_at": shapes.iso(self.expires_at),
+            "id": self.id,
+            "key": self.key,
+            "status": self.status,
+            "requests": len(self.items),
+            "created_at": shapes.iso(self.created_at),
+            "expires_at": shapes.iso(self.expires_at),
             "ended_at": shapes.iso(self.ended_at),
             "cancel_initiated_at": shapes.iso(self.cancel_initiated_at),
-        }  # fmt: skip
+        }
 
 
 def not_found(batch_id: str) -> ProtocolError:
     return ProtocolError(
-        404, f"no message batch '{batch_id}' here (ended batches are kept for "
-        "serving.batch_retention)", "not_found_error",
-    )  # fmt: skip
+        404,
+        f"no message batch '{batch_id}' here (ended batches are kept for serving.batch_retention)",
+        "not_found_error",
+    )
 
 
 @dataclass
@@ -146,11 +156,15 @@ class MessageBatches:
             items.setdefault(batch_id, []).append(item)
         for row in loaded.batches:
             batch = Batch(
-                row["id"], row["key"], shapes.epoch(row["created_at"]) or 0.0,
-                shapes.epoch(row["expires_at"]) or 0.0, items.get(row["id"], []),
-                status=row["status"], ended_at=shapes.epoch(row["ended_at"]),
+                row["id"],
+                row["key"],
+                shapes.epoch(row["created_at"]) or 0.0,
+                shapes.epoch(row["expires_at"]) or 0.0,
+                items.get(row["id"], []),
+                status=row["status"],
+                ended_at=shapes.epoch(row["ended_at"]),
                 cancel_initiated_at=shapes.epoch(row["cancel_initiated_at"]),
-            )  # fmt: skip
+            )
             self.batches[batch.id] = batch
             for item in batch.items:
                 if item.state == QUEUED and item.params is not None:
@@ -178,9 +192,12 @@ class MessageBatches:
             raise Busy(f"{live} batch requests are queued; retry later", retry_after=60)
         now = self.clock()
         batch = Batch(
-            f"msgbatch_{uuid.uuid4().hex[:24]}", key, now, now + self.expiry(),
+            f"msgbatch_{uuid.uuid4().hex[:24]}",
+            key,
+            now,
+            now + self.expiry(),
             [Item(i, r.custom_id, params=r.params) for i, r in enumerate(requests)],
-        )  # fmt: skip
+        )
         self.batches[batch.id] = batch
         self._dirty_batches[batch.id] = batch.row()
         for item in batch.items:
@@ -213,10 +230,11 @@ class MessageBatches:
         batch = self.get(batch_id, key, keyed=keyed)
         if batch.status != ENDED:
             raise ProtocolError(
-                400, f"message batch '{batch_id}' is {batch.status}: cancel it "
+                400,
+                f"message batch '{batch_id}' is {batch.status}: cancel it "
                 f"(POST /v1/messages/batches/{batch_id}/cancel) and let it end first",
                 "invalid_request_error",
-            )  # fmt: skip
+            )
         self._forget(batch)
 
     async def results(self, batch: Batch) -> AsyncIterator[bytes]:
@@ -289,9 +307,12 @@ class MessageBatches:
     def _free(self, target: Target, served: str) -> bool:
         pool = target.pool
         return may_start(
-            in_flight=pool.in_flight, capacity=pool.capacity, queued=len(pool.waiters),
-            ours=self._ours.get(served, 0), limit=self.in_flight(),
-        )  # fmt: skip
+            in_flight=pool.in_flight,
+            capacity=pool.capacity,
+            queued=len(pool.waiters),
+            ours=self._ours.get(served, 0),
+            limit=self.in_flight(),
+        )
 
     def _launch(self, batch: Batch, item: Item, served: str) -> None:
         item.state = RUNNING
@@ -364,10 +385,13 @@ class MessageBatches:
     def _mark(self, batch: Batch, item: Item, result: str | None = None) -> None:
         params = json.dumps(item.params) if item.params is not None else None
         self._dirty_items[(batch.id, item.idx)] = {
-            "batch_id": batch.id, "idx": item.idx, "custom_id": item.custom_id,
-            "state": item.state if item.state != RUNNING else QUEUED, "params": params,
+            "batch_id": batch.id,
+            "idx": item.idx,
+            "custom_id": item.custom_id,
+            "state": item.state if item.state != RUNNING else QUEUED,
+            "params": params,
             "result": result,
-        }  # fmt: skip
+        }
 
     def _forget(self, batch: Batch) -> None:
         del self.batches[batch.id]
@@ -387,9 +411,12 @@ class MessageBatches:
             written = False
             try:
                 written = await asyncio.to_thread(
-                    self.store.write, list(batches.values()), list(items.values()),
-                    sorted(gone), timeout,
-                )  # fmt: skip
+                    self.store.write,
+                    list(batches.values()),
+                    list(items.values()),
+                    sorted(gone),
+                    timeout,
+                )
             finally:
                 if not written:  # put them back (also when cancelled); newer states win
                     self._dirty_batches = {**batches, **self._dirty_batches}

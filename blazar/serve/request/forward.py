@@ -44,15 +44,42 @@ from blazar.serve.supervisor.scheduler import SchedulerError
 
 # Paths any OpenAI-compatible server speaks: forwarded as they came, to any remote.
 OPENAI_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
-PASSED_IN = ("content-type", "accept", "anthropic-version", "anthropic-beta", "openai-beta",
-             "x-blazar-priority", "x-blazar-keep-alive", "user-agent")  # fmt: skip
-NOT_PASSED_OUT = frozenset({"transfer-encoding", "connection", "keep-alive", "content-length",
-                            "server", "date", "x-request-id"})  # fmt: skip
+PASSED_IN = (
+    "content-type",
+    "accept",
+    "anthropic-version",
+    "anthropic-beta",
+    "openai-beta",
+    "x-blazar-priority",
+    "x-blazar-keep-alive",
+    "user-agent",
+)
+NOT_PASSED_OUT = frozenset(
+    {
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "content-length",
+        "server",
+        "date",
+        "x-request-id",
+    }
+)
 # The routes whose requests may go to a remote: inference, and ollama's /api/show. The
 # others (copy, stop, sessions) act on this host's models only.
-FORWARDABLE = frozenset({*OPENAI_PATHS, "/v1/responses", "/v1/messages",
-                         "/v1/messages/count_tokens", "/api/chat", "/api/generate",
-                         "/api/embed", "/api/embeddings", "/api/show"})  # fmt: skip
+FORWARDABLE = frozenset(
+    {
+        *OPENAI_PATHS,
+        "/v1/responses",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
+        "/api/chat",
+        "/api/generate",
+        "/api/embed",
+        "/api/embeddings",
+        "/api/show",
+    }
+)
 
 
 class RemoteDown(SchedulerError):

@@ -67,9 +67,15 @@ class RealtimeSession:
     """One socket's session: its settings, input buffer, conversation and tasks."""
 
     def __init__(
-        self, pipeline: Pipeline, observer: Observer, request: web.Request, send: Send, *,
-        model: str | None, limits: Limits,
-    ) -> None:  # fmt: skip
+        self,
+        pipeline: Pipeline,
+        observer: Observer,
+        request: web.Request,
+        send: Send,
+        *,
+        model: str | None,
+        limits: Limits,
+    ) -> None:
         self.pipeline, self.observer, self.request = pipeline, observer, request
         self.send, self.limits = send, limits
         self.priority = wants_priority(request)  # x-blazar-priority on the handshake
@@ -140,17 +146,21 @@ class RealtimeSession:
     def _only(self, kind: str) -> str | None:
         """The one served model of `kind` the request's key may use; None if not one."""
         names = [
-            r.name for r in self.pipeline.scheduler.runtimes.values()
+            r.name
+            for r in self.pipeline.scheduler.runtimes.values()
             if r.kind == kind and sees(self.request, r.name, r.aliases)
-        ]  # fmt: skip
+        ]
         return names[0] if len(names) == 1 else None
 
     def check(self, name: str, need: str, param: str) -> None:
         """The model `name` is served here, of the kind `need`, to this key; else why not."""
         if not name:
             what = {steps.CHAT: "a chat model"}.get(need, "a model")
-            raise EventError(f"'{param}' is not set: name {what} served here",
-                             "missing_required_parameter", param)  # fmt: skip
+            raise EventError(
+                f"'{param}' is not set: name {what} served here",
+                "missing_required_parameter",
+                param,
+            )
         try:
             self.pipeline.local(self.request, Ask(name, PATH, {}, need=need))
         except (ProtocolError, SchedulerError) as exc:
@@ -191,14 +201,16 @@ class RealtimeSession:
                 f"buffer too small: expected at least {MIN_COMMIT_S * 1000:.0f}ms of audio, got "
                 f"{self.buffer.seconds * 1000:.2f}ms; append PCM16 audio at {RATE} Hz first",
                 "input_audio_buffer_commit_empty",
-            )  # fmt: skip
+            )
         item = Item(self.new_id("item"), "user", "audio")
         previous = self.conversation.add(item)
         pcm = self.buffer.take()
-        await self.send(self.event("input_audio_buffer.committed", previous_item_id=previous,
-                                   item_id=item.id))  # fmt: skip
-        await self.send(self.event("conversation.item.created", previous_item_id=previous,
-                                   item=item.to_api()))  # fmt: skip
+        await self.send(
+            self.event("input_audio_buffer.committed", previous_item_id=previous, item_id=item.id)
+        )
+        await self.send(
+            self.event("conversation.item.created", previous_item_id=previous, item=item.to_api())
+        )
         task = asyncio.create_task(self._transcribe(item, pcm, self.settings.transcription))
         self.pending[item.id] = task
         task.add_done_callback(lambda _: self.pending.pop(item.id, None))
@@ -210,19 +222,25 @@ class RealtimeSession:
     async def _item(self, event: dict[str, Any]) -> None:
         previous_given = event.get("previous_item_id")
         if previous_given is not None and previous_given != self.conversation.last_id:
-            raise EventError("items are added at the end of the conversation here: leave out "
-                             "'previous_item_id' or give the last item's id", "unsupported_value",
-                             "previous_item_id")  # fmt: skip
+            raise EventError(
+                "items are added at the end of the conversation here: leave out "
+                "'previous_item_id' or give the last item's id",
+                "unsupported_value",
+                "previous_item_id",
+            )
         item = parse_item(event.get("item"), lambda: self.new_id("item"))
         previous = self.conversation.add(item)
-        await self.send(self.event("conversation.item.created", previous_item_id=previous,
-                                   item=item.to_api()))  # fmt: skip
+        await self.send(
+            self.event("conversation.item.created", previous_item_id=previous, item=item.to_api())
+        )
 
     async def _respond(self, event: dict[str, Any]) -> None:
         if self.response is not None and not self.response.done():
-            raise EventError("Conversation already has an active response: wait for its "
-                             "response.done, or send response.cancel",
-                             "conversation_already_has_active_response")  # fmt: skip
+            raise EventError(
+                "Conversation already has an active response: wait for its "
+                "response.done, or send response.cancel",
+                "conversation_already_has_active_response",
+            )
         options = for_response(self.settings, event.get("response"))
         chosen = options.settings
         if chosen.voice is not None and chosen.voice != self.settings.voice:
@@ -234,8 +252,9 @@ class RealtimeSession:
 
     async def _cancel(self, event: dict[str, Any]) -> None:
         if self.response is None or self.response.done():
-            raise EventError("there is no response in progress to cancel",
-                             "response_cancel_not_active")  # fmt: skip
+            raise EventError(
+                "there is no response in progress to cancel", "response_cancel_not_active"
+            )
         self.response.cancel()
 
     # -- transcription --------------------------------------------------------------------
@@ -247,11 +266,13 @@ class RealtimeSession:
                 raise EventError(
                     "no transcription model: set session.input_audio_transcription to "
                     '{"model": NAME} naming a transcription model served here',
-                    "missing_required_parameter", "session.input_audio_transcription",
-                )  # fmt: skip
+                    "missing_required_parameter",
+                    "session.input_audio_transcription",
+                )
             ask = Ask(wanted.model, PATH, {}, need=steps.TRANSCRIPTION)
-            asked = TranscriptionRequest(wanted.model, language=wanted.language,
-                                         prompt=wanted.prompt)  # fmt: skip
+            asked = TranscriptionRequest(
+                wanted.model, language=wanted.language, prompt=wanted.prompt
+            )
             async with self.pipeline.held(self.request, ask) as timed:
                 lease = timed.lease
                 heard = await transcribe(
@@ -262,14 +283,24 @@ class RealtimeSession:
                 logger.exception("realtime transcription failed")
             item.failed = True
             failed = event_error(exc)
-            await self.send(self.event(f"{kind}.failed", item_id=item.id, content_index=0, error={
-                "type": failed.kind, "code": failed.code, "message": failed.message,
-                "param": failed.param,
-            }))  # fmt: skip
+            await self.send(
+                self.event(
+                    f"{kind}.failed",
+                    item_id=item.id,
+                    content_index=0,
+                    error={
+                        "type": failed.kind,
+                        "code": failed.code,
+                        "message": failed.message,
+                        "param": failed.param,
+                    },
+                )
+            )
             return
         item.text = heard.text
-        await self.send(self.event(f"{kind}.completed", item_id=item.id, content_index=0,
-                                   transcript=heard.text))  # fmt: skip
+        await self.send(
+            self.event(f"{kind}.completed", item_id=item.id, content_index=0, transcript=heard.text)
+        )
 
     async def transcribed(self) -> None:
         """Wait for the transcriptions still running (a response needs their text)."""
@@ -281,5 +312,6 @@ def no_voice(where: str) -> EventError:
     return EventError(
         f"an audio answer needs a voice: set {where}.voice to a speech model served here, or "
         f'ask for text alone with {where}.modalities ["text"]',
-        "missing_required_parameter", f"{where}.voice",
-    )  # fmt: skip
+        "missing_required_parameter",
+        f"{where}.voice",
+    )

@@ -86,8 +86,12 @@ def event_error(exc: BaseException, param: str | None = None) -> EventError:
         return exc
     known = steps.failure(exc)
     if known is None:
-        return EventError(f"internal error ({type(exc).__name__}); see serve's log",
-                          "internal_error", param, "server_error")  # fmt: skip
+        return EventError(
+            f"internal error ({type(exc).__name__}); see serve's log",
+            "internal_error",
+            param,
+            "server_error",
+        )
     kind = "invalid_request_error" if known.status < 500 else "server_error"
     return EventError(known.message, known.code or "invalid_value", param, kind)
 
@@ -128,8 +132,13 @@ class Turn:
         self.usage: dict[str, Any] | None = None
 
     def _where(self, **fields: Any) -> dict[str, Any]:
-        return {"response_id": self.id, "item_id": self.item.id, "output_index": 0,
-                "content_index": 0, **fields}  # fmt: skip
+        return {
+            "response_id": self.id,
+            "item_id": self.item.id,
+            "output_index": 0,
+            "content_index": 0,
+            **fields,
+        }
 
     def _part(self) -> dict[str, Any]:
         if self.audio:
@@ -148,14 +157,26 @@ class Turn:
             await s.transcribed()
             messages = s.conversation.messages(self.options.settings.instructions)
             if not any(m["role"] != "system" for m in messages):
-                raise EventError("the conversation has nothing to answer yet: commit audio or "
-                                 "create an item first", "conversation_empty")  # fmt: skip
+                raise EventError(
+                    "the conversation has nothing to answer yet: commit audio or "
+                    "create an item first",
+                    "conversation_empty",
+                )
             previous = s.conversation.add(self.item)
             self.started = True
-            await s.send(s.event("response.output_item.added", response_id=self.id,
-                                 output_index=0, item=self.item.to_api()))  # fmt: skip
-            await s.send(s.event("conversation.item.created", previous_item_id=previous,
-                                 item=self.item.to_api()))  # fmt: skip
+            await s.send(
+                s.event(
+                    "response.output_item.added",
+                    response_id=self.id,
+                    output_index=0,
+                    item=self.item.to_api(),
+                )
+            )
+            await s.send(
+                s.event(
+                    "conversation.item.created", previous_item_id=previous, item=self.item.to_api()
+                )
+            )
             await s.send(s.event("response.content_part.added", **self._where(part=self._part())))
             queue: asyncio.Queue[str | None] | None = None
             if self.audio:  # started before the chat's trace is current: not its leases
@@ -192,16 +213,24 @@ class Turn:
         if self.started:
             if self.audio:
                 await s.send(s.event("response.audio.done", **self._where()))
-                await s.send(s.event("response.audio_transcript.done",
-                                     **self._where(transcript=self.text)))  # fmt: skip
+                await s.send(
+                    s.event("response.audio_transcript.done", **self._where(transcript=self.text))
+                )
             else:
                 await s.send(s.event("response.text.done", **self._where(text=self.text)))
             await s.send(s.event("response.content_part.done", **self._where(part=self._part())))
-            await s.send(s.event("response.output_item.done", response_id=self.id,
-                                 output_index=0, item=self.item.to_api()))  # fmt: skip
+            await s.send(
+                s.event(
+                    "response.output_item.done",
+                    response_id=self.id,
+                    output_index=0,
+                    item=self.item.to_api(),
+                )
+            )
             output = [self.item.to_api()]
-        response = response_object(self.id, self.options, status, output=output, details=details,
-                                   used=usage(self.usage))  # fmt: skip
+        response = response_object(
+            self.id, self.options, status, output=output, details=details, used=usage(self.usage)
+        )
         await s.send(s.event("response.done", response=response))
 
     async def chat(
@@ -211,9 +240,12 @@ class Turn:
         on a trace of its own whose id is the response's."""
         s, settings = self.session, self.options.settings
         body: dict[str, Any] = {
-            "model": settings.model, "messages": messages, "stream": True,
-            "stream_options": {"include_usage": True}, "temperature": settings.temperature,
-        }  # fmt: skip
+            "model": settings.model,
+            "messages": messages,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "temperature": settings.temperature,
+        }
         if settings.max_tokens is not None:
             body["max_tokens"] = settings.max_tokens
         sentences = Sentences() if queue is not None else None
@@ -283,8 +315,9 @@ class Turn:
             try:
                 pcm, rate = pcm_of_wav(audio)
             except AudioError as exc:
-                raise ProtocolError(502, f"model '{voice}' failed while answering: {exc}",
-                                    "upstream_error") from None  # fmt: skip
+                raise ProtocolError(
+                    502, f"model '{voice}' failed while answering: {exc}", "upstream_error"
+                ) from None
             pcm = resample(pcm, rate, RATE)
             for part in chunks(pcm, RATE, s.limits.audio_chunk_seconds):
                 delta = base64.b64encode(part).decode()

@@ -24,7 +24,7 @@ from blazar.errors import AlreadyExists, BlazarError, Conflict, InvalidInput, No
 from blazar.protocols import ProtocolError
 from blazar.protocols.ollama import keep_alive_seconds
 from blazar.protocols.ollama_options import SAMPLING_OPTIONS
-from blazar.reconcile import InvalidManifest
+from blazar.reconcile.apply import InvalidManifest
 from blazar.serve.supervisor.runtime import ModelRuntime
 from blazar.serve.supervisor.scheduler import Lease, Scheduler, SchedulerError, Target
 from specs.names import InvalidName
@@ -39,8 +39,15 @@ SERVED_ON = {
     TRANSCRIPTION: "/v1/audio/transcriptions or /v1/audio/translations",
     SPEECH: "/v1/audio/speech",
 }
-KINDS = {CHAT: "chat", EMBEDDINGS: "chat", ANY: "chat", TOOLS: "chat", THINKING: "chat",
-         TRANSCRIPTION: TRANSCRIPTION, SPEECH: SPEECH}  # fmt: skip
+KINDS = {
+    CHAT: "chat",
+    EMBEDDINGS: "chat",
+    ANY: "chat",
+    TOOLS: "chat",
+    THINKING: "chat",
+    TRANSCRIPTION: TRANSCRIPTION,
+    SPEECH: SPEECH,
+}
 KEEP_ALIVE = "x-blazar-keep-alive"
 
 
@@ -110,8 +117,11 @@ def check_kind(runtime: ModelRuntime, kind: str) -> None:
     a chat model on /v1/audio/speech."""
     if runtime.kind == kind:
         return
-    what = {"chat": "a chat model", TRANSCRIPTION: "a transcription (speech to text) model",
-            SPEECH: "a speech (text to speech) voice"}  # fmt: skip
+    what = {
+        "chat": "a chat model",
+        TRANSCRIPTION: "a transcription (speech to text) model",
+        SPEECH: "a speech (text to speech) voice",
+    }
     raise ProtocolError(
         400,
         f"model '{runtime.name}' is {what.get(runtime.kind, runtime.kind)}, and this endpoint "
@@ -199,8 +209,12 @@ PARAM_FIELDS = {**SAMPLING_OPTIONS, "num_predict": "n_predict", "stop": "stop"}
 LIMITS = ("n_predict", "max_tokens", "max_completion_tokens", "max_output_tokens")
 # What llama-server's /v1/messages keeps of a request: any other default needs its chat
 # endpoint (`anthropic_chat`), as adapters do.
-MESSAGES_PARAMS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
-                   "stop": "stop_sequences"}  # fmt: skip
+MESSAGES_PARAMS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "stop": "stop_sequences",
+}
 
 
 def with_defaults(

@@ -67,8 +67,11 @@ def offered(
 ) -> tuple[list[dict[str, Any]], dict[str, McpServer]]:
     """The request's tools with the servers' added, and which server has each tool."""
     tools = list(own) if isinstance(own, list) else []
-    taken = {t.get("function", {}).get("name"): "the request's tools" for t in tools
-             if isinstance(t, dict)}  # fmt: skip
+    taken = {
+        t.get("function", {}).get("name"): "the request's tools"
+        for t in tools
+        if isinstance(t, dict)
+    }
     owners: dict[str, McpServer] = {}
     for name, server in servers.items():
         for tool in server.tools:
@@ -159,8 +162,9 @@ class ToolLoop:
             replies = await asyncio.gather(*(self._call(c, owners, noted) for c in calls))
             if trace is not None:
                 trace.tool_round(noted, choice.get("finish_reason"))
-            messages.append({"role": "assistant", "content": message.get("content") or "",
-                             "tool_calls": calls})  # fmt: skip
+            messages.append(
+                {"role": "assistant", "content": message.get("content") or "", "tool_calls": calls}
+            )
             messages.extend(replies)
         raise AssertionError("unreachable")
 
@@ -188,8 +192,14 @@ class ToolLoop:
             else:
                 if failed and not text.lower().startswith("error"):
                     text = f"Error: {text}"
-        noted.append({"server": server.spec.name, "tool": name, "error": failed,
-                      "ms": round((time.perf_counter() - began) * 1000, 1)})  # fmt: skip
+        noted.append(
+            {
+                "server": server.spec.name,
+                "tool": name,
+                "error": failed,
+                "ms": round((time.perf_counter() - began) * 1000, 1),
+            }
+        )
         return {"role": "tool", "tool_call_id": call.get("id") or name, "content": text}
 
 
@@ -202,8 +212,12 @@ async def _as_stream(
     )
     await response.prepare(request)
     created = answer.get("created") or int(time.time())
-    base = {"id": answer.get("id"), "object": "chat.completion.chunk", "created": created,
-            "model": answer.get("model")}  # fmt: skip
+    base = {
+        "id": answer.get("id"),
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": answer.get("model"),
+    }
     choice = (answer.get("choices") or [{}])[0]
     message = choice.get("message") or {}
     delta: dict[str, Any] = {"role": "assistant", "content": message.get("content")}

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from blazar.paths import Paths
 from blazar.protocols import ProtocolError
-from blazar.store import Store
+from blazar.store.db import Store
 from specs.manifest import Manifest
 from specs.serving import Serving
 from specs.sources import FileSource, InvalidSource, parse_source

@@ -72,8 +72,10 @@ class SpeechAsk(Ask):
 def register(app: web.Application, services: Services) -> None:
     """Add the audio routes; under `blazar serve`, the async jobs too."""
     api = AudioAPI(services)
-    for path, task in (("/v1/audio/transcriptions", "transcribe"),
-                       ("/v1/audio/translations", "translate")):  # fmt: skip
+    for path, task in (
+        ("/v1/audio/transcriptions", "transcribe"),
+        ("/v1/audio/translations", "translate"),
+    ):
         app.router.add_post(path, services.route(api.transcription(path, task), api.transcribe))
     app.router.add_post("/v1/audio/speech", services.route(api.speech_ask, api.speak))
     app.router.add_get("/v1/audio/jobs", api.list_jobs)
@@ -127,9 +129,15 @@ class AudioAPI:
             if not audio:
                 raise ProtocolError(400, "the audio file is empty", "invalid_request_error")
             return TranscriptionAsk(
-                asked.model, path, {}, need=steps.TRANSCRIPTION, deferred=asked.run_async,
-                asked=asked, audio=audio, filename=filename,
-            )  # fmt: skip
+                asked.model,
+                path,
+                {},
+                need=steps.TRANSCRIPTION,
+                deferred=asked.run_async,
+                asked=asked,
+                audio=audio,
+                filename=filename,
+            )
 
         return ask
 
@@ -181,9 +189,10 @@ class AudioAPI:
                         fields.setdefault(part.name, []).append(raw.decode(errors="replace"))
         except TimeoutError:
             raise ProtocolError(
-                408, f"the upload did not arrive within {timeout:g} s (serving.body_timeout)",
+                408,
+                f"the upload did not arrive within {timeout:g} s (serving.body_timeout)",
                 "request_timeout",
-            ) from None  # fmt: skip
+            ) from None
         except ValueError as exc:  # aiohttp's word for a form it cannot parse
             raise ProtocolError(400, f"the multipart form cannot be read: {exc}") from None
         return fields, audio, filename

@@ -104,9 +104,11 @@ class BatchesAPI:
             target = pipeline.where(request, ask.model)
             if isinstance(target, Forward):
                 raise ProtocolError(
-                    400, f"model '{ask.model}' is served by remote '{target.remote.name}': a "
-                    "batch runs on this host's models only", "invalid_request_error",
-                )  # fmt: skip
+                    400,
+                    f"model '{ask.model}' is served by remote '{target.remote.name}': a "
+                    "batch runs on this host's models only",
+                    "invalid_request_error",
+                )
             plan = pipeline.plan(ask, target)
             if isinstance(plan, LoadOnly):
                 raise ProtocolError(400, "nothing to generate", "invalid_request_error")
@@ -156,9 +158,11 @@ class BatchesAPI:
         batch = batches.get(request.match_info["id"], key, keyed=keyed)
         if batch.status != shapes.ENDED:
             raise ProtocolError(
-                400, f"message batch '{batch.id}' is {batch.status}: its results come once it "
-                "has ended (processing_status 'ended')", "invalid_request_error",
-            )  # fmt: skip
+                400,
+                f"message batch '{batch.id}' is {batch.status}: its results come once it "
+                "has ended (processing_status 'ended')",
+                "invalid_request_error",
+            )
         response = web.StreamResponse(
             headers={"Content-Type": "application/x-jsonlines", **ANTHROPIC.headers(request)}
         )

@@ -1,7 +1,7 @@
 """API key management on the gateway: `GET /api/keys`, `POST /api/keys`, `DELETE /api/keys/NAME`.
 
 Admin scope (`access.PREFIXES`). They edit the manifest serve watches, as
-`blazar keys` does (`blazar.api_keys`, in a worker thread), then run a pass so
+`blazar keys` does (`blazar.manifest.keys`, in a worker thread), then run a pass so
 the access layer uses the new key set before they answer. With no key declared
 they answer 403: the first key is made with `blazar keys add` on the host, so
 an open gateway cannot be claimed by whoever reaches it first. Removing the
@@ -17,7 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
-from blazar import api_keys
+from blazar.manifest import keys as api_keys
 from blazar.protocols import ProtocolError
 from blazar.serve.http import TRACE, read_json, trace_id
 from blazar.serve.routes.services import Services

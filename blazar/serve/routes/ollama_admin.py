@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from blazar import manifest_ops
 from blazar.errors import NotFound
+from blazar.manifest import ops as manifest_ops
 from blazar.protocols import ProtocolError, ollama
 from blazar.serve.http import TRACE, name_in, read_json, trace_id
 from blazar.serve.request.grants import sees
@@ -33,7 +33,7 @@ from blazar.serve.state.remotes import Forward
 from specs.names import parse_name
 
 if TYPE_CHECKING:
-    from blazar.store import ModelRecord
+    from blazar.store.db import ModelRecord
 
 OLLAMA_VERSION = "0.12.6"  # the ollama release whose /api/* these routes follow
 FOREVER = timedelta(days=365 * 100)  # ollama shows keep_alive -1 as an expiry far away

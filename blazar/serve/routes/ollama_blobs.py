@@ -22,7 +22,7 @@ from pathlib import Path
 from aiohttp import web
 
 from blazar.errors import NotGGUF
-from blazar.gguf_info import has_gguf_magic, read_header
+from blazar.models.gguf import has_gguf_magic, read_header
 from blazar.protocols import ProtocolError
 from blazar.serve.request import uploads
 from blazar.serve.routes.services import Services

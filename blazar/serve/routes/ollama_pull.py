@@ -14,7 +14,7 @@ the manifest is put back; then the daemon runs a pass so the scheduler serves it
   `ollama_blobs`) or an absolute path (`from`) with a file:// source and its
   sha256; `from` an existing model with nothing else is another name for it (as
   `/api/copy`); `from` a model with `quantize` runs `blazar quantize`'s path
-  (`blazar.quantize`: llama-quantize, the result declared under the new name).
+  (`blazar.manifest.quantize`: llama-quantize, the result declared under the new name).
   What a Modelfile asks and Blazar cannot do is a 400 that says what to do instead.
 
 A path on the server (`from`, a `file://` pull) must lie in the store, the
@@ -32,9 +32,9 @@ from typing import Any
 
 from aiohttp import web
 
-from blazar import manifest_ops
 from blazar.errors import InvalidInput, NotFound
-from blazar.hashing import sha256_file
+from blazar.manifest import ops as manifest_ops
+from blazar.models.hashing import sha256_file
 from blazar.protocols import ProtocolError, ollama
 from blazar.serve.http import TRACE, name_in, read_json, trace_id
 from blazar.serve.request import uploads
@@ -232,8 +232,8 @@ class OllamaPull:
     async def _quantize(
         self, request: web.Request, body: dict[str, Any], name: str, fields: dict[str, Any]
     ) -> web.StreamResponse:
-        """`quantize` with `from` a model: `blazar quantize`'s path (`blazar.quantize`)."""
-        from blazar import quantize
+        """`quantize` with `from` a model: `blazar quantize`'s path (`blazar.manifest.quantize`)."""
+        from blazar.manifest import quantize
 
         control = self.control
         try:
@@ -258,9 +258,15 @@ class OllamaPull:
             emit({"status": f"quantizing {base} model to {qtype}"})
             say = self._threadsafe(emit)
             done = await asyncio.to_thread(
-                quantize.quantize_model, control.paths, control.manifest, base, qtype,
-                name=name, fields=fields, notify=lambda m: say({"status": m}),
-            )  # fmt: skip
+                quantize.quantize_model,
+                control.paths,
+                control.manifest,
+                base,
+                qtype,
+                name=name,
+                fields=fields,
+                notify=lambda m: say({"status": m}),
+            )
             emit({"status": f"using layer sha256:{done.sha256}"})
             emit({"status": "writing manifest"})
             await control.refresh(f"create {name} (quantize {base} to {qtype})")

@@ -153,8 +153,14 @@ class OpenAIAPI:
             model = body.get("model")
             return OpenAIAsk(
                 model if isinstance(model, str) else "",
-                path, body, raw, need=need, hint=hint, shareable=True, images=b"image" in raw,
-            )  # fmt: skip
+                path,
+                body,
+                raw,
+                need=need,
+                hint=hint,
+                shareable=True,
+                images=b"image" in raw,
+            )
 
         return ask
 

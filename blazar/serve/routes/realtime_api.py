@@ -69,9 +69,11 @@ class RealtimeAPI:
         ws = web.WebSocketResponse(protocols=(SUBPROTOCOL,), max_msg_size=limits.max_frame_bytes)
         if not ws.can_prepare(request).ok:
             raise ProtocolError(
-                426, f"GET {PATH} is a WebSocket (OpenAI's Realtime protocol): connect with "
-                "ws:// or wss:// and Upgrade: websocket", "upgrade_required",
-            )  # fmt: skip
+                426,
+                f"GET {PATH} is a WebSocket (OpenAI's Realtime protocol): connect with "
+                "ws:// or wss:// and Upgrade: websocket",
+                "upgrade_required",
+            )
         model = request.query.get("model") or None
         pipeline = self.services.pipeline
         if model is not None:  # refused before the upgrade, in OpenAI's envelope
@@ -108,29 +110,37 @@ class RealtimeAPI:
             except TimeoutError:
                 if session.busy:
                     continue
-                await session.error(EventError(
-                    f"the session was idle for {limits.idle_seconds:g} s: closing it",
-                    "session_idle_timeout",
-                ))  # fmt: skip
+                await session.error(
+                    EventError(
+                        f"the session was idle for {limits.idle_seconds:g} s: closing it",
+                        "session_idle_timeout",
+                    )
+                )
                 await ws.close(code=1000, message=b"idle timeout")
                 return
             if message.type == WSMsgType.TEXT:
                 await self._text(session, message.data, limits)
             elif message.type == WSMsgType.BINARY:
-                await session.error(EventError(
-                    "binary messages are not events: send each event as a JSON text message "
-                    "(audio goes base64 in input_audio_buffer.append)", "invalid_json",
-                ))  # fmt: skip
+                await session.error(
+                    EventError(
+                        "binary messages are not events: send each event as a JSON text message "
+                        "(audio goes base64 in input_audio_buffer.append)",
+                        "invalid_json",
+                    )
+                )
             else:  # CLOSE, CLOSING, CLOSED, ERROR (aiohttp has closed the socket)
                 return
 
     @staticmethod
     async def _text(session: RealtimeSession, text: str, limits: Limits) -> None:
         if len(text) > limits.max_event_bytes:
-            await session.error(EventError(
-                f"the event is {len(text)} bytes; at most {limits.max_event_bytes} are read: "
-                "send audio in smaller appends", "event_too_large",
-            ))  # fmt: skip
+            await session.error(
+                EventError(
+                    f"the event is {len(text)} bytes; at most {limits.max_event_bytes} are read: "
+                    "send audio in smaller appends",
+                    "event_too_large",
+                )
+            )
             return
         try:
             data = orjson.loads(text)

@@ -157,9 +157,11 @@ class ResponsesAPI:
     async def retrieve(self, request: web.Request) -> web.StreamResponse:
         if request.query.get("stream") not in (None, "false"):
             raise ProtocolError(
-                400, "stream: replaying a stored response as events is not supported; "
-                "GET it without stream", "invalid_request_error",
-            )  # fmt: skip
+                400,
+                "stream: replaying a stored response as events is not supported; "
+                "GET it without stream",
+                "invalid_request_error",
+            )
         kept = self._kept(request, "read")
         return web.json_response(kept.response, headers=OPENAI.headers(request))
 
@@ -176,9 +178,10 @@ class ResponsesAPI:
         body = await read_json(request)
         if set(body) != {"metadata"}:
             raise ProtocolError(
-                400, 'send {"metadata": {KEY: VALUE, ...}}: only metadata can be updated',
+                400,
+                'send {"metadata": {KEY: VALUE, ...}}: only metadata can be updated',
                 "invalid_request_error",
-            )  # fmt: skip
+            )
         self.recent.set_metadata(kept, openai_responses.check_metadata(body["metadata"]))
         return web.json_response(kept.response, headers=OPENAI.headers(request))
 
@@ -199,9 +202,10 @@ class ResponsesAPI:
             ids = [i.get("id") for i in items]
             if after not in ids:
                 raise ProtocolError(
-                    400, f"after: no input item '{after}' in this response",
+                    400,
+                    f"after: no input item '{after}' in this response",
                     "invalid_request_error",
-                )  # fmt: skip
+                )
             items = items[ids.index(after) + 1 :]
         page = items[: int(raw_limit)]
         body = {
@@ -216,9 +220,11 @@ class ResponsesAPI:
     async def cancel(self, request: web.Request) -> web.StreamResponse:
         self._kept(request, "cancel")
         raise ProtocolError(
-            400, "only background responses can be cancelled, and Blazar makes none: this "
-            "one has finished", "invalid_request_error",
-        )  # fmt: skip
+            400,
+            "only background responses can be cancelled, and Blazar makes none: this "
+            "one has finished",
+            "invalid_request_error",
+        )
 
     def asker(self) -> Any:
         async def ask(request: web.Request) -> Ask:
@@ -239,9 +245,14 @@ class ResponsesAPI:
 
             has_images = bool(openai_requests.image_refs(req.engine.body))
             return ResponsesAsk(
-                str(body["model"]), "/v1/responses", body, hint=NO_TEMPLATE_HINT, req=req,
-                keep=keep, images=has_images,
-            )  # fmt: skip
+                str(body["model"]),
+                "/v1/responses",
+                body,
+                hint=NO_TEMPLATE_HINT,
+                req=req,
+                keep=keep,
+                images=has_images,
+            )
 
         return ask
 
@@ -259,9 +270,12 @@ class ResponsesAnswer(Answer):
 
     async def whole(self, payload: bytes) -> dict[str, Any]:
         out = response_object(
-            orjson.loads(payload), response_id=self.response_id, created_at=self.created_at,
-            model=self.done.model, echo=self.req.echo,
-        )  # fmt: skip
+            orjson.loads(payload),
+            response_id=self.response_id,
+            created_at=self.created_at,
+            model=self.done.model,
+            echo=self.req.echo,
+        )
         self.keep(out)
         return out
 

@@ -36,7 +36,7 @@ from blazar.serve.state.sessions import Sessions
 from blazar.serve.state.tracing import Observer
 from blazar.serve.supervisor.child_http import ChildConnections
 from blazar.serve.supervisor.scheduler import Scheduler
-from blazar.store import Store
+from blazar.store.db import Store
 from specs.serving import Serving
 
 Asker = Callable[[web.Request], Awaitable[Ask]]
@@ -111,9 +111,12 @@ class Services:
     def __post_init__(self) -> None:
         self.observer.bind(self.scheduler)
         self.pipeline = Pipeline(
-            self.scheduler, self.children, sessions=self.sessions, fleet=self.fleet,
+            self.scheduler,
+            self.children,
+            sessions=self.sessions,
+            fleet=self.fleet,
             serving=self.serving,
-        )  # fmt: skip
+        )
         self.tools = ToolLoop(self.pipeline, self.mcp)
 
     def configure(self, serving: Serving) -> None:

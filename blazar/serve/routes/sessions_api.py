@@ -24,7 +24,7 @@ from blazar.serve.http import read_json
 from blazar.serve.routes.services import Services
 from blazar.serve.state.remotes import Forward
 from blazar.serve.state.sessions import Sessions, incompatibility
-from blazar.store import SessionRecord
+from blazar.store.db import SessionRecord
 
 BASE = "/api/blazar/sessions"
 

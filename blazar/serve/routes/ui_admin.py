@@ -31,9 +31,10 @@ from typing import Any
 
 from aiohttp import web
 
-from blazar import doctor, manifest_ops
-from blazar.engines.records import EngineStore
+from blazar import doctor
+from blazar.engines.ledger import EngineStore
 from blazar.errors import NotFound
+from blazar.manifest import ops as manifest_ops
 from blazar.protocols import ProtocolError
 from blazar.serve.http import TRACE, read_json, trace_id
 from blazar.serve.routes.services import Services
@@ -42,8 +43,11 @@ from blazar.serve.state.dashboard import condition_json
 from blazar.serve.state.remotes import Forward
 
 CLOSING = web.AppKey("ui_closing", asyncio.Event)
-STREAM_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                  "X-Accel-Buffering": "no"}  # fmt: skip
+STREAM_HEADERS = {
+    "Content-Type": "text/event-stream",
+    "Cache-Control": "no-cache",
+    "X-Accel-Buffering": "no",
+}
 
 
 def register(app: web.Application, services: Services) -> None:
@@ -118,11 +122,17 @@ class UIAdmin:
         for record in records.installed():
             serving = sorted(r.name for r in runtimes.values() if r.engine_tag == record.tag)
             engines.append(
-                {"kind": record.kind, "tag": record.tag, "version": record.version,
-                 "method": record.method, "active": record.active,
-                 "installed_at": record.installed_at, "models": serving,
-                 "bench": records.last_bench(record.kind, record.tag)}
-            )  # fmt: skip
+                {
+                    "kind": record.kind,
+                    "tag": record.tag,
+                    "version": record.version,
+                    "method": record.method,
+                    "active": record.active,
+                    "installed_at": record.installed_at,
+                    "models": serving,
+                    "bench": records.last_bench(record.kind, record.tag),
+                }
+            )
         waiting = [
             {"kind": c.kind, "name": c.name, **condition_json(c)}
             for c in control.store.conditions()

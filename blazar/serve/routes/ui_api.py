@@ -63,8 +63,11 @@ TYPES = {
 }
 BUS = web.AppKey("ui_bus", EventBus)
 BUS_TASK = web.AppKey("ui_bus_task", asyncio.Task[None])
-STREAM_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                  "X-Accel-Buffering": "no"}  # fmt: skip
+STREAM_HEADERS = {
+    "Content-Type": "text/event-stream",
+    "Cache-Control": "no-cache",
+    "X-Accel-Buffering": "no",
+}
 
 
 def webui_dir() -> Path:

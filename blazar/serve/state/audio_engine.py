@@ -80,18 +80,20 @@ async def transcribe(
                 line = json.loads(raw)
                 if line.get("type") == "error":
                     raise ProtocolError(
-                        502, f"model '{model}' failed while transcribing: {line.get('message')}",
+                        502,
+                        f"model '{model}' failed while transcribing: {line.get('message')}",
                         "upstream_error",
-                    )  # fmt: skip
+                    )
                 finished = finished or line.get("type") == "done"
                 transcript.feed(line)
                 if on_progress is not None and line.get("type") in ("info", "segment"):
                     on_progress(transcript.done, transcript.duration)
         if not finished:
             raise ProtocolError(
-                502, f"model '{model}' ended its answer before the transcription was done",
+                502,
+                f"model '{model}' ended its answer before the transcription was done",
                 "upstream_error",
-            )  # fmt: skip
+            )
     except (UpstreamError, ConnectionError) as exc:
         raise _failed(model, exc) from None
     except ValueError:  # a line that is not JSON

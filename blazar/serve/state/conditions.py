@@ -39,8 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from blazar.locking import LockTimeout, apply_lock
-from blazar.store import RECORD_FAULTS, Store, storable
+from blazar.host.locking import LockTimeout, apply_lock
+from blazar.store.db import RECORD_FAULTS, Store, storable
 
 if TYPE_CHECKING:
     from blazar.serve.supervisor.runtime import ModelRuntime
@@ -160,10 +160,14 @@ def remote_condition(remote: RemoteLike) -> Status:
         return Status("remote", remote.name, REACHABLE, "True", "Up", f"answers{drained}")
     if remote.health == "down":
         return Status(
-            "remote", remote.name, REACHABLE, "False", "Down",
+            "remote",
+            remote.name,
+            REACHABLE,
+            "False",
+            "Down",
             f"{remote.last_error or 'no answer'}; requests go to the next member of each "
             f"failover chain{drained}",
-        )  # fmt: skip
+        )
     return Status(
         "remote", remote.name, REACHABLE, "Unknown", "NotProbed", f"not probed yet{drained}"
     )

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from blazar.serve.supervisor.scheduler import Scheduler
-from blazar.store import Condition
+from blazar.store.db import Condition
 from specs.names import InvalidName, parse_name
 
 Sees = Callable[[str, Iterable[str]], bool]
@@ -33,8 +33,13 @@ def _short(name: str) -> str:
 
 
 def condition_json(c: Condition) -> dict[str, Any]:
-    return {"type": c.type, "status": c.status, "reason": c.reason, "message": c.message,
-            "since": c.last_transition}  # fmt: skip
+    return {
+        "type": c.type,
+        "status": c.status,
+        "reason": c.reason,
+        "message": c.message,
+        "since": c.last_transition,
+    }
 
 
 def models_view(
@@ -72,13 +77,20 @@ def models_view(
         }
         if runtime is not None:
             row.update(
-                kind=runtime.kind, aliases=list(runtime.aliases), variants=list(runtime.variants),
-                can_chat=runtime.kind == "chat" and runtime.can_chat, engine=runtime.engine_tag,
-                lane=runtime.engine_lane, slots=runtime.slots, ctx=runtime.ctx,
-                replicas=runtime.replicas, pin=runtime.pin, keep_alive=runtime.keep_alive,
+                kind=runtime.kind,
+                aliases=list(runtime.aliases),
+                variants=list(runtime.variants),
+                can_chat=runtime.kind == "chat" and runtime.can_chat,
+                engine=runtime.engine_tag,
+                lane=runtime.engine_lane,
+                slots=runtime.slots,
+                ctx=runtime.ctx,
+                replicas=runtime.replicas,
+                pin=runtime.pin,
+                keep_alive=runtime.keep_alive,
                 size=runtime.facts.get("size"),
                 problem=runtime.refusal or runtime.settings_problem or runtime.template_problem,
-            )  # fmt: skip
+            )
         rows.append(row)
     rows.extend(remote_rows)
     return rows
@@ -86,9 +98,22 @@ def models_view(
 
 def remote_row(name: str, remote: str, state: str) -> dict[str, Any]:
     """A model served by a remote only (`state`: its health, or drained)."""
-    return {"name": name, "declared": False, "served": True, "ready": None, "conditions": [],
-            "instances": [], "loaded": False, "kind": "chat", "aliases": [], "variants": [],
-            "can_chat": True, "pin": False, "remote": remote, "remote_state": state}  # fmt: skip
+    return {
+        "name": name,
+        "declared": False,
+        "served": True,
+        "ready": None,
+        "conditions": [],
+        "instances": [],
+        "loaded": False,
+        "kind": "chat",
+        "aliases": [],
+        "variants": [],
+        "can_chat": True,
+        "pin": False,
+        "remote": remote,
+        "remote_state": state,
+    }
 
 
 def for_grant(rows: list[dict[str, Any]], admin: bool, sees: Sees) -> list[dict[str, Any]]:

@@ -31,7 +31,7 @@ import orjson
 
 from blazar.serve.state import dashboard, live, series
 from blazar.serve.supervisor.scheduler import Scheduler
-from blazar.store import Condition
+from blazar.store.db import Condition
 
 TICK = 1.0  # seconds between looks at what changed
 REFRESH = 5.0  # the models view is sent at least this often (memory, keep-alive)
@@ -83,7 +83,11 @@ class EventBus:
         rss: Callable[[int | None], int | None] = series.rss_bytes,
     ) -> None:
         self.scheduler, self.conditions_of, self.recent, self.remotes = (
-            scheduler, conditions, recent, remotes)  # fmt: skip
+            scheduler,
+            conditions,
+            recent,
+            remotes,
+        )
         self.rss = rss
         self.subscribers: list[Subscriber] = []
         self.running: dict[int, Any] = {}  # id(trace) -> the Trace, while in flight
@@ -193,9 +197,14 @@ class EventBus:
                 for member in pool.members:
                     memory += self.rss(member.instance.pid) or 0
         point = series.point(
-            now, seconds, done, queue_depth=queue, in_flight=in_flight, memory_bytes=memory,
+            now,
+            seconds,
+            done,
+            queue_depth=queue,
+            in_flight=in_flight,
+            memory_bytes=memory,
             gateway_bytes=self.rss(os.getpid()),
-        )  # fmt: skip
+        )
         self.series.add(point)
         if self.subscribers:
             self.publish("sample", point, admin=True)

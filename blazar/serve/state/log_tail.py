@@ -1,6 +1,6 @@
 """The children's log files, listed and followed for the dashboard's Logs page (`/ui`).
 
-Each instance writes `<state>/logs/<model>-<replica>.log` (`blazar.children.ChildLog`,
+Each instance writes `<state>/logs/<model>-<replica>.log` (`blazar.host.children.ChildLog`,
 rotated to `.log.1`...). `listing` names the `.log` files directly in the logs
 directory (regular files, not links); `pick` gives the path of one of them for a name a
 client sent, only when that exact name is in the listing, so nothing outside the

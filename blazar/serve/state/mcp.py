@@ -25,9 +25,14 @@ def spec_of(name: str, declared: Declared, log_dir: Path | None) -> McpSpec:
     key = os.environ.get(declared.key_env) or None if declared.key_env else None
     log = log_dir / f"mcp-{name}.log" if log_dir is not None else None
     return McpSpec(
-        name, tuple(declared.command), tuple(sorted(declared.env.items())), declared.url, key,
-        declared.timeout, log,
-    )  # fmt: skip
+        name,
+        tuple(declared.command),
+        tuple(sorted(declared.env.items())),
+        declared.url,
+        key,
+        declared.timeout,
+        log,
+    )
 
 
 class McpServers:

@@ -101,8 +101,11 @@ class Series:
         self.points.append(sample)
 
     def view(self) -> dict[str, Any]:
-        return {"every": self.every, "window": self.every * (self.points.maxlen or 0),
-                "points": list(self.points)}  # fmt: skip
+        return {
+            "every": self.every,
+            "window": self.every * (self.points.maxlen or 0),
+            "points": list(self.points),
+        }
 
 
 def rss_bytes(pid: int | None) -> int | None:

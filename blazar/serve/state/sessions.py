@@ -42,7 +42,7 @@ from blazar.serve.supervisor.dialects import OPENAI, sessions_refusal
 from blazar.serve.supervisor.instance import Instance, InstanceId, State, instance_id
 from blazar.serve.supervisor.runtime import ModelRuntime
 from blazar.serve.supervisor.scheduler import Lease, Pool
-from blazar.store import SessionRecord, Store
+from blazar.store.db import SessionRecord, Store
 
 SAVED, BANK = "saved", "bank"
 MIB = 1024 * 1024

@@ -13,7 +13,7 @@ ring, queues it for the store and exports its spans (serving.otlp_endpoint).
 The store is written by `run` (a task of the daemon) about once a second, in one
 worker thread with its own connection, and pruned by serving.trace_retention. A record
 the store refuses costs only itself: it is written escaped, or left out and counted in
-`blazar_trace_records_dropped_total` (`traces_db.write`).
+`blazar_trace_records_dropped_total` (`trace_store.write`).
 `/metrics` (`blazar.serve.routes.observe_api`) calls `metrics_text`, which first scrapes
 each ready child's own `/metrics` and relabels them; what is read at scrape time
 and the live summary (`stats`) are in `blazar.serve.state.live`. The daemon forwards
@@ -36,7 +36,8 @@ from aiohttp import web
 from prometheus_client import Counter, generate_latest
 from prometheus_client.metrics_core import Metric
 
-from blazar.observe import cachebust, traces_db
+from blazar.observe import cachebust
+from blazar.observe import trace_store as trace_store
 from blazar.observe.metrics import Metrics, rejection, relabel
 from blazar.observe.otlp import SpanExporter
 from blazar.observe.trace import CURRENT, Trace
@@ -44,7 +45,7 @@ from blazar.serve.http import KEY_NAME, trace_id
 from blazar.serve.state import live
 from blazar.serve.supervisor.instance import Instance
 from blazar.serve.supervisor.scheduler import Scheduler
-from blazar.store import Store
+from blazar.store.db import Store
 from specs.serving import Serving
 
 # The requests that get a trace: inference on each protocol.
@@ -292,7 +293,7 @@ class Observer:
         return fn(self._store, *args)
 
     def _write(self, store: Store, batch: list[dict[str, Any]]) -> None:
-        written = traces_db.write(store, batch)
+        written = trace_store.write(store, batch)
         if written.escaped:
             logger.warning(
                 "%d trace record(s) held text the store refused; written escaped",
@@ -312,7 +313,7 @@ class Observer:
     def _prune(self, store: Store) -> None:
         self._pruned = time.monotonic()
         settings = self.settings
-        traces_db.prune(store, max_age=settings.retention_age, count=settings.retention_count)
+        trace_store.prune(store, max_age=settings.retention_age, count=settings.retention_count)
 
     async def close(self) -> None:
         """Write what is queued, close the store and flush the span exporter."""
@@ -336,7 +337,7 @@ class Observer:
             if record["id"] == wanted:
                 return record
         await self.flush()
-        found = await self._in_store(traces_db.find, wanted)
+        found = await self._in_store(trace_store.find, wanted)
         return dict(found) if found is not None else None
 
     async def recent(self, model: str | None, limit: int) -> list[dict[str, Any]]:
@@ -344,7 +345,7 @@ class Observer:
         self.drain()
         if self._executor is not None:
             await self.flush()
-            rows = await self._in_store(lambda s: traces_db.recent(s, model=model, limit=limit))
+            rows = await self._in_store(lambda s: trace_store.recent(s, model=model, limit=limit))
             if rows is not None:
                 return list(rows)
         found = [r for r in reversed(self.ring) if model is None or r["model"] == model]

@@ -9,16 +9,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypedDict
 
-from blazar import cache_settings
-from blazar.chat_templates import AppliedTemplate, model_template
 from blazar.engines.lanes import observe as observe_lanes
-from blazar.engines.records import EngineRecord, EngineStore
-from blazar.gguf_info import rope_facts
-from blazar.profiles import ProfileStore
+from blazar.engines.ledger import EngineRecord, EngineStore
+from blazar.launch import cache_settings
+from blazar.launch.served_template import AppliedTemplate, model_template
+from blazar.launch.tuning import with_tuning
+from blazar.models.gguf import rope_facts
 from blazar.serve.supervisor import dialects
 from blazar.serve.supervisor.runtime import Adapter, ModelRuntime
-from blazar.store import LoraRecord, ModelRecord, Store
-from blazar.tuning import with_tuning
+from blazar.store.db import LoraRecord, ModelRecord, Store
+from blazar.store.profiles import ProfileStore
 from reconcilers.desired import routing_of
 from reconcilers.ports import OfferView
 from reconcilers.routing import route
@@ -59,10 +59,23 @@ def build_runtimes(
         lane = pin or routing.defaults.get(name, manifest.engine_routing.chat_kind)
         if lane == dialects.MISTRALRS or record.is_set:  # an engine of OpenAI's API only
             engine, refusal = dialects.openai_engine(record, spec, lane, engines, lanes)
-            runtime = _runtime(name, record.path, record.facts, spec, serving, engine, [],
-                               model_template(manifest, key, record.facts), refusal)  # fmt: skip
-            runtimes[name] = replace(runtime, **dialects.OPENAI_FIELDS, sha256=record.sha256,
-                                     singleflight=serving.singleflight)  # fmt: skip
+            runtime = _runtime(
+                name,
+                record.path,
+                record.facts,
+                spec,
+                serving,
+                engine,
+                [],
+                model_template(manifest, key, record.facts),
+                refusal,
+            )
+            runtimes[name] = replace(
+                runtime,
+                **dialects.OPENAI_FIELDS,
+                sha256=record.sha256,
+                singleflight=serving.singleflight,
+            )
             continue
         decided = route(
             name, record.architecture, lanes, offers, pin=pin, default=lane, mode=routing.mode
@@ -72,9 +85,16 @@ def build_runtimes(
             continue  # nothing to run it with yet: `blazar engine update` or apply
         template = model_template(manifest, key, record.facts)
         runtime = _runtime(
-            name, record.path, record.facts, spec, serving, engine, loras, template,
+            name,
+            record.path,
+            record.facts,
+            spec,
+            serving,
+            engine,
+            loras,
+            template,
             decided.refusal,
-        )  # fmt: skip
+        )
         held = projectors.get(name)
         if held is not None and (spec is None or spec.mmproj is not None):
             # With its projector while the manifest declares one (or does not declare the

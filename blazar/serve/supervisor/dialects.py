@@ -18,8 +18,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from blazar.engines.records import EngineRecord, EngineStore
-    from blazar.store import ModelRecord
+    from blazar.engines.ledger import EngineRecord, EngineStore
+    from blazar.store.db import ModelRecord
     from reconcilers.ports import ObservedLane
     from specs.models import Model
 
@@ -47,8 +47,16 @@ def mistralrs_args(runtime: Launched, threads: int) -> tuple[str, ...]:
     """The mistralrs launcher's flags for an instance (the supervisor adds --host/--port):
     one sequence at a time, as the package's Runner allows; the declared chat template
     as Jinja text, as llama-server gets it."""
-    out = ["--model", runtime.path, "--ctx-size", str(runtime.ctx), "--parallel", "1",
-           "--alias", runtime.name]  # fmt: skip
+    out = [
+        "--model",
+        runtime.path,
+        "--ctx-size",
+        str(runtime.ctx),
+        "--parallel",
+        "1",
+        "--alias",
+        runtime.name,
+    ]
     if runtime.chat_template is not None:
         out += ["--chat-template", runtime.chat_template]
     if not any(a.split("=")[0] in ("--threads", "-t") for a in runtime.extra_args):

@@ -16,7 +16,7 @@ PR_SET_PDEATHSIG so the child gets SIGTERM if the thread that spawned it dies),
 parse the port from the "listening on" line, poll `/health` to the deadline,
 fail fast on an early exit. Stop: SIGTERM to the group, `grace` seconds, then
 SIGKILL. A READY child that exits unexpectedly is respawned with backoff. The
-mechanics (spawn, output, health probe, signals) are `blazar.children`'s, shared
+mechanics (spawn, output, health probe, signals) are `blazar.host.children`'s, shared
 with the one-job children of `blazar bench`; this module holds the decisions.
 
 `blazar serve` must end with `await stop_all(instances)`: install
@@ -39,9 +39,9 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from blazar import children
-from blazar.children import ChildLog, signal_group
 from blazar.errors import BlazarError
+from blazar.host import children
+from blazar.host.children import ChildLog, signal_group
 
 STABLE_AFTER = 30.0  # seconds READY after which a crash starts the backoff afresh
 logger = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ Hand-written rather than the `mcp` package's client: that client pulls starlette
 uvicorn, httpx and pyjwt into serve (importing it took 2.3-2.7 s here, on a loaded
 machine, against 0.7 s for aiohttp, which serve has anyway), and it spawns stdio
 servers itself, which would make a second owner of child processes beside
-`blazar.children`. The tests check this client against servers written with the
+`blazar.host.children`. The tests check this client against servers written with the
 `mcp` package, over both transports.
 """
 
@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from blazar.children import ChildLog
+from blazar.host.children import ChildLog
 from blazar.protocols import mcp
 from blazar.protocols.mcp import McpProtocolError
 from blazar.protocols.sse import SSEDecoder
@@ -142,8 +142,10 @@ class HttpLink:
         self.url, self.on_notice = url, on_notice
         self._ids = itertools.count(1)
         self._session = aiohttp.ClientSession()
-        self._headers = {"Accept": "application/json, text/event-stream",
-                         "Content-Type": "application/json"}  # fmt: skip
+        self._headers = {
+            "Accept": "application/json, text/event-stream",
+            "Content-Type": "application/json",
+        }
         if key:
             self._headers["Authorization"] = f"Bearer {key}"
         self._session_id: str | None = None

@@ -2,7 +2,7 @@
 
 The shape is `blazar.serve.supervisor.instance.Instance`'s: exactly one owner task
 starts, restarts and stops the server (for `command`, a child spawned by
-`blazar.children.spawn_stdio` in its own process group, dying with serve; for `url`,
+`blazar.host.children.spawn_stdio` in its own process group, dying with serve; for `url`,
 an HTTP session to the URL as `blazar.urls.target` reads it, an ambiguous host refused
 as a failed start); everyone else posts commands to its mailbox (`start`,
 `ensure_ready`, `stop`, `close`) and awaits what the owner answers. Its helper tasks
@@ -35,9 +35,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from blazar import children, urls
-from blazar.children import ChildLog
+from blazar import urls
 from blazar.errors import BlazarError
+from blazar.host import children
+from blazar.host.children import ChildLog
 from blazar.protocols import mcp
 from blazar.protocols.mcp import McpProtocolError, Tool
 from blazar.serve.supervisor.mcp_link import HttpLink, Link, StdioLink
@@ -291,8 +292,9 @@ class McpServer:
             try:
                 self._proc = await children.spawn_stdio(spec.command, dict(spec.env))
             except OSError as err:
-                self._mailbox.put_nowait(_Event("down", gen, f"could not run {spec.command[0]}: "
-                                                f"{err}"))  # fmt: skip
+                self._mailbox.put_nowait(
+                    _Event("down", gen, f"could not run {spec.command[0]}: {err}")
+                )
                 return
             stdio = StdioLink(self._proc, self._log, notice)
             self._helper(children.watch_exit(self._proc, stdio.reader, self._exited(gen)))

@@ -7,9 +7,9 @@ still listed, with the teaching `refusal` its requests get (a 400) before any sp
 The rest: the manifest's declarations (ctx, slots, replicas, pins, keep_alive,
 templates). A model the store holds but the manifest does not declare is served with
 the defaults of `[serving]`; a profile (`blazar tune`) fills what the manifest leaves
-unset (`blazar.tuning`). The effective arguments of an instance are a pure function of
+unset (`blazar.launch.tuning`). The effective arguments of an instance are a pure function of
 its runtime, so hot reload restarts exactly the instances whose arguments changed. A
-declared chat template is read at build time (`blazar.chat_templates`) and passed to
+declared chat template is read at build time (`blazar.launch.served_template`) and passed to
 the engine as Jinja text, so an edited template file changes them too.
 """
 
@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from blazar import cache_settings
-from blazar.cache_settings import CacheSettings
+from blazar.launch import cache_settings
+from blazar.launch.cache_settings import CacheSettings
+from blazar.launch.tuning import Tuning
 from blazar.protocols.capabilities import TemplateCapabilities, template_capabilities
 from blazar.serve.supervisor import dialects
-from blazar.tuning import Tuning
 from specs.names import AdapterChoice, Requested, parse_requested
 
 
@@ -139,14 +139,18 @@ class ModelRuntime:
             count = () if own else ("--threads", str(default_threads()))
             return ("--model", self.path, "--parallel", str(self.slots), *count, *self.extra_args)
         out = [
-            "--model", self.path,
+            "--model",
+            self.path,
             *(("--mmproj", self.projector) if self.projector is not None else ()),
-            "--ctx-size", str(self.ctx * self.slots),  # llama-server divides it among slots
-            "--parallel", str(self.slots),
-            "--alias", self.name,
+            "--ctx-size",
+            str(self.ctx * self.slots),  # llama-server divides it among slots
+            "--parallel",
+            str(self.slots),
+            "--alias",
+            self.name,
             "--metrics",
             "--jinja",
-        ]  # fmt: skip
+        ]
         if self.chat_template is not None:
             # As Jinja text: given a name, llama.cpp's --jinja renders every prompt as the
             # name itself (all but chatml), so Blazar ships the built-in templates as Jinja.

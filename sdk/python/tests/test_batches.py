@@ -22,8 +22,14 @@ from blazar_sdk import BadRequestError, BlazarError, Client, NotFoundError
 from blazar_sdk.batches import ROUTES, check_requests
 
 # Official client method -> the SDK's name for the same call.
-NAMES = {"create": "create", "retrieve": "get", "list": "list", "results": "results",
-         "cancel": "cancel", "delete": "delete"}  # fmt: skip
+NAMES = {
+    "create": "create",
+    "retrieve": "get",
+    "list": "list",
+    "results": "results",
+    "cancel": "cancel",
+    "delete": "delete",
+}
 VERB = re.compile(r"self\._(get|post|delete|get_api_list)\(")
 ROUTE = re.compile(r'span_route="([^"]+)"')
 HI = [{"role": "user", "content": "hi"}]
@@ -78,8 +84,9 @@ def test_a_batch_runs_on_the_gateway(client: Client) -> None:
         assert result["message"]["usage"]["output_tokens"] == int(custom_id[1:])
     assert batch["id"] in [b["id"] for b in client.batches.list(limit=5)["data"]]
     assert client.batches.delete(batch["id"]) == {
-        "id": batch["id"], "type": "message_batch_deleted"
-    }  # fmt: skip
+        "id": batch["id"],
+        "type": "message_batch_deleted",
+    }
     with pytest.raises(NotFoundError) as gone:
         client.batches.get(batch["id"])
     assert gone.value.code == "not_found_error" and gone.value.trace_id

@@ -102,8 +102,12 @@ def test_errors_are_typed_and_carry_the_body_and_the_trace_id(
         client.explain("nope")
     assert no_trace.value.message.startswith("no trace 'nope'")
     with pytest.raises(BadRequestError) as forced:
-        client.chat("tiny", "hi", tools=[{"type": "function", "function": {"name": "f"}}],
-                    tool_choice="required")  # fmt: skip
+        client.chat(
+            "tiny",
+            "hi",
+            tools=[{"type": "function", "function": {"name": "f"}}],
+            tool_choice="required",
+        )
     assert "cannot force a tool call" in forced.value.message
 
     with pytest.raises(AuthenticationError) as unknown:

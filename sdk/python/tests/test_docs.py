@@ -34,14 +34,19 @@ def test_every_call_is_documented() -> None:
     assert len(EXAMPLES) >= 10 and sum(waiting for waiting, _ in EXAMPLES) == 0  # all run
 
 
-@pytest.mark.parametrize(("waiting", "code"), EXAMPLES, ids=[f"example{i}" for i, _ in
-                                                              enumerate(EXAMPLES)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("waiting", "code"), EXAMPLES, ids=[f"example{i}" for i, _ in enumerate(EXAMPLES)]
+)
 def test_the_example_runs(waiting: bool, code: str, gateway: Gateway) -> None:
     compile(code, str(PAGE), "exec")
     if waiting:
         return
-    env = {**os.environ, "BLAZAR_URL": gateway.url, "BLAZAR_API_KEY": gateway.admin_key,
-           "PYTHONPATH": str(SDK / "src")}  # fmt: skip
+    env = {
+        **os.environ,
+        "BLAZAR_URL": gateway.url,
+        "BLAZAR_API_KEY": gateway.admin_key,
+        "PYTHONPATH": str(SDK / "src"),
+    }
     ran = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
     )

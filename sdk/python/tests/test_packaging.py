@@ -28,11 +28,19 @@ SOURCES = sorted((SDK / "src" / "blazar_sdk").glob("*.py"))
 WHEELS = SDK / "build" / "wheel"
 # Names newer than 3.9 that a 3.9 interpreter would trip on at run time.
 NEWER = {
-    ("typing", "TypeAlias"), ("typing", "ParamSpec"), ("typing", "Self"),
-    ("typing", "TypeGuard"), ("typing", "Concatenate"), ("typing", "Never"),
-    ("typing", "assert_never"), ("typing", "reveal_type"), ("typing", "LiteralString"),
-    ("datetime", "UTC"), ("itertools", "pairwise"), ("itertools", "batched"),
-}  # fmt: skip
+    ("typing", "TypeAlias"),
+    ("typing", "ParamSpec"),
+    ("typing", "Self"),
+    ("typing", "TypeGuard"),
+    ("typing", "Concatenate"),
+    ("typing", "Never"),
+    ("typing", "assert_never"),
+    ("typing", "reveal_type"),
+    ("typing", "LiteralString"),
+    ("datetime", "UTC"),
+    ("itertools", "pairwise"),
+    ("itertools", "batched"),
+}
 NEWER_KEYWORDS = {("dataclass", "slots"), ("dataclass", "kw_only"), ("zip", "strict")}
 
 
@@ -74,14 +82,20 @@ def oldest_python() -> tuple[str, str]:
     """A Python 3.9 if this machine has one (PATH, pyenv), else the running Python; and
     its version as X.Y."""
     home = Path.home()
-    candidates = [os.environ.get("BLAZAR_SDK_PYTHON", ""), "python3.9", "/usr/bin/python3.9",
-                  *sorted(glob.glob(str(home / ".pyenv/versions/3.9*/bin/python3.9")))]  # fmt: skip
+    candidates = [
+        os.environ.get("BLAZAR_SDK_PYTHON", ""),
+        "python3.9",
+        "/usr/bin/python3.9",
+        *sorted(glob.glob(str(home / ".pyenv/versions/3.9*/bin/python3.9"))),
+    ]
     for candidate in filter(None, candidates):
         try:
             found = subprocess.run(
                 [candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                capture_output=True, text=True, timeout=30,
-            )  # fmt: skip
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
         except OSError:
             continue
         if found.returncode == 0 and found.stdout.strip() == "3.9":
@@ -123,17 +137,34 @@ def test_installed_alone_it_runs_on_the_oldest_python(tmp_path: Path, gateway: G
     # This pip installs into that Python's site-packages (pip itself may not run on 3.9).
     site = venv / "lib" / f"python{version}" / "site-packages"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
-         "--only-binary=:all:", "--python-version", version, "--target", str(site),
-         str(wheels[-1])],
-        check=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-index",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            version,
+            "--target",
+            str(site),
+            str(wheels[-1]),
+        ],
+        check=True,
+        timeout=120,
+    )
     assert (site / "blazar_sdk" / "py.typed").exists()
     env = {**os.environ, "BLAZAR_URL": gateway.url, "BLAZAR_API_KEY": gateway.app_key}
     env.pop("PYTHONPATH", None)
     ran = subprocess.run(
         [str(venv / "bin" / "python"), "-c", SCRIPT],
-        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=120,
+    )
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout == f"{version} 3 3 ['city']\n", ran.stdout

@@ -135,8 +135,12 @@ class Peer:
         self.requests.append(headers)
         offered = [p.strip() for p in headers.get("sec-websocket-protocol", "").split(",")]
         accept = self.bad_accept or accept_key(headers["sec-websocket-key"])
-        answer = ["HTTP/1.1 101 Switching Protocols", "Upgrade: websocket",
-                  "Connection: Upgrade", f"Sec-WebSocket-Accept: {accept}"]  # fmt: skip
+        answer = [
+            "HTTP/1.1 101 Switching Protocols",
+            "Upgrade: websocket",
+            "Connection: Upgrade",
+            f"Sec-WebSocket-Accept: {accept}",
+        ]
         if "realtime" in offered:
             answer.append("Sec-WebSocket-Protocol: realtime")
         conn.sendall(("\r\n".join(answer) + "\r\n\r\n").encode())
@@ -200,9 +204,11 @@ def test_a_session_sends_and_receives_realtime_events(peer: Peer) -> None:
         session.commit()
         events = list(session.events(until="response.done"))
         assert [e["type"] for e in events] == [
-            "input_audio_buffer.committed", "response.audio.delta", "response.text.delta",
+            "input_audio_buffer.committed",
+            "response.audio.delta",
+            "response.text.delta",
             "response.done",
-        ]  # fmt: skip
+        ]
         assert session.audio(events[1]) == pcm and events[2]["delta"] == "héllo"
         session.send_text("hello")  # an error event is an event; the session goes on
         assert session.recv()["error"]["message"] == "no model for 'hello'"
@@ -213,10 +219,14 @@ def test_a_session_sends_and_receives_realtime_events(peer: Peer) -> None:
     assert ("pong", b"are you there") in peer.received  # answered between the fragments
     assert peer.received[-1] == ("close", 1000)
     assert [e["type"] for e in peer.received if isinstance(e, dict)] == [
-        "session.update", "input_audio_buffer.append", "input_audio_buffer.append",
-        "input_audio_buffer.commit", "response.create", "conversation.item.create",
+        "session.update",
+        "input_audio_buffer.append",
+        "input_audio_buffer.append",
+        "input_audio_buffer.commit",
         "response.create",
-    ]  # fmt: skip
+        "conversation.item.create",
+        "response.create",
+    ]
 
 
 def test_the_key_as_a_subprotocol_and_a_close_from_the_server(peer: Peer) -> None:
@@ -258,8 +268,11 @@ def test_a_session_on_the_gateway(client: Client, gateway: Gateway) -> None:
         session.commit(respond=False)
         committed = [session.recv() for _ in range(3)]
     kinds = [e["type"] for e in events]
-    assert kinds[:3] == ["conversation.item.created", "response.created",
-                         "response.output_item.added"]  # fmt: skip
+    assert kinds[:3] == [
+        "conversation.item.created",
+        "response.created",
+        "response.output_item.added",
+    ]
     text = "".join(e["delta"] for e in events if e["type"] == "response.text.delta")
     assert len(text.split()) == 5
     done = events[-1]["response"]

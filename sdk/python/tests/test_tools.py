@@ -36,9 +36,14 @@ def get_weather(city: str) -> str:
 
 
 def test_a_function_becomes_a_tool_definition() -> None:
-    def search(query: str, limit: int = 5, tags: list[str] | None = None,
-               mode: Literal["fast", "deep"] = "fast", size: Optional[float] = None,  # noqa: UP045
-               **extra: Any) -> list[str]:  # fmt: skip
+    def search(
+        query: str,
+        limit: int = 5,
+        tags: list[str] | None = None,
+        mode: Literal["fast", "deep"] = "fast",
+        size: Optional[float] = None,  # noqa: UP045
+        **extra: Any,
+    ) -> list[str]:
         """Search the notes.
 
         Longer text that is not part of the description."""
@@ -77,8 +82,10 @@ def call(name: str, arguments: str) -> dict[str, Any]:
 def test_one_call_is_run_or_refused_with_what_to_do() -> None:
     handlers = {"get_weather": get_weather, "count": lambda n: {"n": n + 1}}
     assert run_call(call("get_weather", '{"city": "Paris"}'), handlers) == {
-        "role": "tool", "tool_call_id": "c1", "content": REPORT,
-    }  # fmt: skip
+        "role": "tool",
+        "tool_call_id": "c1",
+        "content": REPORT,
+    }
     assert run_call(call("count", '{"n": 1}'), handlers)["content"] == '{"n": 2}'
     for bad, says in (
         (call("nope", "{}"), "which has no handler (handlers: count, get_weather)"),
@@ -112,9 +119,15 @@ def test_the_request_body() -> None:
     tools = [function_tool(get_weather)]
     body = chat_body("m", [], tools, {"max_tokens": 3}, stream=True, logprobs=True, mcp=["files"])
     assert body == {
-        "model": "m", "messages": [], "max_tokens": 3, "tools": tools, "mcp": ["files"],
-        "logprobs": True, "stream": True, "stream_options": {"include_usage": True},
-    }  # fmt: skip
+        "model": "m",
+        "messages": [],
+        "max_tokens": 3,
+        "tools": tools,
+        "mcp": ["files"],
+        "logprobs": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     with pytest.raises(TypeError, match="mcp: expected a list"):
         chat_body("m", [], None, {}, mcp="files")
 
@@ -147,15 +160,18 @@ def test_the_loop_runs_the_tool_and_the_model_answers_with_its_result(client: Cl
     asked, answered, sent_back = result.messages[2], result.messages[-1], result.messages[3]
     assert asked["tool_calls"][0]["function"]["name"] == "get_weather"
     assert sent_back == {
-        "role": "tool", "tool_call_id": asked["tool_calls"][0]["id"], "content": REPORT,
-    }  # fmt: skip
+        "role": "tool",
+        "tool_call_id": asked["tool_calls"][0]["id"],
+        "content": REPORT,
+    }
     assert answered == {"role": "assistant", "content": result.text}
     assert any(word in result.text for word in SEEN), (seed, result.text)
 
     # The same loop, streamed: the call arrives in pieces, the result is sent, the answer
     # streams in the second round.
-    with client.chat(GEMMA, ASK, tools=[get_weather], stream=True, max_tokens=30,
-                     temperature=1.0, seed=seed) as stream:  # fmt: skip
+    with client.chat(
+        GEMMA, ASK, tools=[get_weather], stream=True, max_tokens=30, temperature=1.0, seed=seed
+    ) as stream:
         deltas = list(stream)
     pieces = [p for d in deltas for p in d.tool_calls]
     assert pieces and pieces[0].name == "get_weather" and deltas[0].round == 0
@@ -180,8 +196,9 @@ def test_a_missing_or_failing_handler_and_a_loop_that_goes_on_are_clear_errors(
         client.chat(GEMMA, ASK, tools=[definition], tool_handlers={"other": broken}, **options)
     assert "'get_weather', which has no handler (handlers: other)" in str(missing.value)
     with pytest.raises(ToolError) as failing:
-        client.chat(GEMMA, ASK, tools=[definition], tool_handlers={"get_weather": broken},
-                    **options)  # fmt: skip
+        client.chat(
+            GEMMA, ASK, tools=[definition], tool_handlers={"get_weather": broken}, **options
+        )
     assert "tool 'get_weather' raised RuntimeError: the weather service is down" in str(
         failing.value
     )
@@ -203,8 +220,7 @@ def test_the_gateway_runs_the_loop_with_mcp_tools(client: Client) -> None:
     """`mcp=["weather"]`: the gateway offers the server's tools and calls them itself; the
     SDK sees one request, the final answer, and no tool call of its own to run."""
     for seed in MCP_SEEDS:
-        result = client.chat(GEMMA, ASK, mcp=["weather"], max_tokens=30, temperature=1.0,
-                             seed=seed)  # fmt: skip
+        result = client.chat(GEMMA, ASK, mcp=["weather"], max_tokens=30, temperature=1.0, seed=seed)
         rounds = client.explain(result.trace_id)["tool_rounds"]
         if rounds[0]["calls"]:
             break
@@ -213,7 +229,8 @@ def test_the_gateway_runs_the_loop_with_mcp_tools(client: Client) -> None:
     assert result.rounds == 1 and not result.tool_calls
     assert [c["tool"] for c in rounds[0]["calls"]] == ["get_weather"]
     assert not rounds[0]["calls"][0]["error"]
-    with client.chat(GEMMA, ASK, mcp=["weather"], stream=True, max_tokens=30, temperature=1.0,
-                     seed=seed) as stream:  # fmt: skip
+    with client.chat(
+        GEMMA, ASK, mcp=["weather"], stream=True, max_tokens=30, temperature=1.0, seed=seed
+    ) as stream:
         streamed = "".join(d.content or "" for d in stream)
     assert streamed and len(stream.trace_ids) == 1

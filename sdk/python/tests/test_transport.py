@@ -39,15 +39,25 @@ ANTHROPIC = {"type": "error", "error": {"type": "not_found_error", "message": "m
         (503, OPENAI, {"Retry-After": "2"}, BusyError, "all_slots_busy"),
         (404, ANTHROPIC, {}, NotFoundError, "not_found_error"),
         (400, {"error": "m"}, {}, BadRequestError, None),  # ollama's
-        (401, {"error": {"message": "m", "type": "authentication_error", "code": 401}}, {},
-         AuthenticationError, "authentication_error"),  # llama-server's int code: the type
+        (
+            401,
+            {"error": {"message": "m", "type": "authentication_error", "code": 401}},
+            {},
+            AuthenticationError,
+            "authentication_error",
+        ),  # llama-server's int code: the type
         (429, {"error": {"message": "m"}}, {"retry-after": "7"}, RateLimitError, None),
-        (502, {"error": {"message": "m", "code": "upstream_error"}}, {}, UpstreamError,
-         "upstream_error"),
+        (
+            502,
+            {"error": {"message": "m", "code": "upstream_error"}},
+            {},
+            UpstreamError,
+            "upstream_error",
+        ),
         (500, {"error": {"message": "m"}}, {}, ServerError, None),
         (418, {"error": {"message": "m"}}, {}, APIError, None),
     ],
-)  # fmt: skip
+)
 def test_error_answers_become_typed_exceptions(
     status: int, body: Any, headers: dict[str, str], kind: type[APIError], code: str | None
 ) -> None:

@@ -240,8 +240,11 @@ class ChatStream:
         self.finish_reason: str | None = None
         self._transport, self._model, self._tools = transport, model, tools
         self._handlers, self._rounds, self._mcp, self._options = (
-            handlers, max_tool_rounds, mcp, options,
-        )  # fmt: skip
+            handlers,
+            max_tool_rounds,
+            mcp,
+            options,
+        )
         self._response: Any = self._open()  # sent now: a refusal raises here, not later
         self._deltas = self._run()
 

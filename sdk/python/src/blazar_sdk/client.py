@@ -145,21 +145,35 @@ class Client:
             if best_of is not None:
                 raise ValueError("best_of needs whole answers to compare: use stream=False")
             return _chat.ChatStream(
-                self._transport, model, history, definitions, handlers,
-                max_tool_rounds=max_tool_rounds, mcp=mcp, options=options,
-            )  # fmt: skip
+                self._transport,
+                model,
+                history,
+                definitions,
+                handlers,
+                max_tool_rounds=max_tool_rounds,
+                mcp=mcp,
+                options=options,
+            )
         result = _chat.answer(
-            self._transport, model, history, definitions, handlers,
-            best_of=best_of, max_tool_rounds=max_tool_rounds, mcp=mcp, options=options,
-        )  # fmt: skip
+            self._transport,
+            model,
+            history,
+            definitions,
+            handlers,
+            best_of=best_of,
+            max_tool_rounds=max_tool_rounds,
+            mcp=mcp,
+            options=options,
+        )
         self.last_trace_id = result.trace_id
         return result
 
     def respond(self, model: str, input: str | Sequence[Mapping[str, Any]], **options: Any) -> JSON:
         """A Response (`POST /v1/responses`, OpenAI's Responses API); the gateway keeps it
         (unless `store=False`) for `metadata_update` and `GET /v1/responses/{id}`."""
-        return dict(self.request("POST", "/v1/responses", {"model": model, "input": input,
-                                                           **options}))  # fmt: skip
+        return dict(
+            self.request("POST", "/v1/responses", {"model": model, "input": input, **options})
+        )
 
     def metadata_update(self, response_id: str, metadata: Mapping[str, str]) -> JSON:
         """Replace a stored response's `metadata` (at most 16 keys of at most 64 characters,

@@ -230,5 +230,10 @@ def from_event(event: Mapping[str, Any], trace_id: str | None) -> APIError:
     message, code = describe(event)
     status = _STREAM_STATUS.get(code or "", 500)
     kind = _BY_STATUS.get(status, ServerError)
-    return kind(status, message or "the stream ended with an error", code=code, body=dict(event),
-                trace_id=trace_id)  # fmt: skip
+    return kind(
+        status,
+        message or "the stream ended with an error",
+        code=code,
+        body=dict(event),
+        trace_id=trace_id,
+    )

@@ -15,7 +15,7 @@ and before a spawn (the model is refused, never started with a draft it cannot u
 The token list is walked through a memory map, not parsed into Python strings: Gemma 3's
 262k tokens take about 0.1 s this way (about 1 s decoded one by one). Each file's summary
 is kept per process, keyed by its path, size and modification time. Callers:
-`blazar.serve.supervisor.runtime` (before a spawn), `blazar.reconcile` (diff notes),
+`blazar.serve.supervisor.runtime` (before a spawn), `blazar.reconcile.apply` (diff notes),
 `blazar.cli.tune` (`blazar drafts`).
 """
 
@@ -33,8 +33,19 @@ from blazar.errors import NotGGUF
 FIRST_COMPARED = 5  # llama.cpp's SPEC_VOCAB_CHECK_START_TOKEN_ID
 MAX_SIZE_DIFFERENCE = 128  # llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE
 _SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # GGUF types
-_FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
-            10: "<Q", 11: "<q", 12: "<d"}  # fmt: skip
+_FORMATS = {
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    10: "<Q",
+    11: "<q",
+    12: "<d",
+}
 _STRING, _ARRAY = 8, 9
 _KEYS = {
     "tokenizer.ggml.model": "model",
@@ -44,8 +55,12 @@ _KEYS = {
     "tokenizer.ggml.add_eos_token": "add_eos",
 }
 
-_LABELS = {"bos": "BOS token ids", "eos": "EOS token ids", "add_bos": "add-BOS settings",
-           "add_eos": "add-EOS settings"}  # fmt: skip
+_LABELS = {
+    "bos": "BOS token ids",
+    "eos": "EOS token ids",
+    "add_bos": "add-BOS settings",
+    "add_eos": "add-EOS settings",
+}
 
 
 @dataclass(frozen=True)

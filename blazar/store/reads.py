@@ -3,7 +3,7 @@
 `blazar list` starts in about half the time this way: sqlite-utils (with
 python-dateutil and pluggy) is about 40 ms of a command's start, and a list needs none
 of its table API. `blazar.cli.models` calls `read_models`; when it says None (no store
-yet, or a migration pending) the command opens a `blazar.store.Store`, which makes or
+yet, or a migration pending) the command opens a `blazar.store.db.Store`, which makes or
 migrates it, and reads through that.
 """
 
@@ -12,14 +12,14 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from blazar.store import ModelRecord
+from blazar.store.db import ModelRecord
 
 
 def read_models(path: Path) -> list[ModelRecord] | None:
     """Every model record of the store at `path`; None when there is no store there yet
     or a migration is pending (then open a `Store`, which migrates it). Sorted as
     `Store.list_models` sorts them."""
-    from blazar.migrations import MIGRATIONS
+    from blazar.store.schema import MIGRATIONS
 
     if not path.is_file():
         return None

@@ -14,7 +14,7 @@ from typing import Any
 
 from blazar.engines.base import InstalledEngine
 from blazar.errors import NotFound
-from blazar.store import Store, utcnow
+from blazar.store.db import Store, utcnow
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from blazar.engines.kinds import KINDS, PACKAGE_KINDS, canonical_kind, unknown_kind
 from blazar.errors import InvalidInput, NotFound
-from blazar.manifest_edit import ManifestError, ManifestFile
+from blazar.manifest.edit import ManifestError, ManifestFile
 
 KEY = "engine_routing.chat_kind"
 CHAT_KINDS = ("llamacpp", "mistralrs")

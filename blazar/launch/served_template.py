@@ -7,7 +7,7 @@ restarts the model's instances at the next pass: their arguments changed);
 text. A declared template wins over the GGUF's own.
 
 A manifest's `chat_template` is classified by `specs.chat_templates`: a name
-is one of the files shipped in `blazar/templates/`; Jinja text is used as is;
+is one of the files shipped in `blazar/launch/templates/`; Jinja text is used as is;
 a path is read here (the manifest layer does no I/O beyond the manifest). A
 file that cannot be read is not an exception: the runtime carries the problem,
 chat requests are refused with it, and completions keep working.

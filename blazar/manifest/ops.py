@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from blazar.errors import BlazarError, Conflict, InvalidInput, NotFound
-from blazar.locking import apply_lock
-from blazar.manifest_edit import ManifestError, ManifestFile
+from blazar.host.locking import apply_lock
+from blazar.manifest.edit import ManifestError, ManifestFile
+from blazar.models.registry import Registry
 from blazar.paths import Paths
-from blazar.reconcile import InvalidManifest, Pass, reconcile, supported
-from blazar.registry import Registry
-from blazar.store import Store
+from blazar.reconcile.apply import InvalidManifest, Pass, reconcile, supported
+from blazar.store.db import Store
 from reconcilers.apply import Event
 from reconcilers.plan import Action
 from reconcilers.ports import Progress
@@ -136,9 +136,15 @@ def apply_model(
         return [f"models.{declared_key(manifest, name) or name}"]
 
     return declare_and_reconcile(
-        paths, manifest_path, declare, f"pull of {name}", fields is not None,
-        progress_for=progress_for, on_event=on_event, notify=notify,
-    )  # fmt: skip
+        paths,
+        manifest_path,
+        declare,
+        f"pull of {name}",
+        fields is not None,
+        progress_for=progress_for,
+        on_event=on_event,
+        notify=notify,
+    )
 
 
 def apply_lora(
@@ -169,9 +175,15 @@ def apply_lora(
         return [f"loras.{name}", f"models.{key}"]
 
     return declare_and_reconcile(
-        paths, manifest_path, declare, f"lora add {name}", True,
-        progress_for=progress_for, on_event=on_event, notify=notify,
-    )  # fmt: skip
+        paths,
+        manifest_path,
+        declare,
+        f"lora add {name}",
+        True,
+        progress_for=progress_for,
+        on_event=on_event,
+        notify=notify,
+    )
 
 
 def apply_projector(
@@ -209,11 +221,17 @@ def apply_projector(
         return [f"models.{key}", f"projectors.{parse_name(key).short}"]
 
     result = declare_and_reconcile(
-        paths, manifest_path, declare, f"mmproj for {model}", True,
-        progress_for=progress_for, on_event=on_event, notify=notify,
-    )  # fmt: skip
+        paths,
+        manifest_path,
+        declare,
+        f"mmproj for {model}",
+        True,
+        progress_for=progress_for,
+        on_event=on_event,
+        notify=notify,
+    )
     if mmproj is None:
-        from blazar.projectors import remove_projector
+        from blazar.sources.projectors import remove_projector
 
         with Store(paths.db) as store:
             remove_projector(Registry(store, paths), parse_name(key_of[0]).short)

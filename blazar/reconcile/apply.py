@@ -4,7 +4,7 @@ The CLI (`diff`, `apply`, imperative commands) and `serve`'s control loop call
 this. The manifest is validated whole before anything is observed or changed.
 Host overlays are chosen here (`overlay_host`: `--host NAME`, else this
 machine's name), and the lock file is kept here (`update_lock`,
-`manifest_drift`; `blazar.lockfile` has the rules).
+`manifest_drift`; `blazar.reconcile.lockfile` has the rules).
 """
 
 from __future__ import annotations
@@ -16,7 +16,10 @@ from datetime import datetime
 from pathlib import Path
 
 from blazar.errors import BlazarError, InvalidInput
-from blazar.lockfile import (
+from blazar.host.locking import apply_lock
+from blazar.models.vocab import draft_problem
+from blazar.paths import Paths
+from blazar.reconcile.lockfile import (
     Lock,
     drift,
     fetch_pins,
@@ -28,11 +31,8 @@ from blazar.lockfile import (
     refusals,
     write_lock,
 )
-from blazar.locking import apply_lock
-from blazar.paths import Paths
-from blazar.store import Store
-from blazar.vocab import draft_problem
-from blazar.wiring import real_ports
+from blazar.reconcile.ports import real_ports
+from blazar.store.db import Store
 from reconcilers.apply import ApplyReport, Event, execute, make_plan
 from reconcilers.desired import Desired, desired_from_manifest
 from reconcilers.engines import PlanError
@@ -127,7 +127,7 @@ def plan_for(
 
 def draft_notes(store: Store, desired: Desired) -> list[Note]:
     """A `!` note for each declared model whose draft cannot draft for it (their GGUFs'
-    vocabularies differ, `blazar.vocab`), once both are held; serve refuses the model with
+    vocabularies differ, `blazar.models.vocab`), once both are held; serve refuses the model with
     the same reason, before any spawn."""
     held = {r.ref.short: r for r in store.list_models()}
     notes = []
@@ -169,7 +169,7 @@ def reconcile(
     `now` is the clock fork retirement reads (tests inject one; default: the time now).
     With `locked` (`apply --locked`), a manifest the lock does not cover exactly is
     refused before anything is observed or changed, and what is installed is what the
-    lock resolved (`blazar.lockfile`).
+    lock resolved (`blazar.reconcile.lockfile`).
     """
     desired = desired_from_manifest(manifest)
     pins: dict[str, str] = {}
@@ -226,7 +226,7 @@ def views(path: Path, known: tuple[str | None, Desired] | None = None) -> list[D
 
 def host_lock(store: Store, desired: Desired) -> Lock:
     """What this host holds now for what the manifest asks (`desired`), as lock entries."""
-    from blazar.engines.records import EngineStore
+    from blazar.engines.ledger import EngineStore
 
     return held(desired, store.list_models(), store.list_loras(), EngineStore(store).installed())
 

@@ -8,7 +8,7 @@ model as a *verified set*: every file's sha256, and the set's own digest, which 
 what `sha256` means for it in the manifest: the sha256 of its `sha256sum` listing
 (one `<sha256>  <name>` line per file, sorted by name), so one file changed changes
 the digest. The
-registry (`blazar.registry.Registry.import_set`) places the files in
+registry (`blazar.models.registry.Registry.import_set`) places the files in
 `blobs/sha256-<digest>.set/`, each verified, and renames the directory into
 place only when all are: a half-made set is never visible. The model sources
 (`blazar.sources`) and the serve runtime use `kind_of` to tell what a set is.
@@ -41,10 +41,19 @@ SAFETENSORS = "safetensors"
 # The files of a safetensors model a server reads; the rest of such a repo (README, the
 # original checkpoint, ONNX exports, images) is not fetched.
 _WEIGHTS = (".safetensors", ".safetensors.index.json")
-_MODEL_FILES = {"config.json", "generation_config.json", "tokenizer.json",
-                "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                "vocab.json", "merges.txt", "chat_template.jinja",
-                "chat_template.json", "preprocessor_config.json"}  # fmt: skip
+_MODEL_FILES = {
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+    "preprocessor_config.json",
+}
 
 
 def is_safetensors_model(names: Iterable[str]) -> bool:

@@ -18,14 +18,26 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from blazar.store import Store, utcnow
+from blazar.store.db import Store, utcnow
 
 # The settings a profile may hold, each the manifest field of the same name (batch,
 # ubatch and threads are llama-server flags a model's `args` may set instead).
 SETTINGS = (
-    "spec", "draft", "draft_max", "draft_min", "draft_p_min", "ngram_size_n", "ngram_size_m",
-    "ngram_min_hits", "slots", "batch", "ubatch", "threads", "cache_type", "cache_reuse",
-)  # fmt: skip
+    "spec",
+    "draft",
+    "draft_max",
+    "draft_min",
+    "draft_p_min",
+    "ngram_size_n",
+    "ngram_size_m",
+    "ngram_min_hits",
+    "slots",
+    "batch",
+    "ubatch",
+    "threads",
+    "cache_type",
+    "cache_reuse",
+)
 
 
 @dataclass(frozen=True)

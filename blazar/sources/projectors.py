@@ -1,11 +1,11 @@
 """Vision projectors: the mmproj GGUF beside a model that lets it read images.
 
 `models.NAME.mmproj` declares one (`specs.models.check_projector`); the projectors
-reconciler's real port (`blazar.wiring.StoreProjectors`) fetches it like a model file
+reconciler's real port (`blazar.reconcile.ports.StoreProjectors`) fetches it like a model file
 and calls `import_projector`, which checks that the file is a projector (a GGUF of
 architecture `clip`) made for the model (its `clip.vision.projection_dim` is the
 model's embedding width, when both say), places it in the blob store verified, and
-records it (`blazar.store.ProjectorRecord`). The serve runtime passes its path to
+records it (`blazar.store.db.ProjectorRecord`). The serve runtime passes its path to
 the engine as `--mmproj`; `/api/show` then reports the `vision` capability and
 `blazar fit` counts its bytes. `auto_source` says where `mmproj = "auto"` looks.
 """
@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from blazar.errors import InvalidInput
-from blazar.hashing import sha256_file
-from blazar.registry import Registry
-from blazar.store import ProjectorRecord
+from blazar.models.hashing import sha256_file
+from blazar.models.registry import Registry
+from blazar.store.db import ProjectorRecord
 from specs.models import AUTO_PROJECTOR
 from specs.names import ModelName
 from specs.sources import HFSource, Source, parse_source
@@ -31,7 +31,7 @@ def projector_facts(path: Path) -> dict[str, Any]:
     """What the file says of itself: projector type, output width, what it encodes.
 
     Raises InvalidInput for a GGUF that is not a projector (NotGGUF for no GGUF)."""
-    from blazar.gguf_info import read_header  # gguf's constants: loaded only when needed
+    from blazar.models.gguf import read_header  # gguf's constants: loaded only when needed
 
     _, meta, _, _ = read_header(path)
     arch = meta.get("general.architecture")

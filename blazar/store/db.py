@@ -1,7 +1,10 @@
-"""Blazar's store: the single record of observed state, in SQLite.
+"""Blazar's store: the single record of observed state, in SQLite, and its records.
+
+What the store holds are plain frozen dataclasses (`ModelRecord`, `LoraRecord`, ...),
+with their row conversions beside them.
 
 Opened through sqlite-utils in WAL mode (readers never block the writer);
-migrations from `blazar.migrations` run on every open. Callers get and put
+migrations from `blazar.store.schema` run on every open. Callers get and put
 plain dataclasses; every multi-row write runs in one transaction so the store
 is never left half-written. The writers that batch what serve saw (traces, audio jobs,
 message batches, key use) go through `insert_isolated`, so one record the store refuses
@@ -17,23 +20,13 @@ import json
 import sqlite3
 import sys
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from blazar.errors import NotFound
-from blazar.migrations import migrate
-from blazar.records import (
-    HELD_KINDS,
-    Condition,
-    KeyRecord,
-    LoraRecord,
-    ModelRecord,
-    ProjectorRecord,
-    SessionRecord,
-    utcnow,
-    utcnow_us,
-)
+from blazar.store.schema import migrate
 from specs.names import ModelName
 
 if TYPE_CHECKING:
@@ -56,6 +49,175 @@ __all__ = [
     "utcnow",
     "utcnow_us",
 ]
+
+# -- the records -----------------------------------------------------------------
+HELD_KINDS = ("hardlink", "copy", "reference")
+
+
+def utcnow() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def utcnow_us() -> str:
+    """To the microsecond: what least-recently-used orders by."""
+    return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
+@dataclass(frozen=True)
+class ModelRecord:
+    """One model Blazar holds, as the store records it."""
+
+    name: str
+    tag: str
+    path: str
+    held: str
+    size: int
+    sha256: str
+    source: str
+    architecture: str | None = None
+    parameters: int | None = None
+    quantization: str | None = None
+    context_length: int | None = None
+    facts: dict[str, Any] = field(default_factory=dict)
+    added_at: str = field(default_factory=utcnow)
+    managed: bool = False  # a manifest owns it (created by apply), not `blazar import`
+    settings: dict[str, Any] = field(default_factory=dict)  # runtime fields last applied
+
+    @property
+    def ref(self) -> ModelName:
+        return ModelName(self.name, self.tag)
+
+    @property
+    def kind(self) -> str:
+        """chat (a GGUF, or a safetensors set), transcription or speech (a set of files:
+        `blazar.models.filesets`)."""
+        kind = self.facts.get("kind")
+        return kind if isinstance(kind, str) else "chat"
+
+    @property
+    def is_set(self) -> bool:
+        """A directory of files (`blazar.models.filesets`), not one GGUF (or its shards)."""
+        return self.kind != "chat" or self.facts.get("format") == "safetensors"
+
+    def to_row(self) -> dict[str, Any]:
+        row = asdict(self)
+        row["facts"] = json.dumps(self.facts, sort_keys=True)
+        row["settings"] = json.dumps(self.settings, sort_keys=True)
+        row["managed"] = int(self.managed)
+        return row
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> ModelRecord:
+        data = dict(row)
+        data["facts"] = json.loads(data.get("facts") or "{}")
+        data["settings"] = json.loads(data.get("settings") or "{}")
+        data["managed"] = bool(data.get("managed"))
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class LoraRecord:
+    """A LoRA adapter Blazar holds, bound to its base model."""
+
+    name: str
+    model: str
+    path: str
+    size: int
+    sha256: str
+    source: str
+    architecture: str | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+    managed: bool = True
+    added_at: str = field(default_factory=utcnow)
+
+    def to_row(self) -> dict[str, Any]:
+        row = asdict(self)
+        row["settings"] = json.dumps(self.settings, sort_keys=True)
+        row["managed"] = int(self.managed)
+        return row
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> LoraRecord:
+        data = dict(row)
+        data["settings"] = json.loads(data.get("settings") or "{}")
+        data["managed"] = bool(data.get("managed"))
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class ProjectorRecord:
+    """A vision projector (mmproj GGUF) Blazar holds for a model (`models.NAME.mmproj`)."""
+
+    model: str  # the model's short name
+    path: str
+    size: int
+    sha256: str
+    source: str  # as declared (a source, or "auto")
+    facts: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+    managed: bool = True
+    added_at: str = field(default_factory=utcnow)
+
+    @property
+    def vision(self) -> bool:
+        """It reads images (an audio-only projector does not)."""
+        return bool(self.facts.get("vision", True))
+
+    def to_row(self) -> dict[str, Any]:
+        row = asdict(self)
+        row["facts"] = json.dumps(self.facts, sort_keys=True)
+        row["settings"] = json.dumps(self.settings, sort_keys=True)
+        row["managed"] = int(self.managed)
+        return row
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> ProjectorRecord:
+        data = dict(row)
+        data["facts"] = json.loads(data.get("facts") or "{}")
+        data["settings"] = json.loads(data.get("settings") or "{}")
+        data["managed"] = bool(data.get("managed"))
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class KeyRecord:
+    name: str
+    sha256: str
+    models: tuple[str, ...]
+    managed: bool = True
+    added_at: str = field(default_factory=utcnow)
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    """A saved KV session: which model, engine and cache it belongs to, and its file."""
+
+    name: str
+    model: str
+    kind: str  # saved (by `blazar session save`) | bank (by the session bank)
+    file: str  # the file's name under `Paths.sessions`
+    n_tokens: int
+    size: int
+    model_sha256: str
+    engine_tag: str
+    cache_type: str
+    created_at: str = field(default_factory=utcnow)
+    last_used: str = field(default_factory=utcnow_us)
+
+
+@dataclass(frozen=True)
+class Condition:
+    kind: str
+    name: str
+    type: str
+    status: str
+    reason: str
+    message: str
+    last_transition: str
+    updated_at: str
+
+
+# -- the store -------------------------------------------------------------------
 
 # sqlite-utils imports these, when installed, only to map their scalar types to column
 # types; Blazar never stores them, and numpy alone adds about 30 ms to every command

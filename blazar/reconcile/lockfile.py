@@ -17,7 +17,7 @@ exact revision and the download URL; for engines the exact version, the tag
 and the artifact's digest. The text is TOML in a stable order.
 
 The functions that compare are pure; reading the host (`held`) and the file
-(`read_lock`, `write_lock`) are the edges. `blazar.reconcile` and the CLI call
+(`read_lock`, `write_lock`) are the edges. `blazar.reconcile.apply` and the CLI call
 them.
 """
 
@@ -28,9 +28,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from blazar.engines.records import EngineRecord
+from blazar.engines.ledger import EngineRecord
 from blazar.errors import InvalidInput
-from blazar.store import LoraRecord, ModelRecord
+from blazar.store.db import LoraRecord, ModelRecord
 from reconcilers.desired import LATEST, Desired, DesiredEngine, DesiredLora, DesiredModel
 from specs.sources import HFSource, InvalidSource, parse_source
 
@@ -323,8 +323,11 @@ def lock_text(lock: Lock) -> str:
     return HEADER + tomlkit.dumps(data)
 
 
-ASKED = {"engine": ("lane", "install", "backend", "declared"), "model": ("source",),
-         "lora": ("source",)}  # fmt: skip
+ASKED = {
+    "engine": ("lane", "install", "backend", "declared"),
+    "model": ("source",),
+    "lora": ("source",),
+}
 
 
 def parse_lock(text: str, where: str = LOCK_NAME) -> Lock:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from blazar.errors import InvalidInput
-from blazar.hardware import Device
+from blazar.host.hardware import Device
 
 CACHE_TYPES = ("f16", "q8_0", "q4_0")
 DEFAULT_CTX = 4096

@@ -23,24 +23,53 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from blazar import manifest_ops
 from blazar.engines.base import KIND
-from blazar.engines.records import EngineStore
+from blazar.engines.ledger import EngineStore
 from blazar.engines.tools import build_quantize, find_quantize
 from blazar.errors import BlazarError, InvalidInput, NotFound
-from blazar.hashing import sha256_file
-from blazar.manifest_edit import ManifestFile
+from blazar.manifest import ops as manifest_ops
+from blazar.manifest.edit import ManifestFile
+from blazar.models.hashing import sha256_file
 from blazar.paths import Paths
-from blazar.store import ModelRecord, Store
+from blazar.store.db import ModelRecord, Store
 from specs.names import parse_name
 
 # llama-quantize's type names (gguf's LlamaFileType without its MOSTLY_ prefix).
 TYPES = (
-    "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q2_K_S", "Q3_K_S", "Q3_K_M", "Q3_K_L",
-    "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS",
-    "IQ2_S", "IQ2_M", "IQ3_XXS", "IQ3_XS", "IQ3_S", "IQ3_M", "IQ4_NL", "IQ4_XS", "TQ1_0",
-    "TQ2_0", "MXFP4_MOE", "F16", "BF16", "F32",
-)  # fmt: skip
+    "Q4_0",
+    "Q4_1",
+    "Q5_0",
+    "Q5_1",
+    "Q8_0",
+    "Q2_K",
+    "Q2_K_S",
+    "Q3_K_S",
+    "Q3_K_M",
+    "Q3_K_L",
+    "Q4_K_S",
+    "Q4_K_M",
+    "Q5_K_S",
+    "Q5_K_M",
+    "Q6_K",
+    "IQ1_S",
+    "IQ1_M",
+    "IQ2_XXS",
+    "IQ2_XS",
+    "IQ2_S",
+    "IQ2_M",
+    "IQ3_XXS",
+    "IQ3_XS",
+    "IQ3_S",
+    "IQ3_M",
+    "IQ4_NL",
+    "IQ4_XS",
+    "TQ1_0",
+    "TQ2_0",
+    "MXFP4_MOE",
+    "F16",
+    "BF16",
+    "F32",
+)
 FULL = ("F32", "F16", "BF16")
 # Fields of the base's declaration that describe its bytes, not how it is served.
 _OWN = ("source", "sha256", "aliases", "enabled")
@@ -176,9 +205,16 @@ def quantize_model(
                 blob.unlink(missing_ok=True)
         raise
     return Quantized(
-        target, record.ref.short, qtype, blob, sha256, blob.stat().st_size, record.size,
-        seconds, tool,
-    )  # fmt: skip
+        target,
+        record.ref.short,
+        qtype,
+        blob,
+        sha256,
+        blob.stat().st_size,
+        record.size,
+        seconds,
+        tool,
+    )
 
 
 def _check_base(record: ModelRecord, qtype: str, allow_requantize: bool) -> None:
@@ -204,7 +240,7 @@ def _check_base(record: ModelRecord, qtype: str, allow_requantize: bool) -> None
 
 def _publish(tmp: Path, qtype: str) -> Path:
     """Check llama-quantize's output and rename it to its content address."""
-    from blazar.gguf_info import inspect_gguf  # gguf and numpy, only here
+    from blazar.models.gguf import inspect_gguf  # gguf and numpy, only here
 
     if not tmp.is_file():
         raise QuantizeFailed("llama-quantize exited 0 but wrote no file; nothing was kept")

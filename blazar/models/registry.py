@@ -21,14 +21,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from blazar.errors import AlreadyExists, InvalidInput, VerificationFailed
-from blazar.filesets import DESCRIBED, SET_SUFFIX, kind_of, safetensors_facts, set_digest
-from blazar.hashing import sha256_file
+from blazar.models.filesets import DESCRIBED, SET_SUFFIX, kind_of, safetensors_facts, set_digest
+from blazar.models.hashing import sha256_file
 from blazar.paths import Paths
-from blazar.store import LoraRecord, ModelRecord, Store
+from blazar.store.db import LoraRecord, ModelRecord, Store
 from specs.names import ModelName
 
 if TYPE_CHECKING:
-    from blazar.gguf_info import GGUFFacts
+    from blazar.models.gguf import GGUFFacts
 
 # os.link fails with these when a hardlink is impossible (another filesystem,
 # a filesystem without links, a protected file): reference the file instead.
@@ -38,7 +38,7 @@ _NO_LINK = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES}
 def inspect_gguf(path: Path) -> GGUFFacts:
     """The file's GGUF facts; gguf (and numpy) load here, the first time a file is read,
     so opening the registry (every `blazar diff`) costs neither."""
-    from blazar.gguf_info import inspect_gguf as inspect
+    from blazar.models.gguf import inspect_gguf as inspect
 
     return inspect(path)
 
@@ -191,7 +191,7 @@ class Registry:
         sha256: str | None = None,
         hashes: dict[str, str] | None = None,
     ) -> ModelRecord:
-        """Register a model of several files (`blazar.filesets`) under `ref`: `names` are
+        """Register a model of several files (`blazar.models.filesets`) under `ref`: `names` are
         the files' paths inside the model's directory, `kind` what the manifest declares
         (transcription or speech), `sha256` the set's expected digest and `hashes` each
         file's, when the source knows them (each is checked, or nothing is kept).

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # the store imports sqlite-utils when it opens (`blazar.store.open_database`)
+if TYPE_CHECKING:  # the store imports sqlite-utils when it opens (`blazar.store.db.open_database`)
     import sqlite_utils
 
 Migration = Callable[["sqlite_utils.Database"], None]

@@ -7,7 +7,7 @@ parameters, context) and with the adapters of a Modelfile's `ADAPTER` lines
 declared always on for it. It goes through the one declare -> reconcile ->
 restore-on-failure flow (`manifest_ops.declare_and_reconcile`); bytes Blazar
 holds already are linked again rather than fetched (`wiring.StoreModels`).
-`blazar.cli.imperative` calls it; `blazar.modelfile` reads Modelfiles for it.
+`blazar.cli.imperative` calls it; `blazar.manifest.modelfile` reads Modelfiles for it.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from blazar import manifest_ops
 from blazar.errors import InvalidInput, NotFound
-from blazar.manifest_edit import ManifestFile
+from blazar.manifest import ops as manifest_ops
+from blazar.manifest.edit import ManifestFile
 from blazar.paths import Paths
-from blazar.store import Store
+from blazar.store.db import Store
 from specs.names import parse_name
 
 
@@ -65,8 +65,11 @@ def create_model(
                 "or choose another name"
             )
         fields = _base_fields(paths, manifest, base, base_file)
-        for key, value in (("chat_template", derived.chat_template), ("system", derived.system),
-                           ("ctx", derived.ctx)):  # fmt: skip
+        for key, value in (
+            ("chat_template", derived.chat_template),
+            ("system", derived.system),
+            ("ctx", derived.ctx),
+        ):
             if value is not None:
                 fields[key] = value
         if derived.params:
@@ -84,9 +87,15 @@ def create_model(
         return targets
 
     manifest_ops.declare_and_reconcile(
-        paths, manifest_path, declare, f"create {name}", True,
-        progress_for=None, on_event=None, notify=notify,
-    )  # fmt: skip
+        paths,
+        manifest_path,
+        declare,
+        f"create {name}",
+        True,
+        progress_for=None,
+        on_event=None,
+        notify=notify,
+    )
     return adapters
 
 

@@ -8,7 +8,7 @@ the GGUF's facts alone, why the engine would refuse them or serve them wrongly
 factor beyond what the model declares), so a model with a problem is refused
 before any child is spawned. `flags` maps them onto llama-server's flags.
 `blazar.serve.supervisor.runtime` builds the runtime of each model with them and
-`blazar.fit` (through `blazar fit`) estimates memory with the same values.
+`blazar.models.fit` (through `blazar fit`) estimates memory with the same values.
 Pure: no I/O.
 """
 

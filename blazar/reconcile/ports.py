@@ -13,11 +13,11 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from blazar.engines.records import EngineStore
+from blazar.engines.ledger import EngineStore
 from blazar.errors import BlazarError
+from blazar.models.registry import Registry
 from blazar.paths import Paths
-from blazar.registry import Registry
-from blazar.store import KeyRecord, Store
+from blazar.store.db import KeyRecord, Store
 from reconcilers.errors import PermanentError, TemporaryError
 from reconcilers.ports import (
     ObservedEngine,
@@ -205,10 +205,16 @@ class StoreModels:
             files = sorted(f for f in held_set.rglob("*") if f.is_file())
             with classified():  # the same set is held already: verified and recorded again
                 self.registry.import_set(
-                    files, [str(f.relative_to(held_set)) for f in files], parse_name(name),
-                    kind=kind, force=True, source=source, managed=True, settings=settings,
+                    files,
+                    [str(f.relative_to(held_set)) for f in files],
+                    parse_name(name),
+                    kind=kind,
+                    force=True,
+                    source=source,
+                    managed=True,
+                    settings=settings,
                     sha256=sha256,
-                )  # fmt: skip
+                )
             return
         held = self.paths.blobs / f"sha256-{sha256}" if sha256 else None
         if held is not None and held.is_file():
@@ -216,19 +222,31 @@ class StoreModels:
             # create` derived): verified and linked again, nothing is fetched.
             with classified():
                 self.registry.import_file(
-                    held, parse_name(name), force=True, source=source, managed=True,
-                    settings=settings, sha256=sha256,
-                )  # fmt: skip
+                    held,
+                    parse_name(name),
+                    force=True,
+                    source=source,
+                    managed=True,
+                    settings=settings,
+                    sha256=sha256,
+                )
             return
         fetch = self.pins.get(source, source)
         downloads = self.paths.downloads
         with classified(), fetched_bytes(fetch, sha256, downloads, progress, kind) as got:
             if got.names or kind != "chat":  # a set of files: a transcription model, a voice
                 self.registry.import_set(
-                    got.files, list(got.names) or [f.name for f in got.files], parse_name(name),
-                    kind=kind, force=True, source=source, managed=True, settings=settings,
-                    sha256=sha256, hashes=got.hashes or None,
-                )  # fmt: skip
+                    got.files,
+                    list(got.names) or [f.name for f in got.files],
+                    parse_name(name),
+                    kind=kind,
+                    force=True,
+                    source=source,
+                    managed=True,
+                    settings=settings,
+                    sha256=sha256,
+                    hashes=got.hashes or None,
+                )
                 return
             shards = got.detail.get("shards")
             self.registry.import_files(
@@ -295,7 +313,7 @@ class StoreLoras:
 
 class StoreProjectors:
     """Vision projectors (`models.NAME.mmproj`): fetched like a model file, checked to be a
-    projector made for the model (`blazar.projectors`)."""
+    projector made for the model (`blazar.sources.projectors`)."""
 
     def __init__(
         self, registry: Registry, paths: Paths, pins: dict[str, str] | None = None
@@ -320,7 +338,7 @@ class StoreProjectors:
         settings: dict[str, Any],
         progress: Progress | None,
     ) -> None:
-        from blazar import projectors
+        from blazar.sources import projectors
         from blazar.sources.projector_files import PROJECTOR
 
         with classified():
@@ -330,18 +348,22 @@ class StoreProjectors:
             fetch = self.pins.get(fetch, fetch)
             with fetched_bytes(fetch, sha256, self.paths.downloads, progress, PROJECTOR) as got:
                 projectors.import_projector(
-                    self.registry, got.files[0], parse_name(model), source=source,
-                    settings=settings, resolved=got.detail,
-                )  # fmt: skip
+                    self.registry,
+                    got.files[0],
+                    parse_name(model),
+                    source=source,
+                    settings=settings,
+                    resolved=got.detail,
+                )
 
     def record(self, model: str, source: str, settings: dict[str, Any]) -> None:
-        from blazar import projectors
+        from blazar.sources import projectors
 
         with classified():
             projectors.adopt_projector(self.registry, model, source, settings)
 
     def remove(self, model: str) -> None:
-        from blazar import projectors
+        from blazar.sources import projectors
 
         projectors.remove_projector(self.registry, model)
 

@@ -1,6 +1,6 @@
 """A model's tuned settings: its manifest fields over its profile, as llama-server flags.
 
-What `blazar tune` measured best is the model's profile (`blazar.profiles`); what the
+What `blazar tune` measured best is the model's profile (`blazar.store.profiles`); what the
 manifest declares wins over it, field by field: `spec` other than auto pins the
 decoding mode, a knob set in the manifest pins that knob, `slots` pins the slots,
 `--batch-size`, `--ubatch-size` and `--threads` in `args` pin those. `tuning_for` makes
@@ -15,7 +15,7 @@ ps` shows them); `Tuning.flags` gives the child's flags. The modes:
   vocabulary proposing tokens the served model checks.
 
 `tuning_for` is pure; `tuned` adds what needs the host: the draft's file and its
-vocabulary (`blazar.vocab`), and whether the engine takes the flags
+vocabulary (`blazar.models.vocab`), and whether the engine takes the flags
 (`blazar.engines.probe`). `blazar.serve.supervisor.runtime` calls `with_tuning` for every
 model it builds; a problem (a draft of another vocabulary, a flag the engine does not
 take) refuses the model before any spawn, as a cache setting the GGUF cannot take does.
@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from blazar.engines.probe import engine_flags
-from blazar.profiles import Profile
-from blazar.store import ModelRecord, Store
-from blazar.vocab import draft_problem
+from blazar.models.vocab import draft_problem
+from blazar.store.db import ModelRecord, Store
+from blazar.store.profiles import Profile
 from specs.manifest import Manifest
 from specs.models import Model
 from specs.names import parse_name
@@ -46,8 +46,11 @@ _FLAGS = {
     "ngram_size_m": "--spec-ngram-size-m",
     "ngram_min_hits": "--spec-ngram-min-hits",
 }
-_PINNED_BY_ARGS = {"batch": ("--batch-size", "-b"), "ubatch": ("--ubatch-size", "-ub"),
-                   "threads": ("--threads", "-t")}  # fmt: skip
+_PINNED_BY_ARGS = {
+    "batch": ("--batch-size", "-b"),
+    "ubatch": ("--ubatch-size", "-ub"),
+    "threads": ("--threads", "-t"),
+}
 
 
 @dataclass(frozen=True)
@@ -205,6 +208,9 @@ def with_tuning(
     slots = tuning.slots if from_profile and not runtime.cache.deterministic else runtime.slots
     problems = [p for p in (runtime.settings_problem, problem) if p]
     return replace(
-        runtime, tuning=tuning, slots=slots, cache=replace(runtime.cache, **dict(tuning.cache)),
+        runtime,
+        tuning=tuning,
+        slots=slots,
+        cache=replace(runtime.cache, **dict(tuning.cache)),
         settings_problem="; ".join(problems) or None,
-    )  # fmt: skip
+    )

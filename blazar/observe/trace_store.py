@@ -9,7 +9,7 @@ the store when no daemon answers. Table `traces` (migration m005_traces).
 
 One record never costs its batch: a record the store refuses (text that is not UTF-8,
 from a header or a body) is written escaped, or left out and counted
-(`blazar.store.insert_isolated`); the observer counts what was left out.
+(`blazar.store.db.insert_isolated`); the observer counts what was left out.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from blazar.store import Store, Written, insert_isolated
+from blazar.store.db import Store, Written, insert_isolated
 
 INSERT = "INSERT INTO traces (trace_id, time, model, status, record) VALUES (?, ?, ?, ?, ?)"
 

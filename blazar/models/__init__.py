@@ -1,0 +1,3 @@
+"""Model files and what they say: GGUF facts, the registry of pulled models, file
+sets and hashing, vocabularies, and `fit`'s memory estimate.
+"""
