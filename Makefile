@@ -79,8 +79,9 @@ lint: $(VENV)/.installed-test
 
 ## test: set up the test environment and run lint, types, layering and the whole suite,
 ## then blazar-sdk's own (sdk/python/Makefile: its tests start serve from this .venv).
+## Each run prints its 25 slowest tests (--durations=25): the suite's time shows in CI.
 test: lint engine-wheels quantize-tool
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=25
 	$(MAKE) -C sdk/python test PYTHON=$(abspath $(BIN)/python)
 
 # The dashboard's browser tests (tests/test_ui_browser.py, the `ui` mark) drive Debian's
@@ -95,7 +96,7 @@ chromium:
 
 ## test-ui: install the headless browser when missing, then run the dashboard's browser tests.
 test-ui: chromium engine-wheels
-	BLAZAR_UI=1 BLAZAR_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -m ui
+	BLAZAR_UI=1 BLAZAR_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -m ui --durations=25
 
 ## ui-screenshots: the browser tests, keeping their screenshots in docs/ui/ (docs/ui.md).
 ui-screenshots:
