@@ -27,6 +27,10 @@ class Conflict(BlazarError):
     """The change asked for would leave things in a state Blazar refuses (the last API key)."""
 
 
+class InvalidManifest(BlazarError):
+    """The manifest has problems; the message lists every one, one per line."""
+
+
 class NotGGUF(InvalidInput):
     """A file is not a GGUF model, or is a truncated or damaged one."""
 

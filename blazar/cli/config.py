@@ -52,8 +52,8 @@ def config_set(ctx: Context, pairs: tuple[str, ...], manifest_path: Path | None)
 
         blazar config set serving.tls_cert cert.pem serving.tls_key key.pem
     """
+    from blazar.errors import InvalidManifest
     from blazar.manifest.edit import ManifestError, ManifestFile, parse_value
-    from blazar.reconcile.apply import InvalidManifest
 
     if len(pairs) % 2:
         raise click.UsageError(

@@ -252,8 +252,9 @@ def _show_set(record: ModelRecord) -> None:
 
 def _applied_template(ctx: Context, record: ModelRecord, path: Path | None) -> AppliedTemplate:
     """What `blazar serve` applies: the manifest's chat_template, else the GGUF's own."""
+    from blazar.errors import InvalidManifest
     from blazar.launch.served_template import AppliedTemplate, model_template
-    from blazar.reconcile.apply import InvalidManifest, load
+    from blazar.reconcile.apply import load
 
     path = path or ctx.paths.manifest
     if not path.exists():

@@ -21,12 +21,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from blazar.errors import AlreadyExists, BlazarError, Conflict, NotFound
+from blazar.errors import AlreadyExists, BlazarError, Conflict, InvalidManifest, NotFound
 from blazar.host.locking import apply_lock
 from blazar.manifest import ops as manifest_ops
 from blazar.manifest.edit import ManifestError
 from blazar.paths import Paths
-from blazar.reconcile.apply import InvalidManifest, reconcile
+from blazar.reconcile.apply import reconcile
 from blazar.store.db import Store
 from specs.loader import load_manifest
 from specs.manifest import Manifest

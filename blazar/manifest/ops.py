@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from blazar.errors import BlazarError, Conflict, InvalidInput, NotFound
+from blazar.errors import BlazarError, Conflict, InvalidInput, InvalidManifest, NotFound
 from blazar.host.locking import apply_lock
 from blazar.manifest.edit import ManifestError, ManifestFile
 from blazar.models.registry import Registry
 from blazar.paths import Paths
-from blazar.reconcile.apply import InvalidManifest, Pass, reconcile, supported
+from blazar.reconcile.apply import Pass, reconcile, supported
 from blazar.store.db import Store
 from reconcilers.apply import Event
 from reconcilers.plan import Action

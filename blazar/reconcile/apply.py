@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
-from blazar.errors import BlazarError, InvalidInput
+from blazar.errors import InvalidInput, InvalidManifest
 from blazar.host.locking import apply_lock
 from blazar.models.vocab import draft_problem
 from blazar.paths import Paths
@@ -41,10 +41,6 @@ from reconcilers.ports import Progress
 from specs.loader import ManifestError, hosts, load_manifest, overlay_file
 from specs.manifest import Manifest
 from specs.support import unsupported
-
-
-class InvalidManifest(BlazarError):
-    """The manifest has problems; the message lists every one, one per line."""
 
 
 def manifest_path(paths: Paths, given: Path | None) -> Path:

@@ -42,10 +42,10 @@ from aiohttp import web
 
 from blazar.engines.catalog import CatalogError, load_catalog
 from blazar.engines.probe import ensure_probed
-from blazar.errors import BlazarError
+from blazar.errors import BlazarError, InvalidManifest
 from blazar.host.locking import LockTimeout, apply_lock
 from blazar.paths import Paths
-from blazar.reconcile.apply import InvalidManifest, load, reconcile
+from blazar.reconcile.apply import load, reconcile
 from blazar.reconcile.ports import offer_view
 from blazar.serve import logs as serve_logs
 from blazar.serve import triggers

@@ -21,7 +21,6 @@ from blazar.serve.state.sessions import Sessions
 from blazar.serve.supervisor.scheduler import Lease
 
 CAPPED = "x-blazar-max-tokens-capped"  # the output limit a request was served with
-OUTPUT_KEYS = ("max_completion_tokens", "max_tokens", "max_output_tokens", "n_predict")
 
 
 async def admitted(
@@ -47,7 +46,7 @@ async def admitted(
         out["id_slot"] = slot
     headers = {}
     if cap is not None:
-        for key in OUTPUT_KEYS:
+        for key in steps.OUTPUT_LIMITS:
             if key in out:
                 out[key] = cap
         headers[CAPPED] = str(cap)

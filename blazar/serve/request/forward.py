@@ -35,10 +35,11 @@ from aiohttp import (
 
 from blazar.observe.trace import current
 from blazar.protocols import LoadOnly, ProtocolError
-from blazar.serve.http import TRACE, trace_id
+from blazar.serve.http import PRIORITY, TRACE, trace_id
 from blazar.serve.request.asks import Ask, Done
 from blazar.serve.request.envelopes import for_path
 from blazar.serve.request.exchange import Sent, dumps, exchange
+from blazar.serve.request.steps import KEEP_ALIVE
 from blazar.serve.state.remotes import FORWARDED, Fleet, Forward, Remote
 from blazar.serve.supervisor.scheduler import SchedulerError
 
@@ -50,8 +51,8 @@ PASSED_IN = (
     "anthropic-version",
     "anthropic-beta",
     "openai-beta",
-    "x-blazar-priority",
-    "x-blazar-keep-alive",
+    PRIORITY,
+    KEEP_ALIVE,
     "user-agent",
 )
 NOT_PASSED_OUT = frozenset(

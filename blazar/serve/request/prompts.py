@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from blazar.protocols import ProtocolError
+from blazar.serve.request.steps import OUTPUT_LIMITS
 from blazar.serve.supervisor.child_http import ChildConnections, UpstreamError
 from blazar.serve.supervisor.instance import Instance, InstanceId, instance_id
 
@@ -41,7 +42,6 @@ KINDS = {
 PROBE = [{"role": r, "content": ""} for r in ("system", "user", "assistant", "user")]
 SLACK_PER_MESSAGE = 18  # bytes a role name may add over the probe's, and fragment prefixes
 SPECIALS = 2  # BOS and EOS a tokenizer may add without text
-OUTPUT_KEYS = ("max_completion_tokens", "max_tokens", "n_predict")
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class Probe:
 
 def requested_output(body: Mapping[str, Any]) -> int:
     """Tokens the request asks to generate (0 when it sets no limit)."""
-    for key in OUTPUT_KEYS:
+    for key in OUTPUT_LIMITS:
         value = body.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value

@@ -20,11 +20,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from blazar.errors import AlreadyExists, BlazarError, Conflict, InvalidInput, NotFound
+from blazar.errors import (
+    AlreadyExists,
+    BlazarError,
+    Conflict,
+    InvalidInput,
+    InvalidManifest,
+    NotFound,
+)
 from blazar.protocols import ProtocolError
 from blazar.protocols.ollama import keep_alive_seconds
 from blazar.protocols.ollama_options import SAMPLING_OPTIONS
-from blazar.reconcile.apply import InvalidManifest
 from blazar.serve.supervisor.runtime import ModelRuntime
 from blazar.serve.supervisor.scheduler import Lease, Scheduler, SchedulerError, Target
 from specs.names import InvalidName
@@ -206,7 +212,10 @@ def engine_body(lease: Lease, body: dict[str, Any], path: str = "") -> dict[str,
 
 # Where a Modelfile PARAMETER goes in llama-server's request bodies.
 PARAM_FIELDS = {**SAMPLING_OPTIONS, "num_predict": "n_predict", "stop": "stop"}
-LIMITS = ("n_predict", "max_tokens", "max_completion_tokens", "max_output_tokens")
+# The fields a request may set its output limit with, on any protocol, in the order a
+# body that sets several is read (the preflight's count, the cap it writes, a default's
+# `num_predict` that yields to the request's own limit).
+OUTPUT_LIMITS = ("max_completion_tokens", "max_tokens", "max_output_tokens", "n_predict")
 # What llama-server's /v1/messages keeps of a request: any other default needs its chat
 # endpoint (`anthropic_chat`), as adapters do.
 MESSAGES_PARAMS = {
@@ -238,6 +247,6 @@ def with_defaults(
         name = fields.get(key)
         if name is None or name in body:
             continue
-        if key == "num_predict" and any(limit in body for limit in LIMITS):
+        if key == "num_predict" and any(limit in body for limit in OUTPUT_LIMITS):
             continue  # the request's own token limit (n_predict would override it)
         body[name] = value
