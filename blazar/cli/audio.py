@@ -10,14 +10,20 @@ piper voices by language, locale and name), each with whether it is pulled;
 `--refresh` reads the catalog from the hub first. `--pull NAME` declares the
 catalog's model in your manifest and fetches it (`manifest_ops.apply_model`);
 `--install` installs the lane's engine (`blazar engine update --kind whisper|piper`).
+
+The two commands share that catalog flow (install, pull, search) and their `--local`
+engine child; what differs between them is data, one `SpeechLane` each (`WHISPER`, `TTS`),
+and `catalog_options` runs the flow before a command's own work.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import uuid
-from dataclasses import asdict
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +32,107 @@ import click
 from blazar.cli.context import Context, manifest_option, pass_context
 from blazar.cli.format import echo_json, human_bytes, table
 from blazar.errors import BlazarError, InvalidInput, NotFound
+from blazar.sources import speech_catalog
 
 FORMATS = ("text", "srt", "vtt", "json", "verbose_json")
+
+
+@dataclass(frozen=True)
+class SpeechLane:
+    """What `blazar whisper` and `blazar tts` differ in: their models' kind, their engine,
+    their catalog and how its table reads. The flow around them is one piece of code."""
+
+    command: str  # whisper | tts
+    kind: str  # the models' kind: transcription | speech
+    engine: str  # the engine lane --install installs and --local runs: whisper | piper
+    noun: str  # one catalog entry, in messages: "whisper size" | "voice"
+    catalog: str  # --search's help: what it lists
+    metavar: str  # --pull's
+    installs: str  # --install's help: the engine's package
+    model_flag: str  # the option that names a model when several are held
+    example: str  # an entry to pull, for the error when none is held
+    asks: str  # the command's argument, in the error when nothing was asked: "a FILE to ..."
+    entries: Callable[[Path], Sequence[Any]]  # the catalog (the cache's copy, or the shipped)
+    refresh: Callable[[Path], object]  # read the catalog from the hub into the cache
+    find: Callable[[str, Path], Any]  # the entry --pull names, or None
+    is_entry: Callable[[Any, Any], bool]  # whether a held model was pulled as this entry
+    headers: tuple[str, ...]
+    row: Callable[[Any, str], list[Any]]  # an entry, and the models pulled as it
+
+    def pull_hint(self, name: str) -> str:
+        return f"`blazar {self.command} --search {name[:5]}`"
+
+
+def _disk(entry: Any) -> str:
+    return ("" if entry.exact else "~") + human_bytes(entry.bytes)
+
+
+def _is_size(size: Any, model: Any) -> bool:
+    names = (size.model_name, f"faster-whisper-{size.name}")
+    return bool(model.source == size.source or model.ref.name in names)
+
+
+def _is_voice(voice: Any, model: Any) -> bool:
+    return f"{voice.key}.onnx" in (model.facts.get("files") or {})
+
+
+WHISPER = SpeechLane(
+    command="whisper",
+    kind="transcription",
+    engine="whisper",
+    noun="whisper size",
+    catalog="catalog of sizes",
+    metavar="SIZE",
+    installs="faster-whisper",
+    model_flag="--model",
+    example="base",
+    asks="a FILE to transcribe",
+    entries=speech_catalog.whisper_sizes,
+    refresh=speech_catalog.refresh_whisper,
+    find=speech_catalog.find_size,
+    is_entry=_is_size,
+    headers=("SIZE", "LANGUAGES", "PARAMS", "DISK", "QUANTIZATION", "PULLED", "SOURCE"),
+    row=lambda s, pulled: [
+        s.name,
+        s.languages,
+        s.parameters,
+        _disk(s),
+        f"{s.stored}, runs int8",
+        pulled or "-",
+        s.source,
+    ],
+)
+
+TTS = SpeechLane(
+    command="tts",
+    kind="speech",
+    engine="piper",
+    noun="voice",
+    catalog="voice catalog",
+    metavar="VOICE",
+    installs="piper-tts",
+    model_flag="--voice",
+    example="en_US-amy-medium",
+    asks="the TEXT to speak",
+    entries=speech_catalog.voices,
+    refresh=speech_catalog.refresh_voices,
+    find=speech_catalog.find_voice,
+    is_entry=_is_voice,
+    headers=("VOICE", "LANGUAGE", "REGION", "NAME", "QUALITY", "SPEAKERS", "SIZE", "PULLED"),
+    row=lambda v, pulled: [
+        v.key,
+        v.language,
+        v.region,
+        v.name,
+        v.quality,
+        v.speakers,
+        _disk(v),
+        pulled or "-",
+    ],
+)
+
+
+# -- the catalog flow, shared ----------------------------------------------------------------
 
 
 def search_option(what: str) -> Any:
@@ -43,49 +148,132 @@ def search_option(what: str) -> Any:
     )
 
 
-# -- shared ----------------------------------------------------------------------------------
+def catalog_options(lane: SpeechLane, argument: str) -> Callable[[Callable[..., None]], Any]:
+    """The catalog's options (`--search`, `--refresh`, `--json`, `--pull`, `--install`) on a
+    command: they run first, in that order (install, pull, search); then the command's own
+    work runs when its `argument` is given, and without it they must have asked something."""
+    options = [
+        search_option(lane.catalog),
+        click.option(
+            "--refresh", is_flag=True, help="With --search: read the catalog from the hub."
+        ),
+        click.option(
+            "--json", "as_json", is_flag=True, help="With --search: one JSON object a line."
+        ),
+        click.option(
+            "--pull",
+            "pull",
+            default=None,
+            metavar=lane.metavar,
+            help=f"Declare and fetch a {lane.noun}.",
+        ),
+        click.option(
+            "--install", is_flag=True, help=f"Install the {lane.engine} engine ({lane.installs})."
+        ),
+        manifest_option,
+        pass_context,
+    ]
+
+    def decorate(work: Callable[..., None]) -> Any:
+        @functools.wraps(work)
+        def command(
+            ctx: Context,
+            search: str | None,
+            refresh: bool,
+            as_json: bool,
+            pull: str | None,
+            install: bool,
+            **given: Any,
+        ) -> None:
+            if install:
+                _install(ctx, lane.engine)
+            if pull is not None:
+                _pull(ctx, lane, given["manifest_path"], pull)
+            if search is not None:
+                _search(ctx, lane, search, refresh, as_json)
+            if given[argument] is not None:
+                work(ctx, **given)
+            elif search is None and pull is None and not install:
+                raise click.UsageError(f"give {lane.asks}, or --search, --pull or --install")
+
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return decorate
 
 
 def _held(ctx: Context, kind: str) -> list[Any]:
     return [m for m in ctx.store.list_models() if m.kind == kind]
 
 
-def _choose(ctx: Context, kind: str, given: str | None, pull: str) -> str:
-    """The model to use: the one given, else the only one of `kind` held."""
-    if given:
-        return given
-    held = _held(ctx, kind)
-    if len(held) == 1:
-        return str(held[0].ref.short)
-    if not held:
-        raise NotFound(f"no {kind} model is held: pull one first (`{pull}`)")
-    names = ", ".join(m.ref.short for m in held)
-    flag = "--voice" if kind == "speech" else "--model"
-    raise InvalidInput(f"several {kind} models are held ({names}): choose one with {flag}")
-
-
-def _install(ctx: Context, kind: str) -> None:
+def _install(ctx: Context, engine: str) -> None:
     from blazar.engines.service import Engines
 
-    outcome = Engines(ctx.store, ctx.paths).update(kind, progress=click.echo)
-    click.echo(f"{kind}: {outcome.message}")
+    outcome = Engines(ctx.store, ctx.paths).update(engine, progress=click.echo)
+    click.echo(f"{engine}: {outcome.message}")
 
 
-def _pull(ctx: Context, manifest: Path | None, name: str, source: str, kind: str) -> None:
+def _pull(ctx: Context, lane: SpeechLane, manifest: Path | None, name: str) -> None:
+    """Declare the catalog's entry `name` in the manifest and fetch it."""
     from blazar.cli.manifest import _event, _progress_for
     from blazar.manifest import ops as manifest_ops
 
+    entry = lane.find(name, ctx.paths.cache)
+    if entry is None:
+        raise NotFound(f"no {lane.noun} {name!r} in the catalog: {lane.pull_hint(name)}")
     path = manifest or ctx.paths.manifest
     manifest_ops.apply_model(
         ctx.paths,
         path,
-        name,
-        {"source": source, "kind": kind},
+        entry.model_name,
+        {"source": entry.source, "kind": lane.kind},
         notify=lambda m: click.echo(m, err=True),
         on_event=_event,
         progress_for=_progress_for,
     )
-    click.echo(f"pulled {name} (declared in {path})")
+    click.echo(f"pulled {entry.model_name} (declared in {path})")
+
+
+def _search(ctx: Context, lane: SpeechLane, text: str, refresh: bool, as_json: bool) -> None:
+    """The catalog's entries that match `text`, each with the models pulled as it."""
+    if refresh:
+        lane.refresh(ctx.paths.cache)
+    held = _held(ctx, lane.kind)
+    found = speech_catalog.search(lane.entries(ctx.paths.cache), text)
+
+    def pulled(entry: Any) -> str:
+        return ", ".join(m.ref.short for m in held if lane.is_entry(entry, m))
+
+    if as_json:
+        for entry in found:
+            echo_json({**asdict(entry), "source": entry.source, "pulled": pulled(entry) or None})
+        return
+    if not found:
+        click.echo(f"No {lane.noun} matches {text!r}.")
+        return
+    click.echo(table(list(lane.headers), [lane.row(entry, pulled(entry)) for entry in found]))
+
+
+# -- a model to use, through the daemon or an engine child of our own --------------------------
+
+
+def _choose(ctx: Context, lane: SpeechLane, given: str | None) -> str:
+    """The model to use: the one given, else the only one of the lane's kind held."""
+    if given:
+        return given
+    held = _held(ctx, lane.kind)
+    if len(held) == 1:
+        return str(held[0].ref.short)
+    if not held:
+        raise NotFound(
+            f"no {lane.kind} model is held: pull one first"
+            f" (`blazar {lane.command} --pull {lane.example}`)"
+        )
+    names = ", ".join(m.ref.short for m in held)
+    raise InvalidInput(
+        f"several {lane.kind} models are held ({names}): choose one with {lane.model_flag}"
+    )
 
 
 def _post(url: str, path: str, body: bytes, content_type: str) -> tuple[bytes, str]:
@@ -122,52 +310,41 @@ def multipart(fields: dict[str, str], filename: str, data: bytes) -> tuple[bytes
     return bytes(out), f"multipart/form-data; boundary={boundary}"
 
 
-def _engine_for(ctx: Context, model: str, kind: str, lane: str) -> tuple[Any, Any]:
-    """(the model's record, its lane's active engine) for `--local`."""
+def _local(
+    ctx: Context, lane: SpeechLane, manifest_path: Path | None, model: str, call: Any
+) -> Any:
+    """Run `call(url)` against an engine child of this command's own: the model's files on
+    the lane's active engine, with what the manifest adds to the model's child
+    (`deterministic`, `args`) as `blazar serve` would spawn it: `--local` must not answer
+    differently."""
+    import asyncio
+
     from blazar.engines.ledger import EngineStore
+    from blazar.engines.process import EngineServer
+    from blazar.reconcile.apply import load_or_empty
+    from blazar.serve.supervisor.build import audio_args
+    from blazar.serve.supervisor.runtime import default_threads
     from specs.names import parse_name
 
     record = ctx.store.get_model(parse_name(model))
-    if record.kind != kind:
-        raise InvalidInput(f"model '{record.ref.short}' is a {record.kind} model, not {kind}")
-    engine = EngineStore(ctx.store).active(lane)
+    if record.kind != lane.kind:
+        raise InvalidInput(f"model '{record.ref.short}' is a {record.kind} model, not {lane.kind}")
+    engine = EngineStore(ctx.store).active(lane.engine)
     if engine is None:
         raise NotFound(
-            f"no {lane} engine is installed: `blazar {'whisper' if lane == 'whisper' else 'tts'}"
-            " --install` (or `blazar engine update --kind " + lane + "`)"
+            f"no {lane.engine} engine is installed: `blazar {lane.command} --install`"
+            f" (or `blazar engine update --kind {lane.engine}`)"
         )
-    return record, engine
-
-
-def _declared_args(ctx: Context, manifest_path: Path | None, model: str, kind: str) -> list[str]:
-    """What the manifest adds to the model's engine child (`deterministic`, `args`), as
-    `blazar serve` would spawn it: `--local` must not answer differently."""
-    from blazar.reconcile.apply import load_or_empty
-    from blazar.serve.supervisor.build import audio_args
-
     manifest = load_or_empty(manifest_path or ctx.paths.manifest)
-    return list(audio_args(manifest.declared_model(model), kind))
-
-
-def _local(ctx: Context, engine: Any, model_path: str, call: Any, extra: list[str]) -> Any:
-    """Run `call(url)` against an engine child of this command's own."""
-    import asyncio
-
-    from blazar.engines.process import EngineServer
-    from blazar.serve.supervisor.runtime import default_threads
+    extra = audio_args(manifest.declared_model(model), lane.kind)
 
     async def run() -> Any:
-        args = ["--model", model_path, "--threads", str(default_threads()), *extra]
+        args = ["--model", record.path, "--threads", str(default_threads()), *extra]
         log = ctx.paths.logs / f"local-{engine.tag}.log"
         async with EngineServer(engine.command, args, log) as server:
             return await asyncio.to_thread(call, server.url)
 
     return asyncio.run(run())
-
-
-def _pulled(held: list[Any], match: Any) -> str:
-    found = [m.ref.short for m in held if match(m)]
-    return ", ".join(found) if found else ""
 
 
 # -- blazar whisper ----------------------------------------------------------------------------
@@ -181,27 +358,16 @@ def _pulled(held: list[Any], match: Any) -> str:
 @click.option("--translate", is_flag=True, help="Translate into English instead.")
 @click.option("--local", is_flag=True, help="Run the engine here, without the daemon.")
 @click.option("--url", default=None, help="The daemon (default: the running one, or start one).")
-@search_option("catalog of sizes")
-@click.option("--refresh", is_flag=True, help="With --search: read the catalog from the hub.")
-@click.option("--json", "as_json", is_flag=True, help="With --search: one JSON object a line.")
-@click.option("--pull", "pull", default=None, metavar="SIZE", help="Declare and fetch a size.")
-@click.option("--install", is_flag=True, help="Install the whisper engine (faster-whisper).")
-@manifest_option
-@pass_context
+@catalog_options(WHISPER, "file")
 def whisper(
     ctx: Context,
-    file: Path | None,
+    file: Path,
     model: str | None,
     language: str | None,
     fmt: str,
     translate: bool,
     local: bool,
     url: str | None,
-    search: str | None,
-    refresh: bool,
-    as_json: bool,
-    pull: str | None,
-    install: bool,
     manifest_path: Path | None,
 ) -> None:
     """Transcribe FILE (any audio faster-whisper decodes) and print the text.
@@ -209,29 +375,13 @@ def whisper(
     `--search [SUBSTR]` lists the model sizes (tiny ... large-v3, large-v3-turbo, the .en
     and distil ones) with their disk size and whether pulled; `--pull SIZE` fetches one.
     """
-    from blazar.sources import speech_catalog
-
-    if install:
-        _install(ctx, "whisper")
-    if pull is not None:
-        size = speech_catalog.find_size(pull, ctx.paths.cache)
-        if size is None:
-            raise NotFound(f"no whisper size {pull!r} in the catalog: `blazar whisper --search`")
-        _pull(ctx, manifest_path, size.model_name, size.source, "transcription")
-    if search is not None:
-        _search_whisper(ctx, search, refresh, as_json)
-    if file is None:
-        if search is None and pull is None and not install:
-            raise click.UsageError("give a FILE to transcribe, or --search, --pull or --install")
-        return
     data = file.read_bytes()
-    chosen = _choose(ctx, "transcription", model, "blazar whisper --pull base")
-    fields = {"model": chosen, "response_format": fmt if fmt != "text" else "text"}
+    chosen = _choose(ctx, WHISPER, model)
+    fields = {"model": chosen, "response_format": fmt}
     if language:
         fields["language"] = language
     if local:
-        extra = _declared_args(ctx, manifest_path, chosen, "transcription")
-        text = _whisper_local(ctx, chosen, data, fields, translate, extra)
+        text = _whisper_local(ctx, manifest_path, chosen, data, fields, translate)
     else:
         from blazar.cli.serve import ensure_daemon
 
@@ -245,11 +395,11 @@ def whisper(
 
 def _whisper_local(
     ctx: Context,
+    manifest_path: Path | None,
     model: str,
     data: bytes,
     fields: dict[str, str],
     translate: bool,
-    extra: list[str],
 ) -> str:
     from blazar.engines.audio_bench import transcribe
     from blazar.protocols.openai_audio import Transcript, render, transcription_request
@@ -257,9 +407,8 @@ def _whisper_local(
     asked = transcription_request(
         {k: [v] for k, v in fields.items()}, "translate" if translate else "transcribe"
     )
-    record, engine = _engine_for(ctx, model, "transcription", "whisper")
     lines = _local(
-        ctx, engine, record.path, lambda url: transcribe(url, data, asked.query()), extra
+        ctx, WHISPER, manifest_path, model, lambda url: transcribe(url, data, asked.query())
     )
     heard = Transcript(task=asked.task)
     for line in lines:
@@ -267,41 +416,6 @@ def _whisper_local(
             raise BlazarError(f"the whisper engine failed: {line.get('message')}")
         heard.feed(line)
     return render(heard, asked)[0]
-
-
-def _search_whisper(ctx: Context, text: str, refresh: bool, as_json: bool) -> None:
-    from blazar.sources import speech_catalog
-
-    if refresh:
-        speech_catalog.refresh_whisper(ctx.paths.cache)
-    held = _held(ctx, "transcription")
-    sizes = speech_catalog.search(speech_catalog.whisper_sizes(ctx.paths.cache), text)
-
-    def pulled(size: Any) -> str:
-        names = (size.model_name, f"faster-whisper-{size.name}")
-        return _pulled(held, lambda m: m.source == size.source or m.ref.name in names)
-
-    if as_json:
-        for size in sizes:
-            echo_json({**asdict(size), "source": size.source, "pulled": pulled(size) or None})
-        return
-    if not sizes:
-        click.echo(f"No whisper size matches {text!r}.")
-        return
-    rows = [
-        [
-            s.name,
-            s.languages,
-            s.parameters,
-            ("" if s.exact else "~") + human_bytes(s.bytes),
-            f"{s.stored}, runs int8",
-            pulled(s) or "-",
-            s.source,
-        ]
-        for s in sizes
-    ]
-    headers = ["SIZE", "LANGUAGES", "PARAMS", "DISK", "QUANTIZATION", "PULLED", "SOURCE"]
-    click.echo(table(headers, rows))
 
 
 # -- blazar tts --------------------------------------------------------------------------------
@@ -317,27 +431,16 @@ def _search_whisper(ctx: Context, text: str, refresh: bool, as_json: bool) -> No
 @click.option("--speed", type=float, default=1.0, show_default=True, help="0.25 to 4.0.")
 @click.option("--local", is_flag=True, help="Run the engine here, without the daemon.")
 @click.option("--url", default=None, help="The daemon (default: the running one, or start one).")
-@search_option("voice catalog")
-@click.option("--refresh", is_flag=True, help="With --search: read the catalog from the hub.")
-@click.option("--json", "as_json", is_flag=True, help="With --search: one JSON object a line.")
-@click.option("--pull", "pull", default=None, metavar="VOICE", help="Declare and fetch a voice.")
-@click.option("--install", is_flag=True, help="Install the piper engine (piper-tts).")
-@manifest_option
-@pass_context
+@catalog_options(TTS, "text")
 def tts(
     ctx: Context,
-    text: str | None,
+    text: str,
     voice: str | None,
     output: str,
     fmt: str,
     speed: float,
     local: bool,
     url: str | None,
-    search: str | None,
-    refresh: bool,
-    as_json: bool,
-    pull: str | None,
-    install: bool,
     manifest_path: Path | None,
 ) -> None:
     """Speak TEXT ('-': read it from stdin) into a WAV file; nothing is played.
@@ -345,27 +448,12 @@ def tts(
     `--search SUBSTR` lists the piper voices by language, locale or name, with quality,
     size and whether pulled; `--pull VOICE` (such as en_US-amy-medium) fetches one.
     """
-    from blazar.sources import speech_catalog
-
-    if install:
-        _install(ctx, "piper")
-    if pull is not None:
-        found = speech_catalog.find_voice(pull, ctx.paths.cache)
-        if found is None:
-            raise NotFound(f"no voice {pull!r} in the catalog: `blazar tts --search {pull[:5]}`")
-        _pull(ctx, manifest_path, found.model_name, found.source, "speech")
-    if search is not None:
-        _search_voices(ctx, search, refresh, as_json)
-    if text is None:
-        if search is None and pull is None and not install:
-            raise click.UsageError("give the TEXT to speak, or --search, --pull or --install")
-        return
     if text == "-":
         text = sys.stdin.read()
-    chosen = _choose(ctx, "speech", _voice_name(ctx, voice), "blazar tts --pull en_US-amy-medium")
+    chosen = _choose(ctx, TTS, _voice_name(ctx, voice))
     body = {"model": chosen, "input": text, "response_format": fmt, "speed": speed}
     if local:
-        audio = _tts_local(ctx, chosen, body, _declared_args(ctx, manifest_path, chosen, "speech"))
+        audio = _tts_local(ctx, manifest_path, chosen, body)
     else:
         from blazar.cli.serve import ensure_daemon
 
@@ -390,52 +478,16 @@ def _voice_name(ctx: Context, voice: str | None) -> str | None:
     return voice
 
 
-def _tts_local(ctx: Context, model: str, body: dict[str, Any], extra: list[str]) -> bytes:
+def _tts_local(ctx: Context, manifest_path: Path | None, model: str, body: dict[str, Any]) -> bytes:
     from blazar.engines.audio_bench import synthesize_body
     from blazar.protocols.openai_audio import speech_request
 
     asked = speech_request(body)
-    record, engine = _engine_for(ctx, model, "speech", "piper")
-    return bytes(
-        _local(
-            ctx, engine, record.path, lambda url: synthesize_body(url, asked.engine_body()), extra
-        )
-    )
 
+    def speak(url: str) -> bytes:
+        return bytes(synthesize_body(url, asked.engine_body()))
 
-def _search_voices(ctx: Context, text: str, refresh: bool, as_json: bool) -> None:
-    from blazar.sources import speech_catalog
-
-    if refresh:
-        speech_catalog.refresh_voices(ctx.paths.cache)
-    held = _held(ctx, "speech")
-    found = speech_catalog.search(speech_catalog.voices(ctx.paths.cache), text)
-
-    def pulled(voice: Any) -> str:
-        return _pulled(held, lambda m: f"{voice.key}.onnx" in (m.facts.get("files") or {}))
-
-    if as_json:
-        for voice in found:
-            echo_json({**asdict(voice), "source": voice.source, "pulled": pulled(voice) or None})
-        return
-    if not found:
-        click.echo(f"No voice matches {text!r}.")
-        return
-    rows = [
-        [
-            v.key,
-            v.language,
-            v.region,
-            v.name,
-            v.quality,
-            v.speakers,
-            ("" if v.exact else "~") + human_bytes(v.bytes),
-            pulled(v) or "-",
-        ]
-        for v in found
-    ]
-    headers = ["VOICE", "LANGUAGE", "REGION", "NAME", "QUALITY", "SPEAKERS", "SIZE", "PULLED"]
-    click.echo(table(headers, rows))
+    return bytes(_local(ctx, TTS, manifest_path, model, speak))
 
 
 COMMANDS = [whisper, tts]
