@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from blazar.serve.supervisor import child_http
-from blazar.serve.supervisor.child_http import ChildConnections, Exchange, UpstreamError
+from blazar.serve.supervisor.child_http import ChildConnection, ChildConnections, UpstreamError
 
 # (reader, writer, the connection's number from 0, the request's number on it from 0)
 Answer = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int, int], Awaitable[bool]]
@@ -100,11 +100,11 @@ class Server:
 
 async def post(children: ChildConnections, server: Server, body: bytes = b"{}") -> bytes:
     """One request read to its end and given back, as the gateway does."""
-    exchange = await children.post(server.url, "/v1/chat/completions", body)
+    connection = await children.post(server.url, "/v1/chat/completions", body)
     try:
-        return await exchange.read_all()
+        return await connection.read_all()
     finally:
-        children.release(server.url, exchange)
+        children.release(server.url, connection)
 
 
 def keep_alive(body: bytes) -> Answer:
@@ -123,13 +123,13 @@ def test_content_length_body() -> None:
     async def main() -> None:
         async with Server(keep_alive(b'{"ok": true}')) as server:
             children = ChildConnections()
-            exchange = await children.post(server.url, "/v1/completions", b'{"model": "m"}')
-            assert exchange.status == 200
-            assert exchange.content_type == "application/json"
-            assert not exchange.chunked
-            assert await exchange.read_all() == b'{"ok": true}'
-            assert exchange.complete
-            children.release(server.url, exchange)
+            connection = await children.post(server.url, "/v1/completions", b'{"model": "m"}')
+            assert connection.status == 200
+            assert connection.content_type == "application/json"
+            assert not connection.chunked
+            assert await connection.read_all() == b'{"ok": true}'
+            assert connection.complete
+            children.release(server.url, connection)
             assert server.bodies == [b'{"model": "m"}']
             children.close()
 
@@ -157,13 +157,13 @@ def test_chunked_body_byte_by_byte_with_extensions_and_trailers() -> None:
     async def main() -> None:
         async with Server(answer) as server:
             children = ChildConnections()
-            exchange = await children.post(server.url, "/", b"{}")
-            assert (exchange.status, exchange.content_type) == (201, "text/event-stream")
-            assert exchange.chunked
-            assert await exchange.read_all() == b"hello, world0123456789"
-            assert exchange.complete
-            children.release(server.url, exchange)  # chunked: closed, not kept
-            assert exchange.closed
+            connection = await children.post(server.url, "/", b"{}")
+            assert (connection.status, connection.content_type) == (201, "text/event-stream")
+            assert connection.chunked
+            assert await connection.read_all() == b"hello, world0123456789"
+            assert connection.complete
+            children.release(server.url, connection)  # chunked: closed, not kept
+            assert connection.closed
             children.close()
 
     run(main())
@@ -196,12 +196,12 @@ def test_body_until_close() -> None:
     async def main() -> None:
         async with Server(answer) as server:
             children = ChildConnections()
-            exchange = await children.post(server.url, "/", b"{}")
-            assert not exchange.keep_alive
-            assert await exchange.read_all() == b"no length here"
-            assert exchange.complete
-            children.release(server.url, exchange)
-            assert exchange.closed
+            connection = await children.post(server.url, "/", b"{}")
+            assert not connection.keep_alive
+            assert await connection.read_all() == b"no length here"
+            assert connection.complete
+            children.release(server.url, connection)
+            assert connection.closed
             assert await post(children, server) == b"no length here"
             assert server.accepted == 2
             children.close()
@@ -356,12 +356,12 @@ def test_death_mid_body_raises_and_nothing_is_reused() -> None:
     async def main() -> None:
         async with Server(answer) as server:
             children = ChildConnections()
-            exchange = await children.post(server.url, "/", b"{}")
+            connection = await children.post(server.url, "/", b"{}")
             with pytest.raises(UpstreamError):
-                await exchange.read_all()
-            assert not exchange.complete
-            children.release(server.url, exchange)
-            assert exchange.closed
+                await connection.read_all()
+            assert not connection.complete
+            children.release(server.url, connection)
+            assert connection.closed
             assert await post(children, server) == b"whole"
             assert server.accepted == 2
             children.close()
@@ -378,14 +378,14 @@ def test_death_mid_chunked_body_raises() -> None:
     async def main() -> None:
         async with Server(answer) as server:
             children = ChildConnections()
-            exchange = await children.post(server.url, "/", b"{}")
+            connection = await children.post(server.url, "/", b"{}")
             got = b""
             with pytest.raises(UpstreamError):
-                while part := await exchange.read():
+                while part := await connection.read():
                     got += part
             assert got == b"hello, world"  # what arrived was handed over first
-            children.release(server.url, exchange)
-            assert exchange.closed
+            children.release(server.url, connection)
+            assert connection.closed
             children.close()
 
     run(main())
@@ -414,8 +414,8 @@ def test_malformed_response_is_an_error(head: bytes) -> None:
             children = ChildConnections()
             with pytest.raises(UpstreamError, match="malformed"):
                 async with asyncio.timeout(0.5):
-                    exchange = await children.post(server.url, "/", b"{}")
-                    await exchange.read_all()
+                    connection = await children.post(server.url, "/", b"{}")
+                    await connection.read_all()
             children.close()
 
     run(main())
@@ -455,12 +455,12 @@ def test_connection_closed_by_the_child_while_idle_leaves_the_pool() -> None:
     async def main() -> None:
         async with Server(answer) as server:
             children = ChildConnections()
-            exchange = await children.post(server.url, "/", b"{}")
-            await exchange.read_all()
-            children.release(server.url, exchange)
-            while not exchange.closed:
+            connection = await children.post(server.url, "/", b"{}")
+            await connection.read_all()
+            children.release(server.url, connection)
+            while not connection.closed:
                 await asyncio.sleep(0.01)
-            assert exchange.idle_in is None
+            assert connection.idle_in is None
             assert children._idle[children.address(server.url)] == []
             children.close()
 
@@ -488,20 +488,20 @@ def test_pieces_are_handed_over_as_they_arrive() -> None:
 
         async with Server(answer) as server:
             children = ChildConnections()
-            exchange = await children.post(server.url, "/", b"{}")
-            assert await exchange.read() == b"data: 1\n"
+            connection = await children.post(server.url, "/", b"{}")
+            assert await connection.read() == b"data: 1\n"
             got_first.set()
-            assert await exchange.read() == b"data: 2\n"
-            assert await exchange.read() == b""
-            children.release(server.url, exchange)
+            assert await connection.read() == b"data: 2\n"
+            assert await connection.read() == b""
+            children.release(server.url, connection)
             children.close()
 
     run(main())
 
 
-def _reading(exchange: Exchange) -> bool:
-    assert exchange.transport is not None
-    return exchange.transport.is_reading()
+def _reading(connection: ChildConnection) -> bool:
+    assert connection.transport is not None
+    return connection.transport.is_reading()
 
 
 def test_slow_reader_pauses_reading_and_resumes(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -522,23 +522,23 @@ def test_slow_reader_pauses_reading_and_resumes(monkeypatch: pytest.MonkeyPatch)
 
         async with Server(answer) as server:
             children = ChildConnections()
-            exchange = await children.post(server.url, "/", b"{}")
+            connection = await children.post(server.url, "/", b"{}")
             await asyncio.sleep(0.2)  # a reader that takes nothing for a while
-            assert not _reading(exchange)
-            assert exchange._paused
-            assert 4096 < exchange._queued < 4096 + 512 * 1024  # one socket read past it
+            assert not _reading(connection)
+            assert connection._paused
+            assert 4096 < connection._queued < 4096 + 512 * 1024  # one socket read past it
             assert sent[0] < len(body)  # the server is held back: the kernel buffers fill
             got = bytearray()
             pauses = 0
-            while part := await exchange.read():
-                assert _reading(exchange) or exchange.complete  # taking resumes reading
+            while part := await connection.read():
+                assert _reading(connection) or connection.complete  # taking resumes reading
                 got += part
                 await asyncio.sleep(0.002)  # a slow reader: more arrives meanwhile, then stops
-                if exchange._paused and not _reading(exchange):
+                if connection._paused and not _reading(connection):
                     pauses += 1
             assert bytes(got) == body
             assert pauses > 1
-            children.release(server.url, exchange)
+            children.release(server.url, connection)
             assert await post(children, server) == body  # and the connection is still good
             assert server.accepted == 1
             children.close()
@@ -556,11 +556,11 @@ def test_unread_body_given_back_while_paused_does_not_stall_the_next_request(
     async def main() -> None:
         async with Server(keep_alive(b"x" * 1000)) as server:
             children = ChildConnections()
-            exchange = await children.post(server.url, "/", b"{}")
-            while not exchange.complete:
+            connection = await children.post(server.url, "/", b"{}")
+            while not connection.complete:
                 await asyncio.sleep(0.01)
-            assert exchange._paused
-            children.release(server.url, exchange)  # complete: kept, its body unread
+            assert connection._paused
+            children.release(server.url, connection)  # complete: kept, its body unread
             assert await post(children, server) == b"x" * 1000
             assert server.accepted == 1
             children.close()
@@ -603,16 +603,16 @@ def test_a_child_silent_past_the_timeout_fails_the_wait() -> None:
     async def main() -> None:
         async with Server(chunks_every(0.05, 2, then_silent=1.5)) as server:
             children = ChildConnections(timeout=0.3)
-            exchange = await children.post(server.url, "/v1/chat/completions", b"{}")
+            connection = await children.post(server.url, "/v1/chat/completions", b"{}")
             began = asyncio.get_running_loop().time()
             got = b""
             with pytest.raises(child_http.UpstreamTimeout, match=r"nothing for 0\.3 s"):
-                while chunk := await exchange.read():
+                while chunk := await connection.read():
                     got += chunk
             waited = asyncio.get_running_loop().time() - began
             assert got == b"okok" and 0.3 <= waited < 1.0
-            children.release(server.url, exchange)  # not finished: closed, not kept
-            assert exchange.closed
+            children.release(server.url, connection)  # not finished: closed, not kept
+            assert connection.closed
             children.close()
 
     run(main())

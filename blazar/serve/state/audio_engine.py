@@ -21,8 +21,8 @@ from collections.abc import Callable
 from blazar.protocols import ProtocolError
 from blazar.protocols.openai_audio import SpeechRequest, Transcript, TranscriptionRequest
 from blazar.serve.supervisor.child_http import (
+    ChildConnection,
     ChildConnections,
-    Exchange,
     UpstreamError,
     UpstreamTimeout,
 )
@@ -63,15 +63,15 @@ async def transcribe(
     on_progress: Progress | None = None,
 ) -> Transcript:
     """What the whisper engine at `url` hears in `audio`."""
-    exchange: Exchange | None = None
+    connection: ChildConnection | None = None
     transcript = Transcript(task=request.task)
     try:
-        exchange = await children.post(url, f"/v1/transcribe?{request.query()}", audio)
-        if exchange.status != 200:
-            raise _refusal(model, exchange.status, await exchange.read_all())
+        connection = await children.post(url, f"/v1/transcribe?{request.query()}", audio)
+        if connection.status != 200:
+            raise _refusal(model, connection.status, await connection.read_all())
         pending = b""
         finished = False
-        while chunk := await exchange.read():
+        while chunk := await connection.read():
             pending += chunk
             *lines, pending = pending.split(b"\n")
             for raw in lines:
@@ -101,8 +101,8 @@ async def transcribe(
             502, f"model '{model}' sent an answer that is not JSON lines", "upstream_error"
         ) from None
     finally:
-        if exchange is not None:  # closed if unfinished: the engine stops
-            children.release(url, exchange)
+        if connection is not None:  # closed if unfinished: the engine stops
+            children.release(url, connection)
     return transcript
 
 
@@ -110,16 +110,16 @@ async def synthesize(
     children: ChildConnections, url: str, model: str, request: SpeechRequest
 ) -> bytes:
     """The audio the piper engine at `url` makes of the request's text."""
-    exchange: Exchange | None = None
+    connection: ChildConnection | None = None
     body = json.dumps(request.engine_body()).encode()
     try:
-        exchange = await children.post(url, "/v1/synthesize", body)
-        payload = await exchange.read_all()
-        if exchange.status != 200:
-            raise _refusal(model, exchange.status, payload)
+        connection = await children.post(url, "/v1/synthesize", body)
+        payload = await connection.read_all()
+        if connection.status != 200:
+            raise _refusal(model, connection.status, payload)
         return payload
     except (UpstreamError, ConnectionError) as exc:
         raise _failed(model, exc) from None
     finally:
-        if exchange is not None:
-            children.release(url, exchange)
+        if connection is not None:
+            children.release(url, connection)

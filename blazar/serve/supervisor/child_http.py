@@ -1,18 +1,19 @@
 """The one HTTP/1.1 client the gateway talks to the children with.
 
 `ChildConnections` keeps keep-alive connections to each child (a llama-server
-instance), reused across requests; the OpenAI pass-through
-(`blazar.serve.routes.openai_api`) posts each request through it and copies the
-answer back as it arrives, and the translating routes call the children
-through `blazar.serve.request.child_calls`, which uses it too. Each connection is an `Exchange`, an
-`asyncio.Protocol` that parses the response in `data_received`: the status
-line and headers, then a body framed by Content-Length, by chunks, or by the
-connection's end. Body bytes queue up for `read`, which hands over whatever
-has arrived; reading from the child pauses once `READ_AHEAD` bytes wait for a
-slow client. Anything that goes wrong with a child is an `UpstreamError`; a
-child that sends nothing for `timeout` seconds while a response is awaited
-(`serving.upstream_timeout`: a limit between chunks, not on the whole answer)
-is an `UpstreamTimeout`, which the gateway answers with a 504.
+instance, an audio engine), reused across requests. Every engine request goes
+through it: the pipeline's call (`blazar.serve.request.exchange` on
+`child_calls.ChildUpstream`, the answer copied back as it arrives), an answer's
+helper calls (`child_calls.Child`: `/apply-template`, `/tokenize`), the preflight's
+counts (`prompts`) and the audio engines' calls (`blazar.serve.state.audio_engine`).
+Each connection is a `ChildConnection`, an `asyncio.Protocol` that parses the
+response in `data_received`: the status line and headers, then a body framed by
+Content-Length, by chunks, or by the connection's end. Body bytes queue up for
+`read`, which hands over whatever has arrived; reading from the child pauses once
+`READ_AHEAD` bytes wait for a slow client. Anything that goes wrong with a child is
+an `UpstreamError`; a child that sends nothing for `timeout` seconds while a
+response is awaited (`serving.upstream_timeout`: a limit between chunks, not on the
+whole answer) is an `UpstreamTimeout`, which the gateway answers with a 504.
 
 It is hand-written because this is the hot path: aiohttp's `ClientSession`
 measured about 100 - 135 us of CPU per request by itself, against 10 - 36 us
@@ -50,7 +51,7 @@ class UpstreamTimeout(UpstreamError):
 _HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK, _CHUNK_END, _TRAILER, _TO_CLOSE, _DONE = range(8)
 
 
-class Exchange(asyncio.Protocol):
+class ChildConnection(asyncio.Protocol):
     """One connection to a child, one request at a time (HTTP/1.1 keep-alive).
 
     `data_received` parses the response as it comes: the status line and headers,
@@ -64,9 +65,9 @@ class Exchange(asyncio.Protocol):
         self.timeout = timeout  # seconds without a byte while waiting; None: no limit
         self.closed = False
         self.idle_since = 0.0
-        self.idle_in: list[Exchange] | None = None  # the pool's list, while it waits there
+        self.idle_in: list[ChildConnection] | None = None  # the pool's list, while it waits there
         self._waiter: asyncio.Future[None] | None = None
-        # The read timeout: one timer per exchange, re-armed only when it fires early, so a
+        # The read timeout: one timer per connection, re-armed only when it fires early, so a
         # stream of many chunks costs a timestamp per chunk, not a timer per wait.
         self._timer: asyncio.TimerHandle | None = None
         self._heard = 0.0  # when the child last sent a byte, or a wait began
@@ -77,7 +78,7 @@ class Exchange(asyncio.Protocol):
         self.content_type = ""
         self.keep_alive = True
         self.chunked = False
-        self.received = False  # any byte of this exchange's response
+        self.received = False  # any byte of the current request's response
         self.complete = False
         self._state = _HEAD
         self._buffer = bytearray()
@@ -249,7 +250,7 @@ class Exchange(asyncio.Protocol):
             self._timer.cancel()
             self._timer = None
 
-    # -- the exchange ------------------------------------------------------------------
+    # -- one request -------------------------------------------------------------------
 
     async def send(self, request: bytes) -> None:
         """Send a request; return once the response's status line and headers are in."""
@@ -295,7 +296,7 @@ class ChildConnections:
 
     def __init__(self, timeout: float | None = None) -> None:
         self.timeout = timeout
-        self._idle: dict[tuple[str, int], list[Exchange]] = {}
+        self._idle: dict[tuple[str, int], list[ChildConnection]] = {}
         self._addresses: dict[str, tuple[str, int]] = {}
 
     def address(self, base_url: str) -> tuple[str, int]:
@@ -305,92 +306,99 @@ class ChildConnections:
             found = self._addresses[base_url] = (parts.hostname or "", parts.port or 80)
         return found
 
-    async def post(self, base_url: str, path: str, body: bytes, method: str = "POST") -> Exchange:
-        """Send a JSON POST (or, with `method`, a GET); return the exchange with the
-        response's head read. Give the exchange back with `release` (in a `finally`: that
+    async def post(
+        self, base_url: str, path: str, body: bytes, method: str = "POST"
+    ) -> ChildConnection:
+        """Send a JSON POST (or, with `method`, a GET); return the connection with the
+        response's head read. Give the connection back with `release` (in a `finally`: that
         closes one left unfinished)."""
         host, port = address = self.address(base_url)
         request = (
             f"{method} {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
         ).encode("latin-1") + body
-        exchange = self._reuse(address)
-        if exchange is not None:
-            exchange.timeout = self.timeout
+        connection = self._reuse(address)
+        if connection is not None:
+            connection.timeout = self.timeout
             try:
-                await exchange.send(request)
-                return exchange
+                await connection.send(request)
+                return connection
             except UpstreamError:
-                exchange.close()
-                if exchange.received:
+                connection.close()
+                if connection.received:
                     raise
                 # The child closed this idle connection as it was reused: once more, anew.
             except BaseException:
-                exchange.close()
+                connection.close()
                 raise
-        exchange = await self._connect(host, port)
-        exchange.timeout = self.timeout
+        connection = await self._connect(host, port)
+        connection.timeout = self.timeout
         try:
-            await exchange.send(request)
+            await connection.send(request)
         except BaseException:
-            exchange.close()
+            connection.close()
             raise
-        return exchange
+        return connection
 
-    def release(self, base_url: str, exchange: Exchange) -> None:
-        """Keep a finished exchange's connection for the next request, or close it."""
+    def release(self, base_url: str, connection: ChildConnection) -> None:
+        """Keep a connection whose response is finished for the next request, or close it."""
         # llama-server closes the connection after a streamed (chunked) response, though
         # it says keep-alive: one reused then would fail. So chunked ones are not kept.
-        if not exchange.complete or not exchange.keep_alive or exchange.closed or exchange.chunked:
-            exchange.close()
+        if (
+            not connection.complete
+            or not connection.keep_alive
+            or connection.closed
+            or connection.chunked
+        ):
+            connection.close()
             return
-        exchange._disarm()
-        exchange.idle_since = time.monotonic()
-        exchange.idle_in = self._idle.setdefault(self.address(base_url), [])
-        exchange.idle_in.append(exchange)
+        connection._disarm()
+        connection.idle_since = time.monotonic()
+        connection.idle_in = self._idle.setdefault(self.address(base_url), [])
+        connection.idle_in.append(connection)
 
-    def _reuse(self, address: tuple[str, int]) -> Exchange | None:
+    def _reuse(self, address: tuple[str, int]) -> ChildConnection | None:
         idle = self._idle.get(address)
         while idle:
-            exchange = idle.pop()
-            exchange.idle_in = None
-            if not exchange.closed and time.monotonic() - exchange.idle_since < REUSE_IDLE:
-                return exchange
-            exchange.close()
+            connection = idle.pop()
+            connection.idle_in = None
+            if not connection.closed and time.monotonic() - connection.idle_since < REUSE_IDLE:
+                return connection
+            connection.close()
         return None
 
-    async def _connect(self, host: str, port: int) -> Exchange:
+    async def _connect(self, host: str, port: int) -> ChildConnection:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT):
-                _, exchange = await loop.create_connection(Exchange, host, port)
+                _, connection = await loop.create_connection(ChildConnection, host, port)
         except TimeoutError:
             raise UpstreamError(f"Cannot connect to {host}:{port}: timed out") from None
         except OSError as exc:
             raise UpstreamError(f"Cannot connect to {host}:{port}: {exc}") from None
-        return exchange
+        return connection
 
     async def json(
         self, base_url: str, path: str, payload: Any = None, *, raw: bytes | None = None
     ) -> tuple[int, Any]:
-        """One small exchange that is not a client's (slots, tokenizer, templates): POST
+        """One small request that is not a client's (slots, tokenizer, templates): POST
         `payload` as JSON (or `raw` bytes), or GET when both are None; (status, decoded body).
         Raises UpstreamError as `post` does."""
         body = raw if raw is not None else b"" if payload is None else json.dumps(payload).encode()
         method = "GET" if payload is None and raw is None else "POST"
-        exchange = await self.post(base_url, path, body, method)
+        connection = await self.post(base_url, path, body, method)
         try:
-            data = await exchange.read_all()
+            data = await connection.read_all()
         finally:
-            self.release(base_url, exchange)
+            self.release(base_url, connection)
         try:
-            return exchange.status, json.loads(data)
+            return connection.status, json.loads(data)
         except ValueError:
-            return exchange.status, data.decode(errors="replace")
+            return connection.status, data.decode(errors="replace")
 
     def close(self) -> None:
         for idle in self._idle.values():
-            for exchange in idle:
-                exchange.idle_in = None
-                exchange.close()
+            for connection in idle:
+                connection.idle_in = None
+                connection.close()
         self._idle.clear()
