@@ -171,3 +171,17 @@ def test_a_created_model_serves_with_its_defaults(
         answer = message.messages.create(model="foxy", max_tokens=3, messages=HI)  # type: ignore[arg-type]
         assert answer.usage.output_tokens == 3
         assert "".join(b.text for b in answer.content if b.type == "text").split() == ["fox"] * 3
+
+
+def test_a_derived_model_is_not_pinned_or_replicated_with_its_base(
+    blazar: Blazar, paths: Paths, tiny: Path
+) -> None:
+    """A base declared `pin = true` and `replicas = 1` is kept so on this host; a model
+    derived from it answers differently and is not: copying them started a second pinned
+    child (issue 33, day one 11)."""
+    blazar("config", "set", "models.tiny.pin", "true", "models.tiny.replicas", "1")
+    blazar("create", "brief", "--from", "tiny", "--system", "Be brief.")
+    declared = manifest(paths)["models"]
+    assert declared["tiny"]["pin"] is True and declared["tiny"]["replicas"] == 1
+    assert "pin" not in declared["brief"] and "replicas" not in declared["brief"]
+    assert declared["brief"]["system"] == "Be brief."

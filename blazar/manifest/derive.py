@@ -1,12 +1,12 @@
 """Derived models: `blazar create NAME --from MODEL`, as `ollama create` makes one.
 
 A derived model is a declaration of its own in the manifest: the base model's
-declaration (its aliases left out) or, for a model only held, its source and
+declaration (its aliases and how it is hosted left out: `HOSTING`) or, for a model only held, its source and
 sha256, changed by what `create` was given (chat template, system prompt,
 parameters, context) and with the adapters of a Modelfile's `ADAPTER` lines
 declared always on for it. It goes through the one declare -> reconcile ->
 restore-on-failure flow (`manifest_ops.declare_and_reconcile`); bytes Blazar
-holds already are linked again rather than fetched (`wiring.StoreModels`).
+holds already are linked again rather than fetched (`blazar.reconcile.ports.StoreModels`).
 `blazar.cli.imperative` calls it; `blazar.manifest.modelfile` reads Modelfiles for it.
 """
 
@@ -24,6 +24,11 @@ from blazar.manifest.edit import ManifestFile
 from blazar.paths import Paths
 from blazar.store.db import Store
 from specs.names import parse_name
+
+
+# What a derived model does not take from its base: its other names, and how the base is
+# kept on this host (a copied `pin` or `replicas` started a second pinned child for it).
+HOSTING = ("aliases", "pin", "replicas")
 
 
 @dataclass(frozen=True)
@@ -110,7 +115,8 @@ def _base_fields(
         return {"source": Path(base).as_uri()}
     key = manifest_ops.declared_key(manifest, base) or manifest_ops.alias_owner(manifest, base)
     fields = manifest_ops.declaration(manifest, key) if key is not None else {}
-    fields.pop("aliases", None)
+    for where in HOSTING:  # how the base is kept on this host is not what it answers
+        fields.pop(where, None)
     with Store(paths.db) as store:
         held = store.find_model(parse_name(key or base))
     if held is not None:
