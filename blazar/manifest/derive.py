@@ -1,12 +1,12 @@
 """Derived models: `blazar create NAME --from MODEL`, as `ollama create` makes one.
 
 A derived model is a declaration of its own in the manifest: the base model's
-declaration (its aliases and how it is hosted left out: `HOSTING`) or, for a model only held, its source and
-sha256, changed by what `create` was given (chat template, system prompt,
+declaration (its aliases and how it is hosted left out: `HOSTING`) or, for a model
+only held, its source and sha256, changed by what `create` was given (chat template, system prompt,
 parameters, context) and with the adapters of a Modelfile's `ADAPTER` lines
 declared always on for it. It goes through the one declare -> reconcile ->
 restore-on-failure flow (`manifest_ops.declare_and_reconcile`); bytes Blazar
-holds already are linked again rather than fetched (`blazar.reconcile.ports.StoreModels`).
+holds already are linked again rather than fetched (`wiring.StoreModels`).
 `blazar.cli.imperative` calls it; `blazar.manifest.modelfile` reads Modelfiles for it.
 """
 
@@ -24,7 +24,6 @@ from blazar.manifest.edit import ManifestFile
 from blazar.paths import Paths
 from blazar.store.db import Store
 from specs.names import parse_name
-
 
 # What a derived model does not take from its base: its other names, and how the base is
 # kept on this host (a copied `pin` or `replicas` started a second pinned child for it).
