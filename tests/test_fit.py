@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from blazar.engines import launcher
+from blazar.engines.launchers import llama_launcher as launcher
 from blazar.errors import InvalidInput
 from blazar.host.hardware import Device, memory_devices, system_memory
 from blazar.models.fit import estimate
@@ -222,3 +222,17 @@ def test_fit_cli_takes_the_manifest_cache_fields(blazar: Blazar, tmp_path: Path)
         blazar("fit", "narrow", "--manifest", str(manifest), "--cache-type", "f16", "--json").output
     )
     assert data["cache_type"] == "f16" and data["notes"] == []
+
+
+def test_fit_says_when_ctx_is_beyond_the_training_context(blazar: Blazar, tiny_model: Path) -> None:
+    """`fit --ctx` past the model's training context (the tiny model's 2048) fits in memory
+    but is not a fit: the verdict says so and how to get there (issue 33, day one 11)."""
+    blazar("import", str(tiny_model), "--name", "tiny")
+    human = blazar("fit", "tiny", "--ctx", "200000").output
+    first = human.splitlines()[0]
+    assert "beyond the model's training context of 2048" in first
+    assert "ctx_extend" in first and not first.endswith(" fits")
+    data = json.loads(blazar("fit", "tiny", "--ctx", "200000", "--json").output)
+    assert data["beyond_training"] is True
+    within = json.loads(blazar("fit", "tiny", "--ctx", "2048", "--json").output)
+    assert within["beyond_training"] is False and within["fits"] is True

@@ -358,6 +358,13 @@ def fit(
         echo_json(asdict(report))
         return
     verdict = "fits" if report.fits else "does NOT fit"
+    if report.beyond_training:
+        verdict = (
+            f"{'fits in memory' if report.fits else 'does NOT fit'}, but is beyond the model's "
+            f"training context of {report.context_length}: use ctx {report.context_length} or "
+            f"less, or set ctx_extend (YaRN: `blazar config set models.{report.model}.ctx_extend "
+            f"{-(-report.ctx // (report.context_length or 1))}`)"
+        )
     click.echo(f"{report.model} at ctx {report.ctx} ({report.cache_type} KV cache) {verdict}")
     click.echo(f"  weights    {human_bytes(report.weights)}")
     click.echo(f"  kv cache   {human_bytes(report.kv)} ({human_bytes(report.kv_per_token)}/token)")

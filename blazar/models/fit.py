@@ -61,6 +61,9 @@ class FitReport:
     prompt_cache: int = 0
     notes: list[str] = field(default_factory=list)
     projector: int = 0
+    # ctx is past what the model was trained for (times ctx_extend): memory may hold it,
+    # but the answers past the training context are not the model's
+    beyond_training: bool = False
 
 
 def estimate(
@@ -152,4 +155,5 @@ def estimate(
         prompt_cache=prompt_cache,
         notes=notes,
         projector=projector,
+        beyond_training=bool(limit and ctx > limit),
     )
