@@ -96,3 +96,21 @@ def test_manifest_option_edits_another_manifest(
     assert "tiny" in load_manifest(other).models and not paths.manifest.exists()
     blazar("rm", "tiny", "--manifest", str(other))
     assert load_manifest(other).models == {}
+
+
+def test_keys_add_without_a_name_names_the_key_itself(
+    blazar: Blazar, paths: Paths, tmp_path: Path, tiny_model: Path
+) -> None:
+    """The user guide's `blazar keys add` with no name: the key is named key-1, then key-2,
+    and the name is said (issue 33, day one 11)."""
+    manifest = tmp_path / "team.toml"
+    manifest.write_text(MANIFEST.format(source=tiny_model.as_uri()))
+    first = blazar("keys", "add", "--manifest", str(manifest))
+    second = blazar("keys", "add", "--manifest", str(manifest))
+    assert "named key-1" in first.stderr and "blazar keys rm key-1" in first.stderr
+    assert "named key-2" in second.stderr
+    declared = load_manifest(manifest).keys
+    assert set(declared) == {"key-1", "key-2"}
+    for out, name in ((first, "key-1"), (second, "key-2")):
+        secret = out.stdout.strip()
+        assert declared[name].sha256 == hashlib.sha256(secret.encode()).hexdigest()

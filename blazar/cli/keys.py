@@ -33,7 +33,7 @@ def _models(text: str | None) -> list[str]:
 
 
 @keys.command("add")
-@click.argument("name")
+@click.argument("name", required=False)
 @click.option(
     "--scope",
     type=click.Choice(api_keys.SCOPES),
@@ -48,15 +48,20 @@ def _models(text: str | None) -> list[str]:
 @pass_context
 def add(
     ctx: Context,
-    name: str,
+    name: str | None,
     scope: str,
     models: str | None,
     rpm: int | None,
     description: str | None,
     manifest_path: Path | None,
 ) -> None:
-    """Make key NAME: print it once (on stdout, alone) and declare only its sha256."""
+    """Make key NAME: print it once (on stdout, alone) and declare only its sha256.
+
+    Without NAME the key is named key-1 (key-2, ... when taken), and the name is said."""
     manifest = manifest_path or ctx.paths.manifest
+    chosen = name is None
+    if name is None:
+        name = api_keys.unused_name(manifest)
     secret = api_keys.add_key(
         ctx.paths,
         manifest,
@@ -66,7 +71,10 @@ def add(
         rpm=rpm,
         description=description,
     )
-    click.echo(f"key {name} ({scope}) declared in {manifest}; it is shown only now:", err=True)
+    named = f" (named {name}: `blazar keys rm {name}` removes it)" if chosen else ""
+    click.echo(
+        f"key {name} ({scope}) declared in {manifest}{named}; it is shown only now:", err=True
+    )
     click.echo(secret)
 
 

@@ -94,6 +94,16 @@ def list_keys(manifest: Manifest, usage: dict[str, str]) -> list[KeyInfo]:
     ]
 
 
+def unused_name(manifest_path: Path, stem: str = "key") -> str:
+    """The first of `key-1`, `key-2`, ... that no key is declared as: the name `blazar keys
+    add` chooses when none is given (the user guide's form)."""
+    manifest = manifest_ops.open_manifest(manifest_path)
+    n = 1
+    while manifest.declares("keys", f"{stem}-{n}"):
+        n += 1
+    return f"{stem}-{n}"
+
+
 def add_key(
     paths: Paths,
     manifest_path: Path,
