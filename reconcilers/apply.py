@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TypeVar
 
 from reconcilers.desired import Desired
 from reconcilers.engines import (
@@ -25,12 +26,14 @@ from reconcilers.engines import (
 )
 from reconcilers.errors import PermanentError, TemporaryError
 from reconcilers.keys import apply_key, plan_keys
-from reconcilers.loras import apply_lora, plan_loras
-from reconcilers.models import apply_model, plan_models
-from reconcilers.plan import Action, Note, Plan
-from reconcilers.ports import ObservedLane, ObservedModel, OfferView, Ports, Progress
-from reconcilers.projectors import apply_projector, plan_projectors
+from reconcilers.loras import plan_loras
+from reconcilers.models import plan_models
+from reconcilers.plan import Action, Change, Note, Plan
+from reconcilers.ports import HeldPort, ObservedLane, ObservedModel, OfferView, Ports, Progress
+from reconcilers.projectors import plan_projectors
 from reconcilers.routing import route
+
+D = TypeVar("D")
 
 
 @dataclass(frozen=True)
@@ -163,11 +166,11 @@ def execute(
             elif action.kind == "engine":
                 apply_engine(action, engines[action.name], ports.engines, desired.routing.catalog)
             elif action.kind == "model":
-                apply_model(action, models.get(action.name), ports.models, progress)
+                apply_held(action, models.get(action.name), ports.models, progress)
             elif action.kind == "lora":
-                apply_lora(action, loras.get(action.name), ports.loras, progress)
+                apply_held(action, loras.get(action.name), ports.loras, progress)
             elif action.kind == "projector":
-                apply_projector(action, projectors.get(action.name), ports.projectors, progress)
+                apply_held(action, projectors.get(action.name), ports.projectors, progress)
             else:
                 apply_key(action, keys.get(action.name), ports.keys)
 
@@ -197,6 +200,22 @@ def execute(
         if kind == "models":
             ports.status.set_condition("model", name, False, note.reason, note.message)
     return ApplyReport(tuple(outcomes))
+
+
+def apply_held(
+    action: Action, declared: D | None, port: HeldPort[D], progress: Progress | None
+) -> None:
+    """One action on a held file (a model, an adapter, a projector), the same for each kind:
+    a delete removes it, a create or replace fetches it, an update records its declaration
+    on what is held (no download)."""
+    if action.change is Change.DELETE:
+        port.remove(action.name)
+        return
+    assert declared is not None  # the planner creates, replaces and updates declared ones
+    if action.change in (Change.CREATE, Change.REPLACE):
+        port.fetch(declared, progress)
+    else:
+        port.record(declared)
 
 
 def _attempt(

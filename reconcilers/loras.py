@@ -14,7 +14,7 @@ from typing import Any
 from reconcilers.desired import DesiredLora
 from reconcilers.plan import Action, Change
 from reconcilers.planner import Verdict, bytes_change, changed, plan_kind, settings_change
-from reconcilers.ports import LorasPort, ObservedLora, Progress
+from reconcilers.ports import ObservedLora
 
 
 def _details(lora: DesiredLora) -> dict[str, Any]:
@@ -40,18 +40,3 @@ def plan_loras(
 ) -> tuple[list[Action], list[str]]:
     """Pure: (actions, managed adapters kept because --prune was not given)."""
     return plan_kind("lora", desired, observed, prune=prune, created=_details, compare=_compare)
-
-
-def apply_lora(
-    action: Action, desired: DesiredLora | None, port: LorasPort, progress: Progress | None
-) -> None:
-    if action.change is Change.DELETE:
-        port.remove(action.name)
-        return
-    assert desired is not None
-    if action.change in (Change.CREATE, Change.REPLACE):
-        port.fetch(
-            desired.name, desired.model, desired.source, desired.sha256, desired.settings, progress
-        )
-    else:
-        port.record_settings(desired.name, desired.source, desired.settings)

@@ -25,9 +25,9 @@ from reconcilers.planner import (
     settings_change,
     settings_diff,
 )
-from reconcilers.ports import ModelsPort, ObservedModel, Progress
+from reconcilers.ports import ObservedModel
 
-__all__ = ["apply_model", "plan_models", "settings_diff"]
+__all__ = ["plan_models", "settings_diff"]
 
 
 def _details(model: DesiredModel) -> dict[str, Any]:
@@ -64,16 +64,3 @@ def plan_models(
         compare=_compare,
         deleted=lambda have: {"sha256": have.sha256},
     )
-
-
-def apply_model(
-    action: Action, desired: DesiredModel | None, port: ModelsPort, progress: Progress | None
-) -> None:
-    if action.change is Change.DELETE:
-        port.remove(action.name)
-        return
-    assert desired is not None
-    if action.change in (Change.CREATE, Change.REPLACE):
-        port.fetch(desired.name, desired.source, desired.sha256, desired.settings, progress)
-    else:
-        port.record_settings(desired.name, desired.source, desired.settings)

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
+
+from reconcilers.desired import DesiredLora, DesiredModel, DesiredProjector
 
 Progress = Callable[[int, int | None], None]
+Declared = TypeVar("Declared", contravariant=True)
 
 
 @dataclass(frozen=True)
@@ -123,64 +126,33 @@ class EnginesPort(Protocol):
         ...
 
 
-class ModelsPort(Protocol):
+class HeldPort(Protocol[Declared]):
+    """Files held for the manifest (models, adapters, projectors): what applying one does.
+    The port reads what it needs from the declaration (name, source, sha256, settings)."""
+
+    def fetch(self, declared: Declared, progress: Progress | None) -> None:
+        """Fetch, verify and register it, replacing what its name held."""
+        ...
+
+    def record(self, declared: Declared) -> None:
+        """Take the held one over (managed) and record its source and runtime settings."""
+        ...
+
+    def remove(self, name: str) -> None: ...
+
+
+class ModelsPort(HeldPort[DesiredModel], Protocol):
     def observe(self) -> list[ObservedModel]: ...
 
-    def fetch(
-        self,
-        name: str,
-        source: str,
-        sha256: str | None,
-        settings: dict[str, Any],
-        progress: Progress | None,
-    ) -> None:
-        """Fetch, verify and register a model, replacing any model of that name."""
-        ...
 
-    def record_settings(self, name: str, source: str, settings: dict[str, Any]) -> None:
-        """Take the model over (managed) and record its source and runtime settings."""
-        ...
-
-    def remove(self, name: str) -> None: ...
-
-
-class LorasPort(Protocol):
+class LorasPort(HeldPort[DesiredLora], Protocol):
     def observe(self) -> list[ObservedLora]: ...
 
-    def fetch(
-        self,
-        name: str,
-        model: str,
-        source: str,
-        sha256: str | None,
-        settings: dict[str, Any],
-        progress: Progress | None,
-    ) -> None: ...
 
-    def record_settings(self, name: str, source: str, settings: dict[str, Any]) -> None: ...
+class ProjectorsPort(HeldPort[DesiredProjector], Protocol):
+    """Named after their model: `remove` takes the model's name."""
 
-    def remove(self, name: str) -> None: ...
-
-
-class ProjectorsPort(Protocol):
     def observe(self) -> list[ObservedProjector]: ...
-
-    def fetch(
-        self,
-        model: str,
-        source: str,
-        sha256: str | None,
-        settings: dict[str, Any],
-        progress: Progress | None,
-    ) -> None:
-        """Fetch, verify and register `model`'s projector, replacing any it had."""
-        ...
-
-    def record(self, model: str, source: str, settings: dict[str, Any]) -> None:
-        """Take a held projector over (managed), recording its declaration."""
-        ...
-
-    def remove(self, model: str) -> None: ...
 
 
 class KeysPort(Protocol):

@@ -15,7 +15,7 @@ from typing import Any
 from reconcilers.desired import DesiredProjector
 from reconcilers.plan import Action, Change
 from reconcilers.planner import Verdict, plan_kind
-from reconcilers.ports import ObservedProjector, Progress, ProjectorsPort
+from reconcilers.ports import ObservedProjector
 
 KIND = "projector"
 
@@ -56,19 +56,3 @@ def plan_projectors(
         key=lambda p: str(p.model),
         missing="not held",
     )
-
-
-def apply_projector(
-    action: Action,
-    desired: DesiredProjector | None,
-    port: ProjectorsPort,
-    progress: Progress | None,
-) -> None:
-    if action.change is Change.DELETE:
-        port.remove(action.name)
-        return
-    assert desired is not None
-    if action.change in (Change.CREATE, Change.REPLACE):
-        port.fetch(desired.model, desired.source, desired.sha256, desired.settings, progress)
-    else:
-        port.record(desired.model, desired.source, desired.settings)

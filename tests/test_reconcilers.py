@@ -8,7 +8,14 @@ from typing import Any
 import pytest
 
 from reconcilers.apply import execute, make_plan
-from reconcilers.desired import Desired, DesiredEngine, DesiredKey, DesiredLora, DesiredModel
+from reconcilers.desired import (
+    Desired,
+    DesiredEngine,
+    DesiredKey,
+    DesiredLora,
+    DesiredModel,
+    DesiredProjector,
+)
 from reconcilers.engines import PlanError, plan_engines
 from reconcilers.errors import PermanentError, TemporaryError
 from reconcilers.keys import plan_keys
@@ -273,21 +280,19 @@ class Models:
     def observe(self) -> list[ObservedModel]:
         return list(self.w.models.values())
 
-    def fetch(
-        self,
-        name: str,
-        source: str,
-        sha256: str | None,
-        settings: dict[str, Any],
-        progress: Progress | None,
-    ) -> None:
+    def fetch(self, declared: DesiredModel, progress: Progress | None) -> None:
+        name, sha256 = declared.name, declared.sha256 or SHA_A
         self.w.calls.append(f"fetch {name}")
         self.w._maybe_fail(name)
-        self.w.models[name] = ObservedModel(name, sha256 or SHA_A, source, 1, True, settings)
+        self.w.models[name] = ObservedModel(
+            name, sha256, declared.source, 1, True, declared.settings
+        )
 
-    def record_settings(self, name: str, source: str, settings: dict[str, Any]) -> None:
-        m = self.w.models[name]
-        self.w.models[name] = ObservedModel(name, m.sha256, source, m.size, True, settings)
+    def record(self, declared: DesiredModel) -> None:
+        m = self.w.models[declared.name]
+        self.w.models[declared.name] = replace(
+            m, source=declared.source, managed=True, settings=declared.settings
+        )
 
     def remove(self, name: str) -> None:
         del self.w.models[name]
@@ -300,19 +305,14 @@ class Loras:
     def observe(self) -> list[ObservedLora]:
         return list(self.w.loras.values())
 
-    def fetch(
-        self,
-        name: str,
-        model: str,
-        source: str,
-        sha256: str | None,
-        settings: dict[str, Any],
-        progress: Progress | None,
-    ) -> None:
-        self.w.calls.append(f"fetch lora {name}")
-        self.w.loras[name] = ObservedLora(name, model, sha256 or SHA_A, source, True, settings)
+    def fetch(self, declared: DesiredLora, progress: Progress | None) -> None:
+        d = declared
+        self.w.calls.append(f"fetch lora {d.name}")
+        self.w.loras[d.name] = ObservedLora(
+            d.name, d.model, d.sha256 or SHA_A, d.source, True, d.settings
+        )
 
-    def record_settings(self, name: str, source: str, settings: dict[str, Any]) -> None:
+    def record(self, declared: DesiredLora) -> None:
         raise AssertionError("not expected")
 
     def remove(self, name: str) -> None:
@@ -340,21 +340,19 @@ class Projectors:
     def observe(self) -> list[ObservedProjector]:
         return list(self.w.projectors.values())
 
-    def fetch(
-        self,
-        model: str,
-        source: str,
-        sha256: str | None,
-        settings: dict[str, Any],
-        progress: Progress | None,
-    ) -> None:
+    def fetch(self, declared: DesiredProjector, progress: Progress | None) -> None:
+        model = declared.model
         self.w.calls.append(f"fetch projector {model}")
         self.w._maybe_fail(f"projector {model}")
-        self.w.projectors[model] = ObservedProjector(model, sha256 or SHA_B, source, True, settings)
+        self.w.projectors[model] = ObservedProjector(
+            model, declared.sha256 or SHA_B, declared.source, True, declared.settings
+        )
 
-    def record(self, model: str, source: str, settings: dict[str, Any]) -> None:
-        p = self.w.projectors[model]
-        self.w.projectors[model] = ObservedProjector(model, p.sha256, source, True, settings)
+    def record(self, declared: DesiredProjector) -> None:
+        p = self.w.projectors[declared.model]
+        self.w.projectors[declared.model] = replace(
+            p, source=declared.source, managed=True, settings=declared.settings
+        )
 
     def remove(self, model: str) -> None:
         del self.w.projectors[model]

@@ -18,6 +18,7 @@ from blazar.errors import BlazarError
 from blazar.models.registry import Registry
 from blazar.paths import Paths
 from blazar.store.db import KeyRecord, Store
+from reconcilers.desired import DesiredLora, DesiredModel, DesiredProjector
 from reconcilers.errors import PermanentError, TemporaryError
 from reconcilers.ports import (
     ObservedEngine,
@@ -168,9 +169,11 @@ def offer_view(offer: Any) -> OfferView:
     return OfferView(offer.id, offer.kind, tuple(offer.architectures), offer.commit)
 
 
-class StoreModels:
-    """`pins`: source -> the source to fetch instead (`apply --locked`: a Hugging Face
-    source at the revision the lock resolved); the declared source is what is recorded."""
+class HeldFiles:
+    """What the ports of held files (models, adapters, projectors) share: the registry they
+    import into, the downloads directory, and `pins`: source -> the source to fetch
+    instead (`apply --locked`: a Hugging Face source at the revision the lock resolved);
+    the declared source is what is recorded."""
 
     def __init__(
         self, registry: Registry, paths: Paths, pins: dict[str, str] | None = None
@@ -180,6 +183,19 @@ class StoreModels:
         self.paths = paths
         self.pins = pins or {}
 
+    @contextlib.contextmanager
+    def fetched(
+        self, source: str, sha256: str | None, progress: Progress | None, kind: str = "chat"
+    ) -> Iterator[Fetched]:
+        """The bytes of `source` (or of its pin), fetched and verified; Blazar's errors in
+        the block classified for the retries."""
+        fetch = self.pins.get(source, source)
+        downloads = self.paths.downloads
+        with classified(), fetched_bytes(fetch, sha256, downloads, progress, kind) as got:
+            yield got
+
+
+class StoreModels(HeldFiles):
     def observe(self) -> list[ObservedModel]:
         # A record whose file is gone is a model the host does not have: the plan fetches
         # it again (level-triggered; `blazar doctor` names `blazar apply` as the fix).
@@ -191,30 +207,15 @@ class StoreModels:
             if Path(r.path).is_file() or (r.is_set and Path(r.path).is_dir())
         ]
 
-    def fetch(
-        self,
-        name: str,
-        source: str,
-        sha256: str | None,
-        settings: dict[str, Any],
-        progress: Progress | None,
-    ) -> None:
-        kind = str(settings.get("kind") or "chat")
+    def fetch(self, declared: DesiredModel, progress: Progress | None) -> None:
+        kind = str(declared.settings.get("kind") or "chat")
+        sha256 = declared.sha256
         held_set = self.paths.blobs / f"sha256-{sha256}.set" if sha256 else None
         if held_set is not None and held_set.is_dir():  # a set (a safetensors model too)
             files = sorted(f for f in held_set.rglob("*") if f.is_file())
+            names = [str(f.relative_to(held_set)) for f in files]
             with classified():  # the same set is held already: verified and recorded again
-                self.registry.import_set(
-                    files,
-                    [str(f.relative_to(held_set)) for f in files],
-                    parse_name(name),
-                    kind=kind,
-                    force=True,
-                    source=source,
-                    managed=True,
-                    settings=settings,
-                    sha256=sha256,
-                )
+                self._import_set(declared, kind, files, names)
             return
         held = self.paths.blobs / f"sha256-{sha256}" if sha256 else None
         if held is not None and held.is_file():
@@ -223,105 +224,97 @@ class StoreModels:
             with classified():
                 self.registry.import_file(
                     held,
-                    parse_name(name),
+                    parse_name(declared.name),
                     force=True,
-                    source=source,
+                    source=declared.source,
                     managed=True,
-                    settings=settings,
+                    settings=declared.settings,
                     sha256=sha256,
                 )
             return
-        fetch = self.pins.get(source, source)
-        downloads = self.paths.downloads
-        with classified(), fetched_bytes(fetch, sha256, downloads, progress, kind) as got:
+        with self.fetched(declared.source, sha256, progress, kind) as got:
             if got.names or kind != "chat":  # a set of files: a transcription model, a voice
-                self.registry.import_set(
-                    got.files,
-                    list(got.names) or [f.name for f in got.files],
-                    parse_name(name),
-                    kind=kind,
-                    force=True,
-                    source=source,
-                    managed=True,
-                    settings=settings,
-                    sha256=sha256,
-                    hashes=got.hashes or None,
-                )
+                names = list(got.names) or [f.name for f in got.files]
+                self._import_set(declared, kind, got.files, names, got.hashes or None)
                 return
             shards = got.detail.get("shards")
             self.registry.import_files(
                 got.files,
-                parse_name(name),
+                parse_name(declared.name),
                 force=True,
-                source=source,
+                source=declared.source,
                 managed=True,
-                settings=settings,
+                settings=declared.settings,
                 names=[n.rsplit("/", 1)[-1] for n in shards.split(",")] if shards else None,
                 resolved=got.detail,
             )
 
-    def record_settings(self, name: str, source: str, settings: dict[str, Any]) -> None:
+    def _import_set(
+        self,
+        declared: DesiredModel,
+        kind: str,
+        files: list[Path],
+        names: list[str],
+        hashes: dict[str, str] | None = None,
+    ) -> None:
+        """Register a set of files (held already, or just fetched) as the declared model."""
+        self.registry.import_set(
+            files,
+            names,
+            parse_name(declared.name),
+            kind=kind,
+            force=True,
+            source=declared.source,
+            managed=True,
+            settings=declared.settings,
+            sha256=declared.sha256,
+            hashes=hashes,
+        )
+
+    def record(self, declared: DesiredModel) -> None:
         with classified():
-            self.registry.adopt(parse_name(name), source, settings)
+            self.registry.adopt(parse_name(declared.name), declared.source, declared.settings)
 
     def remove(self, name: str) -> None:
         with classified():
             self.registry.remove(parse_name(name))
 
 
-class StoreLoras:
-    def __init__(
-        self, registry: Registry, paths: Paths, pins: dict[str, str] | None = None
-    ) -> None:
-        self.registry = registry
-        self.store = registry.store
-        self.paths = paths
-        self.pins = pins or {}
-
+class StoreLoras(HeldFiles):
     def observe(self) -> list[ObservedLora]:
         return [
             ObservedLora(r.name, r.model, r.sha256, r.source, r.managed, r.settings)
             for r in self.store.list_loras()
         ]
 
-    def fetch(
-        self,
-        name: str,
-        model: str,
-        source: str,
-        sha256: str | None,
-        settings: dict[str, Any],
-        progress: Progress | None,
-    ) -> None:
-        fetch = self.pins.get(source, source)
-        with classified(), fetched_bytes(fetch, sha256, self.paths.downloads, progress) as got:
+    def fetch(self, declared: DesiredLora, progress: Progress | None) -> None:
+        with self.fetched(declared.source, declared.sha256, progress) as got:
             self.registry.import_lora(
-                got.files[0], name, parse_name(model), source=source, settings=settings
+                got.files[0],
+                declared.name,
+                parse_name(declared.model),
+                source=declared.source,
+                settings=declared.settings,
             )
 
-    def record_settings(self, name: str, source: str, settings: dict[str, Any]) -> None:
+    def record(self, declared: DesiredLora) -> None:
         from dataclasses import replace
 
-        record = self.store.find_lora(name)
+        record = self.store.find_lora(declared.name)
         if record is None:
-            raise PermanentError(f"lora {name!r} is not in the store")
-        self.store.put_lora(replace(record, source=source, settings=dict(settings), managed=True))
+            raise PermanentError(f"lora {declared.name!r} is not in the store")
+        taken = replace(
+            record, source=declared.source, settings=dict(declared.settings), managed=True
+        )
+        self.store.put_lora(taken)
 
     def remove(self, name: str) -> None:
         self.registry.remove_lora(name)
 
 
-class StoreProjectors:
+class StoreProjectors(HeldFiles):
     """Vision projectors (`models.NAME.mmproj`): fetched like a model file, checked to be a
     projector made for the model (`blazar.sources.projectors`)."""
-
-    def __init__(
-        self, registry: Registry, paths: Paths, pins: dict[str, str] | None = None
-    ) -> None:
-        self.registry = registry
-        self.store = registry.store
-        self.paths = paths
-        self.pins = pins or {}
 
     def observe(self) -> list[ObservedProjector]:
         return [
@@ -330,37 +323,32 @@ class StoreProjectors:
             if Path(r.path).is_file()
         ]
 
-    def fetch(
-        self,
-        model: str,
-        source: str,
-        sha256: str | None,
-        settings: dict[str, Any],
-        progress: Progress | None,
-    ) -> None:
+    def fetch(self, declared: DesiredProjector, progress: Progress | None) -> None:
         from blazar.sources import projectors
         from blazar.sources.projector_files import PROJECTOR
 
+        source = declared.source
         with classified():
-            fetch = source
             if source == AUTO_PROJECTOR:
-                fetch = str(projectors.auto_source(str(settings.get("model_source", ""))))
-            fetch = self.pins.get(fetch, fetch)
-            with fetched_bytes(fetch, sha256, self.paths.downloads, progress, PROJECTOR) as got:
-                projectors.import_projector(
-                    self.registry,
-                    got.files[0],
-                    parse_name(model),
-                    source=source,
-                    settings=settings,
-                    resolved=got.detail,
-                )
+                model_source = str(declared.settings.get("model_source", ""))
+                source = str(projectors.auto_source(model_source))
+        with self.fetched(source, declared.sha256, progress, PROJECTOR) as got:
+            projectors.import_projector(
+                self.registry,
+                got.files[0],
+                parse_name(declared.model),
+                source=declared.source,
+                settings=declared.settings,
+                resolved=got.detail,
+            )
 
-    def record(self, model: str, source: str, settings: dict[str, Any]) -> None:
+    def record(self, declared: DesiredProjector) -> None:
         from blazar.sources import projectors
 
         with classified():
-            projectors.adopt_projector(self.registry, model, source, settings)
+            projectors.adopt_projector(
+                self.registry, declared.model, declared.source, declared.settings
+            )
 
     def remove(self, model: str) -> None:
         from blazar.sources import projectors
