@@ -8,17 +8,22 @@ before; every bench figure lands in `bench`.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from blazar.engines.base import InstalledEngine
 from blazar.errors import NotFound
-from blazar.store.db import Store, utcnow
+from blazar.store.db import Store, StoredRecord, utcnow
 
 
 @dataclass(frozen=True)
-class EngineRecord:
+class EngineRecord(StoredRecord):
+    """An installed engine, and whether it is its lane's active one."""
+
+    JSON: ClassVar[Mapping[str, type]] = {"command": list, "details": dict}
+    FLAGS: ClassVar[tuple[str, ...]] = ("active",)
+
     kind: str
     tag: str
     method: str
@@ -28,20 +33,6 @@ class EngineRecord:
     active: bool
     installed_at: str
     details: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_row(cls, row: dict[str, Any]) -> EngineRecord:
-        return cls(
-            kind=row["kind"],
-            tag=row["tag"],
-            method=row["method"],
-            version=row["version"],
-            path=row["path"],
-            command=json.loads(row["command"]),
-            active=bool(row["active"]),
-            installed_at=row["installed_at"],
-            details=json.loads(row["details"] or "{}"),
-        )
 
 
 @dataclass(frozen=True)
@@ -161,7 +152,3 @@ class EngineStore:
         """Every bench figure, oldest first (of one model, with `model`)."""
         where, args = ("model = ?", [model]) if model else (None, [])
         return list(self.db["bench"].rows_where(where, args, order_by="id"))
-
-
-def engine_dir_exists(record: EngineRecord) -> bool:
-    return Path(record.path).is_dir()

@@ -123,10 +123,3 @@ def voice_file(directory: Path) -> Path | None:
 def is_set(path: Path) -> bool:
     """A set's directory in the blob store (or any directory a record points at)."""
     return path.is_dir()
-
-
-def size_of(path: Path) -> int:
-    """Bytes of a model: its file, or every file of its set."""
-    if path.is_dir():
-        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-    return path.stat().st_size

@@ -1,7 +1,7 @@
 """Blazar's store: the single record of observed state, in SQLite, and its records.
 
-What the store holds are plain frozen dataclasses (`ModelRecord`, `LoraRecord`, ...),
-with their row conversions beside them.
+What the store holds are plain frozen dataclasses (`ModelRecord`, `LoraRecord`, ...);
+those with JSON or flag columns share one row codec (`StoredRecord`).
 
 Opened through sqlite-utils in WAL mode (readers never block the writer);
 migrations from `blazar.store.schema` run on every open. Callers get and put
@@ -19,11 +19,11 @@ import functools
 import json
 import sqlite3
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from blazar.errors import NotFound
 from blazar.store.schema import migrate
@@ -42,6 +42,7 @@ __all__ = [
     "ProjectorRecord",
     "SessionRecord",
     "Store",
+    "StoredRecord",
     "Written",
     "insert_isolated",
     "open_database",
@@ -64,8 +65,38 @@ def utcnow_us() -> str:
 
 
 @dataclass(frozen=True)
-class ModelRecord:
+class StoredRecord:
+    """A record kept as one row of its table: the fields named in `JSON` as JSON text (sorted
+    keys; read back through the type it maps them to), the flags in `FLAGS` as 0 or 1, every
+    other field as it is. One codec for every record with such fields, not a pair each."""
+
+    JSON: ClassVar[Mapping[str, type]] = {}
+    FLAGS: ClassVar[tuple[str, ...]] = ("managed",)
+
+    def to_row(self) -> dict[str, Any]:
+        row = asdict(self)
+        for name in self.JSON:
+            row[name] = json.dumps(row[name], sort_keys=True)
+        for name in self.FLAGS:
+            row[name] = int(row[name])
+        return row
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Self:
+        data = dict(row)
+        for name, kind in cls.JSON.items():
+            text = data.get(name)
+            data[name] = kind(json.loads(text)) if text else kind()
+        for name in cls.FLAGS:
+            data[name] = bool(data.get(name))
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class ModelRecord(StoredRecord):
     """One model Blazar holds, as the store records it."""
+
+    JSON: ClassVar[Mapping[str, type]] = {"facts": dict, "settings": dict}
 
     name: str
     tag: str
@@ -99,25 +130,12 @@ class ModelRecord:
         """A directory of files (`blazar.models.filesets`), not one GGUF (or its shards)."""
         return self.kind != "chat" or self.facts.get("format") == "safetensors"
 
-    def to_row(self) -> dict[str, Any]:
-        row = asdict(self)
-        row["facts"] = json.dumps(self.facts, sort_keys=True)
-        row["settings"] = json.dumps(self.settings, sort_keys=True)
-        row["managed"] = int(self.managed)
-        return row
-
-    @classmethod
-    def from_row(cls, row: dict[str, Any]) -> ModelRecord:
-        data = dict(row)
-        data["facts"] = json.loads(data.get("facts") or "{}")
-        data["settings"] = json.loads(data.get("settings") or "{}")
-        data["managed"] = bool(data.get("managed"))
-        return cls(**data)
-
 
 @dataclass(frozen=True)
-class LoraRecord:
+class LoraRecord(StoredRecord):
     """A LoRA adapter Blazar holds, bound to its base model."""
+
+    JSON: ClassVar[Mapping[str, type]] = {"settings": dict}
 
     name: str
     model: str
@@ -130,23 +148,12 @@ class LoraRecord:
     managed: bool = True
     added_at: str = field(default_factory=utcnow)
 
-    def to_row(self) -> dict[str, Any]:
-        row = asdict(self)
-        row["settings"] = json.dumps(self.settings, sort_keys=True)
-        row["managed"] = int(self.managed)
-        return row
-
-    @classmethod
-    def from_row(cls, row: dict[str, Any]) -> LoraRecord:
-        data = dict(row)
-        data["settings"] = json.loads(data.get("settings") or "{}")
-        data["managed"] = bool(data.get("managed"))
-        return cls(**data)
-
 
 @dataclass(frozen=True)
-class ProjectorRecord:
+class ProjectorRecord(StoredRecord):
     """A vision projector (mmproj GGUF) Blazar holds for a model (`models.NAME.mmproj`)."""
+
+    JSON: ClassVar[Mapping[str, type]] = {"facts": dict, "settings": dict}
 
     model: str  # the model's short name
     path: str
@@ -163,24 +170,13 @@ class ProjectorRecord:
         """It reads images (an audio-only projector does not)."""
         return bool(self.facts.get("vision", True))
 
-    def to_row(self) -> dict[str, Any]:
-        row = asdict(self)
-        row["facts"] = json.dumps(self.facts, sort_keys=True)
-        row["settings"] = json.dumps(self.settings, sort_keys=True)
-        row["managed"] = int(self.managed)
-        return row
-
-    @classmethod
-    def from_row(cls, row: dict[str, Any]) -> ProjectorRecord:
-        data = dict(row)
-        data["facts"] = json.loads(data.get("facts") or "{}")
-        data["settings"] = json.loads(data.get("settings") or "{}")
-        data["managed"] = bool(data.get("managed"))
-        return cls(**data)
-
 
 @dataclass(frozen=True)
-class KeyRecord:
+class KeyRecord(StoredRecord):
+    """An API key: its name, the hash of its secret and the models it may use."""
+
+    JSON: ClassVar[Mapping[str, type]] = {"models": tuple}
+
     name: str
     sha256: str
     models: tuple[str, ...]
@@ -474,22 +470,11 @@ class Store:
     # -- API keys -------------------------------------------------------------
 
     def list_keys(self) -> list[KeyRecord]:
-        return [
-            KeyRecord(
-                r["name"],
-                r["sha256"],
-                tuple(json.loads(r["models"])),
-                bool(r["managed"]),
-                r["added_at"],
-            )
-            for r in self.db["keys"].rows_where(order_by="name")
-        ]
+        return [KeyRecord.from_row(r) for r in self.db["keys"].rows_where(order_by="name")]
 
     def put_key(self, record: KeyRecord) -> None:
-        row = {**asdict(record), "models": json.dumps(list(record.models))}
-        row["managed"] = int(record.managed)
         with self.db.atomic():
-            self.db["keys"].upsert(row, pk="name")  # type: ignore[union-attr]
+            self.db["keys"].upsert(record.to_row(), pk="name")  # type: ignore[union-attr]
             self._event("key", record.name, "put", "")
 
     def delete_key(self, name: str) -> None:

@@ -162,12 +162,3 @@ def tiny_safetensors_files(*, seed: int = 0, chat_template: bool = True) -> dict
         "tokenizer.json": json.dumps(_tokenizer()).encode(),
         "tokenizer_config.json": json.dumps(tokenizer_config).encode(),
     }
-
-
-def write_tiny_safetensors(directory: str | Path, **options: object) -> Path:
-    """Write the tiny safetensors model into `directory` (made if missing); return it."""
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    for name, data in tiny_safetensors_files(**options).items():  # type: ignore[arg-type]
-        (out / name).write_bytes(data)
-    return out
