@@ -11,6 +11,7 @@ import pytest
 
 from blazar.manifest.edit import split_key
 from blazar.paths import Paths
+from blazar.store.db import Store
 from blazar.testing.tiny import write_tiny_model
 from specs.sources import default_name, parse_source
 from tests.conftest import Blazar
@@ -177,3 +178,29 @@ def test_rm_removes_declaration_and_bytes(
     assert blazar("list", "--json").output == ""
     assert tiny.exists()
     assert "No changes." in blazar("diff").output
+
+
+def test_a_failed_pull_leaves_no_failure_behind(
+    blazar: Blazar, paths: Paths, manifest: Path, tmp_path: Path, tiny: Path
+) -> None:
+    """ "The manifest is unchanged" after a failed pull means no condition either: doctor
+    and status showed `model 'ghost' is not ready (ApplyFailed)` forever, which neither
+    diff, rm nor apply --prune cleared (issue 33, day one 1). The same for an adapter."""
+    not_gguf = tmp_path / "notes.gguf"
+    not_gguf.write_text("not a model")
+    failed = blazar("pull", not_gguf.as_uri(), "--name", "ghost", ok=False)
+    assert "the manifest is unchanged" in failed.output
+    failed = blazar("lora", "add", "tiny", str(not_gguf), "--name", "bad", ok=False)
+    assert "unchanged" in failed.output
+    status = blazar("status").output
+    assert "ghost" not in status and "bad" not in status
+    assert "ghost" not in blazar("doctor", ok=False).output
+    # A condition left by an earlier version goes at the next full pass.
+    with Store(paths.db) as store:
+        store.set_condition("model", "stale", "Ready", "False", "ApplyFailed", "old")
+        store.set_condition("model", "tiny", "Ready", "False", "ApplyFailed", "kept")
+    blazar("apply")
+    with Store(paths.db) as store:
+        left = {(c.name, c.reason) for c in store.conditions() if c.kind == "model"}
+    assert not any(name == "stale" for name, _ in left)
+    assert any(name == "tiny" for name, _ in left)  # declared: its own pass decides

@@ -16,7 +16,7 @@ the result.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,9 +26,10 @@ from blazar.host.locking import apply_lock
 from blazar.manifest.edit import ManifestError, ManifestFile
 from blazar.models.registry import Registry
 from blazar.paths import Paths
-from blazar.reconcile.apply import Pass, reconcile, supported
+from blazar.reconcile.apply import Pass, forget_undeclared, reconcile, supported
 from blazar.store.db import Store
 from reconcilers.apply import Event
+from reconcilers.desired import desired_from_manifest
 from reconcilers.plan import Action
 from reconcilers.ports import Progress
 from specs.loader import load_manifest_text
@@ -275,13 +276,27 @@ def declare_and_reconcile(
     except BaseException:
         if edits:
             manifest.restore()
+            _forget_taken_back(paths, manifest_path, targets)
         raise
     if result.report is not None and not result.report.ok:
         if edits:
             manifest.restore()
+            _forget_taken_back(paths, manifest_path, targets)
         errors = "; ".join(o.error or "" for o in result.report.failed)
         raise BlazarError(f"{what} failed, the manifest is unchanged: {errors}")
     return result
+
+
+def _forget_taken_back(paths: Paths, manifest_path: Path, targets: Sequence[str]) -> None:
+    """After a failed edit is taken back, the conditions its pass wrote for what is no
+    longer declared go too: "the manifest is unchanged" leaves no failure behind."""
+    try:
+        text = open_manifest(manifest_path).text()
+        restored = supported(load_manifest_text(text, str(manifest_path)))
+    except ManifestError:
+        return
+    with Store(paths.db) as store:
+        forget_undeclared(store, desired_from_manifest(restored), only=targets)
 
 
 def source_declaration(

@@ -187,6 +187,8 @@ def reconcile(
                 raise InvalidInput(f"--target {', '.join(unknown)} is not declared in the manifest")
             plan = plan.only(targets)
         show(plan)
+        if apply and not targets:
+            forget_undeclared(store, desired)
         if not apply or plan.empty or not confirm(plan):
             return Pass(plan, None)
         report = execute(
@@ -201,6 +203,38 @@ def reconcile(
             name = note.address.partition(".")[2]
             store.set_condition("model", name, "Ready", "False", note.reason, note.message)
         return Pass(plan, report, late)
+
+
+def declared_names(desired: Desired) -> dict[str, set[str]]:
+    """The names each kind of resource the reconcile pass keeps a Ready condition for."""
+    return {
+        "model": {m.name for m in desired.models},
+        "lora": {lora.name for lora in desired.loras},
+        "projector": {p.model for p in desired.projectors},
+        "key": {k.name for k in desired.keys},
+    }
+
+
+def forget_undeclared(store: Store, desired: Desired, only: Sequence[str] = ()) -> None:
+    """Drop the Ready conditions of models, adapters, projectors and keys that `desired`
+    does not declare (of the addresses `only`, `models.NAME`, when given). A condition
+    belongs to a declaration: a pull that failed and was taken back, or a model removed
+    from the manifest, leaves no "not ready" behind for `doctor` and `status` to show."""
+    names = declared_names(desired)
+    wanted: dict[str, set[str]] = {}
+    for address in only:
+        table, _, name = address.partition(".")
+        wanted.setdefault(_KINDS.get(table, table), set()).add(name)
+    for condition in store.conditions():
+        if condition.type != "Ready" or condition.kind not in names:
+            continue
+        if only and condition.name not in wanted.get(condition.kind, set()):
+            continue
+        if condition.name not in names[condition.kind]:
+            store.delete_condition(condition.kind, condition.name, "Ready")
+
+
+_KINDS = {"models": "model", "loras": "lora", "projectors": "projector", "keys": "key"}
 
 
 class LockMismatch(InvalidInput):
