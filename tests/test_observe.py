@@ -89,8 +89,9 @@ CHAT = {
                 "content": "raw",
                 "stop_type": "limit",
                 "tokens_evaluated": 9,
-                "tokens_cached": 4,
+                "tokens_cached": 11,  # the slot's whole cache, generated tokens too: not read
                 "tokens_predicted": 3,
+                "timings": {"prompt_n": 5, "cache_n": 4, "predicted_n": 3},
             },
             dict(text="raw", finish="limit", prompt_tokens=9, cached_tokens=4, generated_tokens=3),
         ),
@@ -155,8 +156,9 @@ def sse_events(path: str) -> list[Any]:
                 "stop": True,
                 "stop_type": "limit",
                 "tokens_evaluated": 5,
-                "tokens_cached": 1,
+                "tokens_cached": 6,  # the slot's whole cache, generated tokens too: not read
                 "tokens_predicted": 2,
+                "timings": {"prompt_n": 4, "cache_n": 1, "predicted_n": 2},
             },
         ]
     return [

@@ -64,6 +64,14 @@ def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+# `/completion`'s `tokens_cached` is not the prompt tokens reused: it is every token in
+# the slot's cache once the answer is done, the generated ones included (seen with
+# xllamacpp 2026.10.11549: 18 for a 14-token prompt and 5 generated, every time, while
+# `timings.cache_n` was 0, then 13). Read as cached prompt tokens it made `blazar watch`
+# show a cache hit of 250%; the reused prompt tokens are `timings.cache_n`.
+NOT_CACHED = "tokens_cached"
+
+
 def read_timings(out: Outcome, timings: Any) -> None:
     """llama-server's `timings`: prompt_n excludes the cache_n tokens it reused."""
     t = _dict(timings)
@@ -135,8 +143,7 @@ def from_response(path: str, payload: Any) -> Outcome:
         out.text = str(body.get("content") or "")
         out.finish = "limit" if body.get("stop_type") == "limit" else body.get("stop_type")
         out.prompt_tokens = _int(body.get("tokens_evaluated"))
-        out.cached_tokens = _int(body.get("tokens_cached"))
-        out.generated_tokens = _int(body.get("tokens_predicted"))
+        out.generated_tokens = _int(body.get("tokens_predicted"))  # cached: `NOT_CACHED`
     elif "embeddings" in path:
         read_usage(out, body.get("usage"))
         return out
@@ -223,7 +230,6 @@ class StreamOutcome:
                 stop = event.get("stop_type")
                 out.finish = "limit" if stop == "limit" else stop
                 out.prompt_tokens = _int(event.get("tokens_evaluated"))
-                out.cached_tokens = _int(event.get("tokens_cached"))
                 out.generated_tokens = _int(event.get("tokens_predicted"))
                 read_timings(out, event.get("timings"))
             return str(event.get("content") or ""), 0
