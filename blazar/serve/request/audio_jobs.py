@@ -2,7 +2,7 @@
 
 A job is created `queued` with its audio written to the cache
 (`<cache>/audio/<id>`: the only place audio is ever written), waits for a slot
-through the one request path (`Pipeline.held`: the model's scheduler queue;
+through the one request path (`Pipeline.hold`: the model's scheduler queue;
 a full queue only keeps it queued longer), runs (`running`, with progress: the
 seconds of audio done of the total, as the engine's segments arrive), and ends
 `succeeded` (the answer in the requested format), `failed` (with the reason, and
@@ -42,6 +42,7 @@ from blazar.protocols import ProtocolError
 from blazar.protocols.openai_audio import TranscriptionRequest, render
 from blazar.serve.request import steps
 from blazar.serve.request.asks import Ask
+from blazar.serve.request.job_table import JobTable, pruning
 from blazar.serve.request.pipeline import Pipeline
 from blazar.serve.state.audio_engine import transcribe
 from blazar.serve.supervisor.scheduler import (
@@ -63,7 +64,6 @@ FINISHED = (SUCCEEDED, FAILED, CANCELLED)
 MAX_LIVE = 256  # jobs queued or running at once; more are refused (503)
 RESOLVE_WAIT = 60.0  # a recovered job waits this long for its model to be served again
 RETRY_WRITE = 0.5
-PRUNE_EVERY = 60.0
 COLUMNS = (
     "id",
     "status",
@@ -211,7 +211,7 @@ class AudioJobs:
     pipeline: Pipeline
     retention: Callable[[], float]  # seconds a finished job is kept (serving's, now)
     clock: Callable[[], float] = time.time
-    jobs: dict[str, Job] = field(default_factory=dict)
+    jobs: JobTable[Job] = field(default_factory=lambda: JobTable(not_found))
     _tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     _cancelling: set[str] = field(default_factory=set)
     _dirty: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -234,7 +234,10 @@ class AudioJobs:
                 self._finish(job, FAILED, error=stopped(job.id), retryable=True)
             elif job.status == QUEUED:
                 self._launch(job)
-        self._helpers = [asyncio.create_task(self._writer()), asyncio.create_task(self._pruner())]
+        self._helpers = [
+            asyncio.create_task(self._writer()),
+            asyncio.create_task(pruning(self.prune)),
+        ]
 
     async def close(self) -> None:
         """Stop the runners (a running job is marked failed and retryable, a queued one stays
@@ -283,14 +286,11 @@ class AudioJobs:
 
     def get(self, job_id: str, key: str | None = None, *, keyed: bool = False) -> Job:
         """The job, if it exists and (with keys in use) the key that asks made it."""
-        job = self.jobs.get(job_id)
-        if job is None or (keyed and job.key != key):
-            raise not_found(job_id)
-        return job
+        return self.jobs.owned(job_id, key, keyed=keyed)
 
     def visible(self, key: str | None = None, *, keyed: bool = False) -> list[Job]:
-        found = [j for j in self.jobs.values() if not keyed or j.key == key]
-        return sorted(found, key=lambda j: j.created_at, reverse=True)
+        """The jobs the key sees, newest first."""
+        return self.jobs.visible(key, keyed=keyed)
 
     async def cancel(self, job_id: str, key: str | None = None, *, keyed: bool = False) -> Job:
         job = self.get(job_id, key, keyed=keyed)
@@ -341,7 +341,7 @@ class AudioJobs:
         deadline = time.monotonic() + RESOLVE_WAIT
         while True:
             try:
-                self.pipeline.local(None, ask)
+                self.pipeline.servable(None, ask)
                 return
             except Starting:  # serve's first pass runs (a pull may take long): it waits
                 deadline = time.monotonic() + RESOLVE_WAIT
@@ -357,7 +357,7 @@ class AudioJobs:
             await self._admissible(ask)
             while True:
                 try:
-                    async with self.pipeline.held(None, ask, priority=job.priority) as timed:
+                    async with self.pipeline.hold(None, ask, priority=job.priority) as timed:
                         job.status, job.started_at, job.done_s = RUNNING, self.clock(), 0.0
                         job.attempts += 1
                         self._mark(job)
@@ -475,11 +475,6 @@ class AudioJobs:
             self._wake.clear()
             while not await self._flush():
                 await asyncio.sleep(RETRY_WRITE)
-
-    async def _pruner(self) -> None:
-        while True:
-            await asyncio.sleep(PRUNE_EVERY)
-            self.prune()
 
     def prune(self) -> list[str]:
         """Forget finished jobs older than the retention period, and their audio."""

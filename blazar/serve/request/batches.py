@@ -47,6 +47,7 @@ from blazar.protocols.anthropic_batches import (
 from blazar.serve.request import steps
 from blazar.serve.request.asks import Ask
 from blazar.serve.request.batch_store import BatchStore, pages
+from blazar.serve.request.job_table import JobTable, pruning
 from blazar.serve.request.pipeline import Pipeline
 from blazar.serve.state.remotes import Forward
 from blazar.serve.supervisor.scheduler import Busy, ModelNotFound, Starting, Target
@@ -54,7 +55,6 @@ from blazar.serve.supervisor.scheduler import Busy, ModelNotFound, Starting, Tar
 RUNNING = "running"  # in memory only: the store keeps such a request queued
 POLL = 0.05  # seconds between looks at a model that had no free slot
 RETRY_WRITE = 0.5
-PRUNE_EVERY = 60.0
 MAX_LIVE = 1_000_000  # requests queued or running, all batches together
 logger = logging.getLogger("blazar.serve")
 
@@ -134,7 +134,7 @@ class MessageBatches:
     expiry: Callable[[], float]  # serving.batch_expiry
     retention: Callable[[], float]  # serving.batch_retention
     clock: Callable[[], float] = time.time
-    batches: dict[str, Batch] = field(default_factory=dict)
+    batches: JobTable[Batch] = field(default_factory=lambda: JobTable(not_found))
     _queues: dict[str, deque[tuple[Batch, Item]]] = field(default_factory=dict)  # by model
     _ours: dict[str, int] = field(default_factory=dict)  # running, by served model
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -173,7 +173,7 @@ class MessageBatches:
         self._helpers = [
             asyncio.create_task(self._dispatch(), name="message batches"),
             asyncio.create_task(self._writer()),
-            asyncio.create_task(self._pruner()),
+            asyncio.create_task(pruning(self.prune)),
         ]
 
     async def close(self) -> None:
@@ -207,15 +207,12 @@ class MessageBatches:
         return batch
 
     def get(self, batch_id: str, key: str | None = None, *, keyed: bool = False) -> Batch:
-        batch = self.batches.get(batch_id)
-        if batch is None or (keyed and batch.key != key):
-            raise not_found(batch_id)
-        return batch
+        """The batch, if it exists and (with keys in use) the key that asks made it."""
+        return self.batches.owned(batch_id, key, keyed=keyed)
 
     def visible(self, key: str | None = None, *, keyed: bool = False) -> list[Batch]:
-        """Newest first."""
-        found = [b for b in self.batches.values() if not keyed or b.key == key]
-        return sorted(found, key=lambda b: b.created_at, reverse=True)
+        """The batches the key sees, newest first."""
+        return self.batches.visible(key, keyed=keyed)
 
     def cancel(self, batch_id: str, key: str | None = None, *, keyed: bool = False) -> Batch:
         """Queued requests end canceled; running ones finish; then the batch ends."""
@@ -282,7 +279,7 @@ class MessageBatches:
                 del self._queues[model]
                 continue
             try:
-                target = self.pipeline.where(None, model)
+                target = self.pipeline.resolve(None, model)
             except Starting:
                 blocked = True
                 continue
@@ -429,11 +426,6 @@ class MessageBatches:
         while True:
             await asyncio.sleep(RETRY_WRITE)
             await self._flush()
-
-    async def _pruner(self) -> None:
-        while True:
-            await asyncio.sleep(PRUNE_EVERY)
-            self.prune()
 
     def prune(self) -> list[str]:
         """Forget ended batches created more than serving.batch_retention ago."""
