@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from served import Serve, SetupFailed, served
+from served import Serve, SetupFailed, run_served
 
 from blazar.testing.tiny import write_tiny_model
 
@@ -261,35 +261,18 @@ def parse(argv: list[str] | None) -> Options:
     return Options(runs=max(1, a.runs), tiny=a.tiny, json_out=a.json)
 
 
-def _exit_on_sigterm(signum: int, frame: object) -> None:
-    sys.exit(128 + signum)  # SystemExit unwinds through `served`, which stops serve
-
-
 def main(argv: list[str] | None = None) -> int:
     options = parse(argv)
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    started = time.monotonic()
-    load_before = os.getloadavg()[0]
-    try:
-        model, tables = models(options.tiny)
-        with served("blazar-cold-", tables) as serve:
-            print(f"blazar serve is up at {serve.url} ({time.monotonic() - started:.1f} s)")
-            try:
-                results = measure(serve, model, options)
-            except (urllib.error.URLError, OSError) as exc:
-                raise SetupFailed(f"{exc!r}\n{serve.log_tail()}") from None
-    except SetupFailed as exc:
-        print(f"cold_start: setup failed: {exc}", file=sys.stderr)
-        return 1
-    summary = summarize(results, model)
-    print(render(summary))
-    print(
-        f"load average (1 min) before {load_before:.2f}, after {os.getloadavg()[0]:.2f}; "
-        f"cpus {os.cpu_count()}; total {time.monotonic() - started:.0f} s"
+    model, tables = models(options.tiny)
+    return run_served(
+        "cold_start",
+        tables,
+        lambda serve: measure(serve, model, options),
+        lambda results: summarize(results, model),
+        render,
+        json_out=options.json_out,
+        errors=(urllib.error.URLError, OSError),
     )
-    if options.json_out:
-        print(json.dumps(summary, indent=2))
-    return 0
 
 
 if __name__ == "__main__":

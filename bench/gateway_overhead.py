@@ -38,7 +38,6 @@ import asyncio
 import hashlib
 import json
 import os
-import signal
 import statistics
 import sys
 import time
@@ -48,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from served import Serve, SetupFailed, served
+from served import Serve, SetupFailed, run_served
 
 from blazar.testing.tiny import write_tiny_model
 
@@ -445,40 +444,23 @@ def parse(argv: list[str] | None) -> Options:
     )
 
 
-def _exit_on_sigterm(signum: int, frame: object) -> None:
-    sys.exit(128 + signum)  # SystemExit unwinds through `served`, which stops serve
-
-
 def main(argv: list[str] | None = None) -> int:
     options = parse(argv)
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         import uvloop  # type: ignore[import-not-found, unused-ignore]
     except ImportError:
         pass
     else:
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    started = time.monotonic()
-    load_before = os.getloadavg()[0]
-    try:
-        with served("blazar-bench-", tiny_models(options.slots, options.key)) as serve:
-            print(f"blazar serve is up at {serve.url} ({time.monotonic() - started:.1f} s)")
-            try:
-                results = asyncio.run(measure(serve, options))
-            except (aiohttp.ClientError, OSError) as exc:
-                raise SetupFailed(f"{exc!r}\n{serve.log_tail()}") from None
-    except SetupFailed as exc:
-        print(f"gateway_overhead: setup failed: {exc}", file=sys.stderr)
-        return 1
-    summary = summarize(results, options)
-    print(render(summary))
-    print(
-        f"load average (1 min) before {load_before:.2f}, after {os.getloadavg()[0]:.2f}; "
-        f"total {time.monotonic() - started:.0f} s"
+    return run_served(
+        "gateway_overhead",
+        tiny_models(options.slots, options.key),
+        lambda serve: asyncio.run(measure(serve, options)),
+        lambda results: summarize(results, options),
+        render,
+        json_out=options.json_out,
+        errors=(aiohttp.ClientError, OSError),
     )
-    if options.json_out:
-        print(json.dumps(summary, indent=2))
-    return 0
 
 
 if __name__ == "__main__":

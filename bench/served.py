@@ -1,7 +1,8 @@
 """`blazar serve` as a subprocess in a temporary home, for the benchmarks in this folder.
 
 `gateway_overhead.py` and `cold_start.py` import it (they run as scripts, so this
-folder is on their path). `served(prefix, models)` writes a manifest (a free port,
+folder is on their path), and run through `run_served`: serve up, measure, report.
+`served(prefix, models)` writes a manifest (a free port,
 `keep_alive = -1`, the engine version the tests use, then the `[models.*]` tables
 `models(root)` returns), starts serve, waits for "Blazar is serving on", and on the
 way out stops it by its PID (SIGTERM; serve stops its children) and removes its files.
@@ -11,6 +12,7 @@ The engine wheel comes from BLAZAR_WHEEL_CACHE, by default the tests' cache
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -22,11 +24,13 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, TypeVar
 
 from blazar.testing.ports import free_port
 
 ENGINE_VERSION = "2026.10.11549"
 SETUP_TIMEOUT = 300.0
+R = TypeVar("R")
 
 
 class SetupFailed(Exception):
@@ -120,3 +124,45 @@ def served(prefix: str, models: Callable[[Path], str], serving: str = "") -> Ite
             serve.stop()
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    sys.exit(128 + signum)  # SystemExit unwinds through `served`, which stops serve
+
+
+def run_served(
+    name: str,
+    models: Callable[[Path], str],
+    measure: Callable[[Serve], R],
+    summarize: Callable[[R], dict[str, Any]],
+    render: Callable[[dict[str, Any]], str],
+    *,
+    json_out: bool = False,
+    errors: tuple[type[BaseException], ...] = (OSError,),
+) -> int:
+    """A benchmark's `main` around serve: start it (SIGTERM still stops it), `measure`
+    through it, then print `render(summarize(results))`, the load average before and
+    after, and with `json_out` the summary as JSON. What `measure` raises of `errors`
+    is a setup failure, printed with serve's log tail: exit 1."""
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    started = time.monotonic()
+    load_before = os.getloadavg()[0]
+    try:
+        with served(f"blazar-{name}-", models) as serve:
+            print(f"blazar serve is up at {serve.url} ({time.monotonic() - started:.1f} s)")
+            try:
+                results = measure(serve)
+            except errors as exc:
+                raise SetupFailed(f"{exc!r}\n{serve.log_tail()}") from None
+    except SetupFailed as exc:
+        print(f"{name}: setup failed: {exc}", file=sys.stderr)
+        return 1
+    summary = summarize(results)
+    print(render(summary))
+    print(
+        f"load average (1 min) before {load_before:.2f}, after {os.getloadavg()[0]:.2f}; "
+        f"cpus {os.cpu_count()}; total {time.monotonic() - started:.0f} s"
+    )
+    if json_out:
+        print(json.dumps(summary, indent=2))
+    return 0
