@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MANIFEST_NAME = "blazar.toml"
+FLAT_CONFIG_NAME = "config.toml"  # the user guide's flat file, which Blazar does not read
 DB_NAME = "blazar.db"
 
 
@@ -31,6 +32,13 @@ class Paths:
     def manifest(self) -> Path:
         """The user's manifest: the file imperative commands edit."""
         return self.config / MANIFEST_NAME
+
+    @property
+    def flat_config(self) -> Path:
+        """The flat `config.toml` the user guide describes (`port = 11434`, `[[keys]]`),
+        beside the manifest. Blazar does not read it: `unread_config_warning` says so and
+        `blazar migrate config` turns it into manifest content."""
+        return self.config / FLAT_CONFIG_NAME
 
     @property
     def db(self) -> Path:
@@ -66,6 +74,20 @@ class Paths:
         for root in self.all():
             root.mkdir(parents=True, exist_ok=True)
         return self
+
+
+def unread_config_warning(paths: Paths) -> str | None:
+    """What `blazar serve` (at start), `blazar doctor` and `blazar config path` say while a
+    flat config.toml sits beside the manifest: settings in it would otherwise be ignored
+    in silence. None when there is no such file."""
+    flat = paths.flat_config
+    if not flat.is_file():
+        return None
+    return (
+        f"{flat} exists and is not read: Blazar reads its settings from the manifest, "
+        f"{paths.manifest}; `blazar migrate config --merge` carries that file's settings "
+        "over (then remove it)"
+    )
 
 
 def _xdg(env: str, default: str) -> Path:

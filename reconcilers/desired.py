@@ -79,6 +79,7 @@ class DesiredRouting:
     """`[engine_routing]` and `engines.catalog`, with each model's lane resolved."""
 
     mode: str = "auto"
+    policy: str = "mainstream"  # mainstream | fastest: among lanes that can load a model
     fork_retire_days: int = 14
     catalog: str | None = None
     pins: dict[str, str] = field(default_factory=dict)  # model -> lane its `engine` names
@@ -156,5 +157,10 @@ def routing_of(manifest: Manifest) -> DesiredRouting:
         defaults[name] = manifest.lane_of(default) if default else "llamacpp"
     routing = manifest.engine_routing
     return DesiredRouting(
-        routing.mode, routing.fork_retire_days, manifest.engine_catalog, pins, defaults
+        mode=routing.mode,
+        policy=routing.policy,
+        fork_retire_days=routing.fork_retire_days,
+        catalog=manifest.engine_catalog,
+        pins=pins,
+        defaults=defaults,
     )

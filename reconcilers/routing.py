@@ -14,6 +14,13 @@
    the command to run: `blazar engine install --lane ID` when a catalog offer
    adds the architecture.
 
+`engine_routing.policy = "fastest"` then looks past rules 2 and 3: when
+another installed lane can load the model and the bench history holds a
+decode figure of this very model file on both that lane's active engine and
+the lane the rules chose, the faster one serves it. A lane without a figure
+is never assumed faster; the rules' choice stands and `why` says what to
+measure.
+
 `"manual"` runs every model on its declared (or the default) lane, whatever
 its architecture. The serve runtime (`blazar.serve.supervisor.runtime`) routes with this
 when it builds what the gateway serves; `blazar diff` and `apply` show the
@@ -22,12 +29,13 @@ same refusals as plan notes (`reconcilers.apply`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from reconcilers.ports import ObservedLane, OfferView
 
 AUTO, MANUAL = "auto", "manual"
+MAINSTREAM, FASTEST = "mainstream", "fastest"  # engine_routing.policy
 RETIRED = "retired"
 
 
@@ -68,8 +76,12 @@ def route(
     default: str = "llamacpp",
     mode: str = AUTO,
     kind: str = "llamacpp",
+    policy: str = MAINSTREAM,
+    decode: Mapping[str, float] | None = None,
 ) -> Route:
-    """The lane `model` (of GGUF `architecture`) runs on; `pin` is its declared lane."""
+    """The lane `model` (of GGUF `architecture`) runs on; `pin` is its declared lane;
+    `decode`: the bench history's decode tokens/s of this model file by lane, each on that
+    lane's active engine (read with `policy = "fastest"`)."""
     by_name = {lane.lane: lane for lane in lanes}
     if mode == MANUAL or pin is not None:
         name = pin or default
@@ -96,6 +108,66 @@ def route(
                 f"route it automatically, or {install_hint(architecture, offers, kind)}",
             )
         return Route(lane.lane, lane.active, how)
+    chosen = _by_rules(model, architecture, lanes, offers, default, kind)
+    if policy != FASTEST or chosen.lane is None:
+        return chosen
+    return _fastest(model, chosen, architecture, lanes, kind, decode or {})
+
+
+def _fastest(
+    model: str,
+    chosen: Route,
+    architecture: str | None,
+    lanes: Sequence[ObservedLane],
+    kind: str,
+    decode: Mapping[str, float],
+) -> Route:
+    """`policy = "fastest"`: another lane that can load the model and decoded this file
+    faster than the rules' lane, both measured; else the rules' choice, saying why."""
+    rivals = [
+        lane
+        for lane in lanes
+        if lane.lane != chosen.lane
+        and lane.kind == kind
+        and _served(lane)
+        and (architecture is None or lane.support.get(architecture) is not False)
+    ]
+    own = decode.get(chosen.lane or "")
+    measured = [lane for lane in rivals if lane.lane in decode]
+    if own is None:
+        if not rivals:
+            return chosen
+        return replace(
+            chosen,
+            why=f"{chosen.why}; policy fastest: {chosen.lane} has no decode figure for this "
+            f"model file, so no lane is compared (`blazar bench {model} --engine "
+            f"{chosen.tag}` measures it)",
+        )
+    best = max(measured, key=lambda lane: (decode[lane.lane], lane.lane), default=None)
+    if best is None or decode[best.lane] <= own:
+        return replace(
+            chosen,
+            why=f"{chosen.why}; policy fastest: the fastest measured ({own:.1f} tokens/s"
+            + (f", {best.lane} {decode[best.lane]:.1f}" if best is not None else "")
+            + ")",
+        )
+    return Route(
+        best.lane,
+        best.active,
+        f"policy fastest: lane {best.lane!r} decodes it at {decode[best.lane]:.1f} tokens/s, "
+        f"{chosen.lane!r} at {own:.1f} (bench history)",
+    )
+
+
+def _by_rules(
+    model: str,
+    architecture: str | None,
+    lanes: Sequence[ObservedLane],
+    offers: Sequence[OfferView],
+    default: str,
+    kind: str,
+) -> Route:
+    """Rules 2 to 4: a fork that adds the architecture, else mainstream, else a refusal."""
     forks = [
         lane
         for lane in lanes

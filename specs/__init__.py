@@ -7,6 +7,7 @@ Pure definitions, no I/O beyond reading manifest files, and no imports of
     durations        "5m", "30s", "-1"
     manifest         the pydantic models of a manifest (fields in fields.py)
     loader           TOML/YAML files or a directory -> Manifest, or ManifestError
+    aliases          the user guide's flat names (`port`) for the manifest's keys
     problems         Location, Problem, ManifestError
     schema           JSON Schema and docs/manifest.md (`python -m specs.schema`)
 """

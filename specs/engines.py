@@ -151,6 +151,14 @@ class EngineRouting(Table):
         "(mainstream, else an installed fork lane that adds it; a model's own engine pins "
         "it); manual: each model runs on its declared engine, or the default one.",
     )
+    policy: Literal["mainstream", "fastest"] = Field(
+        default="mainstream",
+        description="Which lane a model runs on when several installed lanes can load it "
+        "(auto mode): mainstream keeps the rules above; fastest picks the lane whose "
+        "engine decoded this very model file fastest in the bench history (`blazar bench "
+        "MODEL --engine TAG` measures one) once the lane the rules pick is measured too: "
+        "measured, never assumed. `blazar ps --json` names each model's choice (`route`).",
+    )
     chat_kind: Literal["llamacpp", "mistralrs"] = Field(
         default="llamacpp",
         description="The kind of engine chat models that name none run on: llamacpp (routed "

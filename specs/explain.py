@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from specs.aliases import ALIASES, hint_for
 from specs.manifest import Manifest
 from specs.problems import Finding, FindingsError, Invalid, Location, Path, Problem, format_path
 
@@ -142,6 +143,14 @@ def _unknown(loc: Path) -> tuple[str, str | None]:
     if not parent:
         message = f"unknown section {name!r}"
         other = f"sections are {', '.join(fields)}"
+        # A flat name of the user guide (`port`, `slots`): say where it belongs, rather
+        # than the section it happens to resemble (`slots` is not `loras`).
+        if (hint := hint_for(name)) is not None:
+            return message, hint
+        flat = {a.name: a.key for a in ALIASES if "." not in a.name and not a.per_model}
+        close = difflib.get_close_matches(name, [*fields, *flat], n=1)
+        if close and close[0] in flat:
+            return message, f"did you mean {close[0]!r} (the guide's name for {flat[close[0]]})?"
     else:
         message = f"unknown field {name!r} in {format_path(parent)}"
         other = f"known fields: {', '.join(fields)}"

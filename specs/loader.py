@@ -11,7 +11,9 @@ A directory is merged file by file in sorted name order: the `*.toml`,
 `*.yaml` and `*.yml` files directly in it, not hidden ones; the rest is
 ignored. Resources (`engines`, `models`, `loras`, `keys`, `remotes`, `mcp`) are
 tables keyed by name, so one name declared in two files is an error naming
-both places. `serving` and `kubernetes` merge field
+both places; `keys` and `remotes` may also be written as the user guide writes
+them, arrays of tables whose entries name themselves (`[[keys]]` with
+`name = "alice"`: `name_arrays`). `serving` and `kubernetes` merge field
 by field: each field may be set in one file only. `$schema` may appear in
 every file (it is for editors); `version` may repeat if it agrees.
 
@@ -37,7 +39,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from specs.explain import explain, findings_to_problems
+from specs.aliases import NAMED_ARRAYS
+from specs.explain import describe, explain, findings_to_problems
 from specs.manifest import Manifest
 from specs.problems import FindingsError, Location, ManifestError, Path, Problem, format_path
 from specs.references import reference_findings
@@ -167,6 +170,7 @@ def _load(
         problems += found
         unread = unread or document is None
         if document is not None:
+            problems += name_arrays(document)
             documents.append(document)
     over = (
         documents.pop()
@@ -308,6 +312,47 @@ class _YamlReader:
     def _problem(self, node: yaml.Node, path: Path, message: str) -> Problem:
         where = self.at(node)
         return Problem(message, where.file, where.line, where.column, format_path(path))
+
+
+def name_arrays(document: Document) -> list[Problem]:
+    """Turn, in place, the user guide's arrays of tables (`[[keys]]` with `name = "alice"`)
+    into the manifest's tables by name (`[keys.alice]`), for the sections in
+    `specs.aliases.NAMED_ARRAYS`; an entry without a usable name, or a name given twice,
+    is a problem at its line (and is left out)."""
+    problems: list[Problem] = []
+    for section in NAMED_ARRAYS:
+        entries = document.data.get(section)
+        if not isinstance(entries, list):
+            continue
+        named: dict[str, Any] = {}
+        moved: dict[Path, Location] = {}
+        for index, entry in enumerate(entries):
+            where = document.origins.get((section, index)) or Location(document.file)
+            label = f"{section}[{index}]"
+            name = entry.get("name") if isinstance(entry, dict) else None
+            if not isinstance(entry, dict):
+                message = f"{label} is {describe(entry)}: each [[{section}]] entry is a table"
+            elif not isinstance(name, str) or not name:
+                got = "has no name" if name is None else f"has name = {describe(name)}"
+                message = (
+                    f'{label} {got}: each [[{section}]] entry needs `name = "..."` '
+                    f"(or write it as [{section}.NAME])"
+                )
+            elif name in named:
+                first = moved.get((section, name), Location(document.file))
+                message = f"{section}.{name} declared twice: {first} and {where}"
+            else:
+                named[name] = {k: v for k, v in entry.items() if k != "name"}
+                for path, at in document.origins.items():
+                    if path[:2] == (section, index) and path[2:3] != ("name",):
+                        moved[(section, name, *path[2:])] = at
+                continue
+            problems.append(Problem(message, where.file, where.line, where.column, label))
+        for path in [p for p in document.origins if p[:1] == (section,) and len(p) > 1]:
+            del document.origins[path]
+        document.origins.update(moved)
+        document.data[section] = named
+    return problems
 
 
 def merge(

@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from specs.aliases import ALIASES
 from specs.durations import PATTERN as DURATION_PATTERN
 from specs.manifest import Manifest
 from specs.sizes import PATTERN as SIZE_PATTERN
@@ -156,7 +157,44 @@ def render_manifest_docs() -> str:
         definition = defs[name]
         out.append(f"## `{heading}`\n\n{definition['description']}\n")
         out.append(_table(definition))
+    out.append(_aliases())
     return "\n".join(out)
+
+
+ALIASES_INTRO = """\
+## The user guide's names
+
+The user guide names settings flat, as its `~/.config/blazar/config.toml` does
+(`port = 11434`, `slots = 2`, `[model_overrides.gemma] pin = true`). Blazar does
+not read that file (`blazar serve`, `blazar doctor` and `blazar config path` say
+so while it exists); `blazar migrate config [PATH]` turns it into manifest content
+(`--merge`: into your manifest) with this table (docs/migrate.md).
+`blazar config get|set|unset` takes either name and answers with the manifest's
+key (`port -> serving.port = 11434`); a name that is neither gets the closest
+keys (`did you mean ...?`), and so does a flat name written into a manifest.
+`<model>` is one model's name. A name whose key is per model only is refused for
+the whole server, naming the per-model key; a name of a feature this version does
+not have is refused, saying what to use instead.
+
+`[[keys]]` and `[[remotes]]` may also be written as arrays of tables, each entry
+naming itself (`name = "alice"`): the same as `[keys.alice]`. An entry without a
+name, or a name given twice, is an error at its line.
+"""
+
+
+def _aliases() -> str:
+    """The table of `specs.aliases`: each of the guide's names and the key it stands for."""
+    rows = ["| guide's name | manifest key | note |", "|---|---|---|"]
+    for alias in ALIASES:
+        notes = [alias.note] if alias.note else []
+        if alias.per_model:
+            notes.insert(0, "per model only: refused for the whole server")
+        if alias.missing is not None:
+            notes.append(f"not in this version: {alias.missing}")
+        note = "; ".join(notes)
+        cells = [f"`{alias.name}`", f"`{alias.key}`", note]
+        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return ALIASES_INTRO + "\n" + "\n".join(rows) + "\n"
 
 
 def _table(definition: dict[str, Any]) -> str:

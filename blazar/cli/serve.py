@@ -25,7 +25,7 @@ from blazar.cli.context import Context, pass_context
 from blazar.cli.format import echo_json, table
 from blazar.errors import BlazarError
 from blazar.host.children import owner_only
-from blazar.paths import Paths
+from blazar.paths import Paths, unread_config_warning
 
 DEFAULT_URL = "http://127.0.0.1:11435"
 
@@ -132,6 +132,8 @@ def serve(
     """Run the gateway and the control loop. PATH: the manifest (default: yours)."""
     from blazar.serve.daemon import PortInUse, ServeOptions, run
 
+    if (unread := unread_config_warning(ctx.paths)) is not None:
+        click.echo(f"blazar: WARNING: {unread}", err=True)
     options = ServeOptions(
         path or ctx.paths.manifest, host, port, apply=not no_apply, overlay=overlay
     )

@@ -1,13 +1,14 @@
 """`blazar doctor`: what is wrong with this host, each finding with the command that fixes it.
 
-Findings are grouped SYSTEM (Python, free disk under the store, the XDG fallback),
-GPU (NVML devices and driver, or none), ENGINES (each lane's active engine runs and
-reports the build the store recorded), MODELS (each declared model's file is there
-with its recorded size; `deep` re-hashes it), CHANNELS (the gateway's port is free or
-held by this daemon, TLS files readable, keys declared when bound beyond loopback)
-and RUNTIME (the daemon's live summary, `/api/blazar/stats`: failing or restarting
-instances, a low prompt-cache hit ratio, cache-busting clients, refused requests), and
-each False condition in the store (apply's and serve's: `condition_findings`).
+Findings are grouped SYSTEM (Python, free disk under the store, the XDG fallback, a flat
+config.toml that is not read), GPU (NVML devices and driver, or none), ENGINES (each
+lane's active engine runs and reports the build the store recorded), MODELS (each
+declared model's file is there with its recorded size; `deep` re-hashes it), CHANNELS
+(the gateway's port is free or held by this daemon, TLS files readable, keys declared
+when bound beyond loopback) and RUNTIME (the daemon's live summary, `/api/blazar/stats`:
+failing or restarting instances, a low prompt-cache hit ratio, cache-busting clients,
+refused requests), and each False condition in the store (apply's and serve's:
+`condition_findings`).
 
 `host` checks the machine (SYSTEM, GPU, ENGINES) and `serving` what is served
 (MODELS, CHANNELS, RUNTIME). The checks that read the machine gather facts; the
@@ -24,7 +25,7 @@ import sys
 from pathlib import Path
 
 from blazar.doctor.findings import ERROR, GROUPS, DaemonView, Finding, exit_code
-from blazar.doctor.host import engine_findings, gpu_findings, system_findings
+from blazar.doctor.host import config_findings, engine_findings, gpu_findings, system_findings
 from blazar.doctor.serving import (
     channel_findings,
     condition_findings,
@@ -34,7 +35,7 @@ from blazar.doctor.serving import (
 )
 from blazar.engines.ledger import EngineStore
 from blazar.errors import BlazarError
-from blazar.paths import Paths
+from blazar.paths import Paths, unread_config_warning
 from blazar.reconcile.apply import load
 from blazar.store.db import Store
 from specs.manifest import Manifest
@@ -52,6 +53,7 @@ def examine(
         data=paths.data,
         fallback=paths.config.parent.name == ".blazar-home" and not os.environ.get("BLAZAR_HOME"),
     )
+    findings += config_findings(unread_config_warning(paths))
     manifest = Manifest()
     if manifest_path.exists():
         try:

@@ -1,6 +1,7 @@
 """`blazar doctor`'s checks of the machine: SYSTEM (Python, free disk under the store, the
-XDG fallback), GPU (NVML devices and driver, or none) and ENGINES (each lane's active
-engine runs and reports the build the store recorded). `blazar.doctor.examine` calls them.
+XDG fallback, a flat config.toml that is not read), GPU (NVML devices and driver, or
+none) and ENGINES (each lane's active engine runs and reports the build the store
+recorded). `blazar.doctor.examine` calls them.
 """
 
 from __future__ import annotations
@@ -60,6 +61,14 @@ def system_findings(
             )
         )
     return out
+
+
+def config_findings(unread: str | None) -> list[Finding]:
+    """A flat config.toml beside the manifest (`blazar.paths.unread_config_warning`): its
+    settings are not read, which the user who wrote it would not otherwise learn."""
+    if unread is None:
+        return []
+    return [Finding("SYSTEM", WARNING, unread, "`blazar migrate config --merge`, then remove it")]
 
 
 # -- GPU ----------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
-"""Migrations from other runtimes into a Blazar manifest: `blazar migrate ollama|llama-swap`.
+"""Migrations into a Blazar manifest: `blazar migrate ollama|llama-swap|config`.
 
 `blazar.migrate.ollama` reads a local ollama store, `blazar.migrate.llama_swap` a
-llama-swap config.yaml; each returns a `Migrated`: the resources to declare and
+llama-swap config.yaml, `blazar.migrate.flat_config` the user guide's flat
+config.toml; each returns a `Migrated`: the resources to declare and
 every setting it could not carry over (`Unmapped`: where, what and why, with what
 to do instead). `render` writes that as a TOML manifest whose header lists what
 did not map, so nothing is dropped silently; the manifest is validated whole
@@ -21,7 +22,7 @@ from typing import Any
 
 import tomlkit
 
-from blazar.errors import AlreadyExists, BlazarError
+from blazar.errors import AlreadyExists, BlazarError, InvalidInput
 from specs.loader import ManifestError, load_manifest_text
 
 _NAME_CHARS = re.compile(r"[^a-z0-9._-]+")
@@ -38,6 +39,11 @@ class Unmapped:
     def line(self) -> str:
         return f"{self.where}: {self.what} -- {self.why}"
 
+    @classmethod
+    def of(cls, where: str, what: Any, why: str) -> Unmapped:
+        """One unmapped setting, its value shortened to a line."""
+        return cls(where, _short(what), why)
+
 
 @dataclass
 class Migrated:
@@ -49,18 +55,20 @@ class Migrated:
     resources: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     unmapped: list[Unmapped] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # approximations worth a comment
+    sections: dict[str, Any] = field(default_factory=dict)  # other top-level keys, as given
 
     def declare(self, section: str, name: str, fields: dict[str, Any]) -> None:
         self.resources.setdefault(section, {})[name] = fields
 
     def skip(self, where: str, what: Any, why: str) -> None:
-        self.unmapped.append(Unmapped(where, _short(what), why))
+        self.unmapped.append(Unmapped.of(where, what, why))
 
     def to_json(self) -> dict[str, Any]:
         return {
             "origin": self.origin,
             "serving": self.serving,
             "resources": self.resources,
+            "sections": self.sections,
             "unmapped": [asdict(u) for u in self.unmapped],
             "notes": self.notes,
         }
@@ -95,9 +103,12 @@ def unique(name: str, taken: set[str]) -> str:
     return candidate
 
 
-def render(migrated: Migrated, command: str, where: str = "<migrated>") -> str:
+def render(
+    migrated: Migrated, command: str, where: str = "<migrated>", *, as_given: bool = False
+) -> str:
     """The manifest as TOML, its header naming the origin and listing what did not map;
-    validated whole (MigrationFailed if it would not load)."""
+    validated whole: MigrationFailed if it would not load, or with `as_given` (values
+    copied as the user wrote them, which may be wrong) an InvalidInput naming them."""
     doc = tomlkit.document()
     doc.add(tomlkit.comment(f"Migrated from {migrated.origin} by `{command}`."))
     doc.add(tomlkit.comment("Check it with `blazar diff FILE`, then `blazar apply FILE`."))
@@ -114,7 +125,9 @@ def render(migrated: Migrated, command: str, where: str = "<migrated>") -> str:
         for key, value in migrated.serving.items():
             serving[key] = value
         doc["serving"] = serving
-    for section in ("engines", "models", "loras", "keys", "remotes"):
+    for key, value in migrated.sections.items():
+        doc[key] = value
+    for section in ("engines", "models", "loras", "keys", "remotes", "mcp"):
         named = migrated.resources.get(section)
         if not named:
             continue
@@ -129,6 +142,11 @@ def render(migrated: Migrated, command: str, where: str = "<migrated>") -> str:
     try:
         load_manifest_text(text, where)
     except ManifestError as exc:
+        if as_given:
+            raise InvalidInput(
+                f"the settings of {migrated.origin} would not make a valid manifest:\n{exc}\n"
+                "fix them there and run this again"
+            ) from None
         raise MigrationFailed(
             f"the migrated manifest would not be valid (please report this):\n{exc}"
         ) from None

@@ -5,6 +5,7 @@ adapters, projectors, profiles) overlaid with the manifest's declarations
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypedDict
@@ -20,8 +21,8 @@ from blazar.serve.supervisor.runtime import Adapter, ModelRuntime
 from blazar.store.db import LoraRecord, ModelRecord, Store
 from blazar.store.profiles import ProfileStore
 from reconcilers.desired import routing_of
-from reconcilers.ports import OfferView
-from reconcilers.routing import route
+from reconcilers.ports import ObservedLane, OfferView
+from reconcilers.routing import FASTEST, route
 from specs.manifest import Manifest
 from specs.models import Model
 from specs.names import parse_name
@@ -44,6 +45,7 @@ def build_runtimes(
     loras = store.list_loras()
     projectors = {p.model: p for p in store.list_projectors() if p.vision}
     lanes, routing = observe_lanes(store), routing_of(manifest)
+    decoded = decode_by_lane(engines, lanes) if routing.policy == FASTEST else {}
     runtimes: dict[str, ModelRuntime] = {}
     by_name = {r.ref.short: r for r in store.list_models()}
     profiles = ProfileStore(store).all_current()
@@ -78,7 +80,15 @@ def build_runtimes(
             )
             continue
         decided = route(
-            name, record.architecture, lanes, offers, pin=pin, default=lane, mode=routing.mode
+            name,
+            record.architecture,
+            lanes,
+            offers,
+            pin=pin,
+            default=lane,
+            mode=routing.mode,
+            policy=routing.policy,
+            decode=decoded.get(record.sha256),
         )
         engine = engines.get(decided.lane, decided.tag) if decided.lane and decided.tag else None
         if engine is None and decided.refusal is None:
@@ -95,6 +105,7 @@ def build_runtimes(
             template,
             decided.refusal,
         )
+        runtime = replace(runtime, engine_route=decided.why)
         held = projectors.get(name)
         if held is not None and (spec is None or spec.mmproj is not None):
             # With its projector while the manifest declares one (or does not declare the
@@ -103,6 +114,20 @@ def build_runtimes(
         runtime = _with_sessions(runtime, record.sha256, spec, serving, slot_dir)
         runtimes[name] = with_tuning(runtime, spec, profiles.get(name), manifest, by_name, store)
     return runtimes
+
+
+def decode_by_lane(
+    engines: EngineStore, lanes: Sequence[ObservedLane]
+) -> dict[str, dict[str, float]]:
+    """For `engine_routing.policy = "fastest"`: sha256 of a model file -> lane -> the
+    latest dense decode tokens/s the bench history holds for it on the lane's active engine
+    (a figure of another build or decoding mode says nothing of what would serve it)."""
+    active = {(lane.lane, lane.active) for lane in lanes if lane.active}
+    found: dict[str, dict[str, float]] = {}
+    for row in engines.bench_history():  # oldest first: the latest figure wins
+        if (row.get("spec") or "off") == "off" and (row["kind"], row["tag"]) in active:
+            found.setdefault(row["sha256"], {})[row["kind"]] = float(row["decode_tps"])
+    return found
 
 
 # The lane each kind of speech model runs on by default, and the command that installs it.

@@ -74,6 +74,8 @@ class ModelRuntime:
     facts: dict[str, object] = field(default_factory=dict, compare=False, hash=False)
     # -- engine routing (fork lanes) --
     engine_lane: str = ""  # the lane serving it: llamacpp, or a fork's id
+    # why that lane (reconcilers.routing.Route.why), for `ps --json`: not a reason to reload
+    engine_route: str = field(default="", compare=False)
     refusal: str | None = None  # no engine supports it: what its requests are told (400)
     kind: str = "chat"  # chat | transcription (a whisper lane) | speech (a piper lane)
     tuning: Tuning = field(default_factory=Tuning)  # speculative decoding, profile (tune.md)

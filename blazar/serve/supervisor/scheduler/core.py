@@ -358,6 +358,7 @@ class Scheduler:
                         "replica": inst.spec.replica,
                         "engine": pool.runtime.engine_tag,
                         "lane": pool.runtime.engine_lane,
+                        "route": pool.runtime.engine_route or None,
                         "pid": inst.pid,
                         "port": inst.port,
                         "slots": pool.runtime.slots,
