@@ -24,6 +24,7 @@ from blazar.serve.request.asks import Ask
 from blazar.serve.request.batch_store import BatchStore
 from blazar.serve.request.batches import MessageBatches, may_start
 from blazar.store.db import Store
+from tests.waiting import until
 
 HI = [{"role": "user", "content": "hi"}]
 
@@ -126,7 +127,7 @@ class StandIn:
     seen: list[int] = field(default_factory=list)
     fail: dict[int, Exception] = field(default_factory=dict)
 
-    def where(self, request: Any, model: str) -> Any:
+    def resolve(self, request: Any, model: str) -> Any:
         pool = SimpleNamespace(in_flight=self.in_flight, capacity=self.capacity, waiters=deque())
         return SimpleNamespace(pool=pool, runtime=SimpleNamespace(name=model))
 
@@ -202,7 +203,12 @@ def test_cancel_expiry_failures_and_a_restart(tmp_path: Path) -> None:
         batches.cancel(second.id)
         assert second.status == shapes.CANCELING  # its first request still runs
         clock[0] += 101  # past expiry: third's queued requests expire
-        await asyncio.sleep(1.2)
+        batches.wake()  # the dispatcher's pass, now, not at its next poll (a second away)
+
+        def expired() -> bool:
+            return [i.state for i in third.items] == ["expired"] * 4
+
+        await until(expired, "the expiry, a few turns after the wake", turns=50)
         pipeline.gate.set()
         for _ in range(200):
             await asyncio.sleep(0.01)

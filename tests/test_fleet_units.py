@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import select
 import socket
 import time
 from collections.abc import Iterator
@@ -34,6 +35,7 @@ from blazar.serve.state.remotes import (
 from specs.loader import load_manifest_text
 from tests.gateway_harness import InProcessGateway, one_chunk_of_a_stream
 from tests.loopback import LoopbackHTTP
+from tests.waiting import wait_until
 
 HI = [{"role": "user", "content": "hi"}]
 U, D, N = Health.UP, Health.DOWN, Health.UNKNOWN
@@ -311,7 +313,13 @@ def blackhole() -> Iterator[str]:
         with contextlib.suppress(BlockingIOError):
             filler.connect((host, port))
         fillers.append(filler)
-    time.sleep(0.1)
+
+    def connected() -> list[socket.socket]:  # a finished connect is writable, and no error
+        writable = select.select([], fillers, [], 0)[1]
+        return [f for f in writable if f.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0]
+
+    # with a backlog of 0, one connection the listener has not accepted fills its queue
+    wait_until(connected, "a connect that fills the accept queue", timeout=10, every=0.01)
     yield f"http://{host}:{port}"
     for each in [*fillers, listener]:
         each.close()

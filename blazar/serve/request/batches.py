@@ -223,6 +223,12 @@ class MessageBatches:
             self._settle(batch)
         return batch
 
+    def wake(self) -> None:
+        """Look again now rather than at the next poll (up to a second away): the
+        dispatcher starts what may start and expires what is due by the clock. For an
+        injected clock that moved; serve's own clock needs no nudge."""
+        self._wake.set()
+
     def delete(self, batch_id: str, key: str | None = None, *, keyed: bool = False) -> None:
         batch = self.get(batch_id, key, keyed=keyed)
         if batch.status != ENDED:
