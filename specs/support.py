@@ -9,11 +9,24 @@ manifest. When a field becomes real, its entry here goes away.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from specs.manifest import Manifest
 from specs.problems import Path as FieldPath
 from specs.problems import Problem, format_path
 
 NOT_YET: dict[FieldPath, str] = {}
+
+# Fields that work only with an optional package installed: (its module, the package,
+# how to install it). A manifest setting one without it is refused when it is set, not
+# accepted by a running serve that then fails to start after a restart.
+NEEDS: dict[FieldPath, tuple[str, str, str]] = {
+    ("serving", "otlp_endpoint"): (
+        "opentelemetry.sdk",
+        "opentelemetry-sdk",
+        "pip install 'blazar[otlp]'",
+    ),
+}
 
 
 def _used(manifest: Manifest, path: FieldPath) -> bool:
@@ -40,6 +53,25 @@ def unsupported(manifest: Manifest) -> list[Problem]:
                 line=where.line if where else None,
                 path=format_path(path),
                 hint=f"remove {format_path(path)} for now",
+            )
+        )
+    return problems
+
+
+def missing_packages(manifest: Manifest, installed: Callable[[str], bool]) -> list[Problem]:
+    """A problem for each field the manifest sets whose optional package is not
+    installed (`installed(module)` says whether one is), naming how to install it."""
+    problems = []
+    for path, (module, package, how) in NEEDS.items():
+        if not _used(manifest, path) or installed(module):
+            continue
+        where = manifest.location_of(*path)
+        problems.append(
+            Problem(
+                f"{format_path(path)} needs {package}, which is not installed: run `{how}`, "
+                f"or leave {format_path(path)} unset",
+                file=where.file if where else None,
+                line=where.line if where else None,
             )
         )
     return problems

@@ -179,8 +179,11 @@ class ManifestFile:
         return tomlkit.dumps(self.doc)
 
     def validate(self) -> None:
-        """Load the edited text as a whole manifest; raise ManifestError if it is not valid."""
-        load_manifest_text(self.text(), str(self.path))
+        """Load the edited text as a whole manifest; raise ManifestError if it is not valid,
+        or sets what this installation cannot act on (`blazar.reconcile.apply.supported`)."""
+        from blazar.reconcile.apply import supported
+
+        supported(load_manifest_text(self.text(), str(self.path)))
 
     def save(self) -> None:
         """Validate, then write atomically."""

@@ -9,6 +9,7 @@ machine's name), and the lock file is kept here (`update_lock`,
 
 from __future__ import annotations
 
+import importlib.util
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -40,7 +41,7 @@ from reconcilers.plan import Action, Note, Plan
 from reconcilers.ports import Progress
 from specs.loader import ManifestError, hosts, load_manifest, overlay_file
 from specs.manifest import Manifest
-from specs.support import unsupported
+from specs.support import missing_packages, unsupported
 
 
 def manifest_path(paths: Paths, given: Path | None) -> Path:
@@ -81,12 +82,21 @@ def overlay_host(path: Path, given: str | None = None) -> str | None:
 
 
 def supported(manifest: Manifest) -> Manifest:
-    """The manifest, unless it sets a field Blazar does not act on yet (`specs.support`):
-    then a ManifestError naming each, since ignoring a declared field silently misleads."""
-    problems = unsupported(manifest)
+    """The manifest, unless it sets a field Blazar does not act on yet, or one whose
+    optional package is not installed (`specs.support`): then a ManifestError naming each,
+    since ignoring a declared field silently misleads, and a setting that cannot work must
+    be refused when it is set, not when serve next starts."""
+    problems = unsupported(manifest) + missing_packages(manifest, _installed)
     if problems:
         raise ManifestError(problems)
     return manifest
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package missing, or a broken one
+        return False
 
 
 def _problems(where: str, exc: ManifestError) -> str:
