@@ -17,11 +17,11 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-import blazar.engines.launcher
+import blazar.engines.launchers
 
 T = TypeVar("T")
 # The real engine, run with the test interpreter (xllamacpp is a test dependency).
-LAUNCHER = str(Path(blazar.engines.launcher.__file__))
+LAUNCHER = str(blazar.engines.launchers.LLAMA)
 
 # A fake upstream that is healthy at once; with IGNORE_TERM it shrugs off SIGTERM; with
 # GRANDCHILD it starts a process of its own that shares its output pipe and process group.

@@ -10,7 +10,7 @@ headers so tests can assert what the client asked for.
 
 `server_archive` builds a llama.cpp-style archive whose `build/bin/llama-server`
 is a real server: a `#!/bin/sh` script that execs Blazar's launcher
-(`blazar/engines/launcher.py`, llama-server's flags on xllamacpp) with this
+(`blazar/engines/launchers/llama_launcher.py`, llama-server's flags on xllamacpp) with this
 interpreter.
 """
 
@@ -30,10 +30,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from blazar.engines import launchers
 from tests.loopback import LoopbackHTTP
 
 REPO = "ggml-org/llama.cpp"
-LAUNCHER = Path(__file__).resolve().parent.parent / "blazar" / "engines" / "launcher.py"
+LAUNCHER = launchers.LLAMA
 
 Files = dict[str, tuple[bytes, int]]  # member name -> (content, mode)
 

@@ -24,7 +24,9 @@ from pathlib import Path
 
 import pytest
 
-LAUNCHER = Path(__file__).resolve().parent.parent / "blazar" / "engines" / "launcher.py"
+from blazar.engines import launchers
+
+LAUNCHER = launchers.LLAMA
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "init.defaultBranch=m"]
 
 FORK_SERVER = '''

@@ -29,13 +29,14 @@ import ollama
 import openai
 import pytest
 
+from blazar.engines import launchers
 from blazar.testing.ports import free_port
 from blazar.testing.tiny import is_tiny_text, write_tiny_model
 from tests.conftest import run_blazar
 from tests.fixtures import ENGINE, model_block
 from tests.serving import Served
 
-LAUNCHER = Path(__file__).resolve().parent.parent / "blazar" / "engines" / "launcher.py"
+LAUNCHER = launchers.LLAMA
 B_KEY = "plm_b-host-" + "k" * 40  # what B sends to A (A_KEY in B's environment)
 A_ADMIN = "plm_a-admin-" + "z" * 40
 HI = [{"role": "user", "content": "hello"}]

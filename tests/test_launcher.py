@@ -26,7 +26,8 @@ from typing import Any
 import openai
 import pytest
 
-from blazar.engines import launcher, wheel
+from blazar.engines import audio, launchers
+from blazar.engines.launchers import llama_launcher as launcher
 from blazar.testing.tiny import LORA_WORD, is_tiny_text, write_tiny_lora, write_tiny_model
 
 LAUNCHER = Path(launcher.__file__)
@@ -390,26 +391,53 @@ def test_load_failure_quotes_llama_cpp_reason(tiny_model: Path, tmp_path: Path) 
     assert "does not divide n_embd_head_k=16" in result.stderr
 
 
-def test_launcher_needs_only_the_standard_library_and_xllamacpp() -> None:
-    # It is copied into each engine's virtualenv with its companion and runs there, without
-    # Blazar (whose package path it uses only when imported from Blazar's own tree).
-    companion = LAUNCHER.with_name("launcher_server.py")
-    assert companion in wheel.LAUNCHER_COMPANIONS
-    for script, allowed in (
-        (LAUNCHER, {"xllamacpp", "launcher_server"}),
-        (companion, {"xllamacpp"}),
-    ):
-        tree = ast.parse(script.read_text())
-        imported = {
-            alias.name
-            for node in ast.walk(tree)
-            if isinstance(node, ast.Import)
-            for alias in node.names
-        }
-        imported |= {
-            node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-        }
-        roots = {
-            name.split(".")[0] for name in imported if name != "blazar.engines.launcher_server"
-        }
-        assert roots - sys.stdlib_module_names == allowed, script.name
+# What each launcher may import besides the standard library: it runs in its engine's own
+# virtual environment, without Blazar, with launcher_common.py copied beside it.
+ENGINE_PACKAGES = {
+    "llama_launcher.py": {"xllamacpp", "launcher_common"},
+    "whisper_launcher.py": {"faster_whisper", "ctranslate2", "launcher_common"},
+    "piper_launcher.py": {"piper", "onnxruntime", "launcher_common"},
+    "mistralrs_launcher.py": {"mistralrs", "launcher_common"},
+    "launcher_common.py": set(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ENGINE_PACKAGES))
+def test_each_launcher_needs_only_the_standard_library_and_its_engine(name: str) -> None:
+    # Blazar's package path appears only in the branch taken when Blazar's own tree imports
+    # it (its tests); run as a script, the sibling `launcher_common` is imported instead.
+    script = launchers.FOLDER / name
+    tree = ast.parse(script.read_text())
+    imported = {
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    }
+    from_blazar = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("blazar")
+    ]
+    # Only the shared file, by the same name the script imports beside it.
+    assert [(n.module, [a.name for a in n.names]) for n in from_blazar] == (
+        [("blazar.engines.launchers", ["launcher_common"])] if name != "launcher_common.py" else []
+    )
+    imported |= {
+        node.module or ""
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node not in from_blazar
+    }
+    roots = {name.split(".")[0] for name in imported}
+    assert roots - sys.stdlib_module_names == ENGINE_PACKAGES[name]
+    # A copy lands in the engine's folder, which is first on its sys.path: a launcher named
+    # after a package it imports (piper.py) would import itself instead.
+    assert script.stem not in roots
+
+
+def test_the_launchers_folder_holds_the_launchers_the_lanes_install() -> None:
+    scripts = {p.name for p in launchers.FOLDER.glob("*.py")} - {"__init__.py"}
+    assert scripts == set(ENGINE_PACKAGES)
+    assert {lane.launcher for lane in audio.LANES.values()} | {launchers.LLAMA.name} == (
+        scripts - {launchers.COMMON.name}
+    )

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from blazar.engines import launcher
+from blazar.engines.launchers import launcher_common
+from blazar.engines.launchers import llama_launcher as launcher
 from tests.test_launcher import Launched, launch, run_launcher
 
 __all__ = ["launch"]  # the fixture, shared with tests/test_launcher.py
@@ -107,10 +108,10 @@ def test_a_flag_this_build_lacks_is_refused_not_ignored(monkeypatch: pytest.Monk
     import xllamacpp
 
     monkeypatch.delattr(xllamacpp, "common_speculative_type")
-    with pytest.raises(launcher.UsageError, match="has no speculative decoding"):
+    with pytest.raises(launcher_common.UsageError, match="has no speculative decoding"):
         launcher.parse_args(["-m", "m.gguf", "--spec-type", "ngram-simple"])
     apply = launcher.FLAG_BY_NAME["--spec-draft-n-max"].apply
-    with pytest.raises(launcher.UsageError, match=r"has no speculative\.nothing"):
+    with pytest.raises(launcher_common.UsageError, match=r"has no speculative\.nothing"):
         launcher._set("speculative.nothing", launcher._int)(xllamacpp.CommonParams(), "3")
     apply(xllamacpp.CommonParams(), "3")  # a knob this build has still works
 

@@ -21,7 +21,8 @@ import ollama
 import openai
 import pytest
 
-from blazar.engines import mistralrs_launcher as launcher
+from blazar.engines.launchers import launcher_common
+from blazar.engines.launchers import mistralrs_launcher as launcher
 from blazar.paths import Paths
 from blazar.testing.tiny import is_tiny_text, write_tiny_model
 from blazar.testing.tiny_safetensors import tiny_safetensors_files
@@ -53,12 +54,12 @@ REPO = "blazar/tiny-llama-safetensors"
     ],
 )
 def test_the_launcher_refuses_what_mistral_rs_cannot_do(body: dict[str, Any], refused: str) -> None:
-    with pytest.raises(launcher.BadRequest, match=refused.replace("{", r"\{")):
-        launcher.common(body)
+    with pytest.raises(launcher_common.BadRequest, match=refused.replace("{", r"\{")):
+        launcher.keywords(body)
 
 
 def test_the_launcher_maps_what_it_can() -> None:
-    mapped = launcher.common(
+    mapped = launcher.keywords(
         {
             "n_predict": 7,
             "repeat_penalty": 1.1,
@@ -86,7 +87,7 @@ def test_the_launcher_maps_what_it_can() -> None:
         "grammar": '{"type": "array"}',
         "grammar_type": "json_schema",
     }
-    assert launcher.common({"max_tokens": -1}) == {"max_tokens": None}  # as long as it takes
+    assert launcher.keywords({"max_tokens": -1}) == {"max_tokens": None}  # as long as it takes
 
 
 # -- kinds Blazar does not have, and `engine use --kind` -------------------------------------

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from blazar.engines import launcher
+from blazar.engines.launchers import llama_launcher as launcher
 from blazar.observe.trace import CURRENT, Trace
 from blazar.protocols.sse import DONE
 from blazar.serve.request.pipeline import Pipeline

@@ -25,7 +25,8 @@ from typing import Any, ClassVar
 import pytest
 import tomlkit
 
-from blazar.engines import launcher
+from blazar.engines.launchers import launcher_common
+from blazar.engines.launchers import llama_launcher as launcher
 from blazar.errors import InvalidInput
 from blazar.host.hardware import Device
 from blazar.models.fit import estimate
@@ -407,7 +408,7 @@ def test_the_launcher_and_the_runtime_pass_the_projector(tmp_path: Path) -> None
     assert params.mmproj.path == "/p/mmproj.gguf"
     model = write_tiny_model(tmp_path / "tiny.gguf")
     missing = launcher.main(["-m", str(model), "--mmproj", str(tmp_path / "none.gguf")])
-    assert missing == launcher.LOAD_ERROR
+    assert missing == launcher_common.LOAD_ERROR
     report = estimate(
         "m",
         {"size": 1000},

@@ -7,11 +7,11 @@ from GGUF or safetensors models). Each version gets its own virtual environment
 under `<data>/engines/<kind>/<tag>/`, with the package and its dependencies
 installed from the wheel cache (`BLAZAR_WHEEL_CACHE`; what is missing there is
 downloaded into it first, so a second install of a version fetches nothing), and
-its launcher (`whisper_launcher.py`, `piper_launcher.py`, `mistralrs_launcher.py`:
-the engine's Python, the engine package and the standard library only) copied
-beside it. The launcher serves HTTP with a `/health` endpoint and prints the
-"listening on" line the supervisor reads, as llama-server does; the serve
-scheduler supervises it like any other child.
+its launcher (`blazar/engines/launchers/`: `whisper_launcher.py`, `piper_launcher.py`,
+`mistralrs_launcher.py`, each with `launcher_common.py`: the engine's Python, the
+engine package and the standard library only) copied beside it. The launcher serves
+HTTP with a `/health` endpoint and prints the "listening on" line the supervisor
+reads, as llama-server does; the serve scheduler supervises it like any other child.
 
 Tags name the package and its version (`faster-whisper-1.2.1`, `piper-tts-1.8.0`,
 `mistralrs-0.9.5`), so they are unique across lanes. `blazar.engines.service.Engines`
@@ -26,7 +26,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from blazar.engines import wheel
+from blazar.engines import launchers, wheel
 from blazar.engines.base import InstalledEngine, publish, staging
 from blazar.engines.kinds import OPENAI_ONLY
 from blazar.engines.wheel import WheelInstallError, _pip, _tail, place_launcher
@@ -43,7 +43,7 @@ class AudioLane:
 
     kind: str  # whisper | piper | mistralrs
     package: str  # the PyPI package
-    launcher: str  # the launcher's file name, beside this module
+    launcher: str  # the launcher's file name in blazar/engines/launchers/, and in the engine
     serves: str  # the kind of model it loads: transcription | speech | chat
     figure: str  # what its gate compares, in words
 
@@ -134,7 +134,7 @@ def install_audio(
                 f"could not install {requirement}:\n{_tail(result.stderr or result.stdout)}"
             )
         launcher_version = place_launcher(
-            Path(__file__).with_name(spec.launcher),
+            launchers.FOLDER / spec.launcher,
             tmp,
             spec.launcher,
             requirement,

@@ -1,11 +1,12 @@
 """The `wheel` install method: xllamacpp from PyPI, one virtual environment per version.
 
-`xllamacpp` wraps llama.cpp's native HTTP server; `launcher.py` (copied into
-each engine) maps llama-server's flags onto it. Wheels are downloaded once into
-a wheel cache (`BLAZAR_WHEEL_CACHE`, default `<cache>/wheels`) and installed
-from there with no index, so a second install of the same version, on the same
-machine, fetches nothing. Blazar's own pip drives the install (`pip --python`),
-so engine environments need no pip of their own.
+`xllamacpp` wraps llama.cpp's native HTTP server;
+`blazar/engines/launchers/llama_launcher.py` (copied into each engine as `launcher.py`)
+maps llama-server's flags onto it. Wheels are downloaded once into a wheel cache
+(`BLAZAR_WHEEL_CACHE`, default `<cache>/wheels`) and installed from there with no
+index, so a second install of the same version, on the same machine, fetches nothing.
+Blazar's own pip drives the install (`pip --python`), so engine environments need no
+pip of their own.
 """
 
 from __future__ import annotations
@@ -17,14 +18,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from blazar.engines import launchers
 from blazar.engines.base import KIND, InstalledEngine, publish, staging
 from blazar.errors import BlazarError, InvalidInput
 from blazar.models.hashing import sha256_file
 
 PACKAGE = "xllamacpp"
-LAUNCHER = Path(__file__).with_name("launcher.py")
-# Copied beside it: the launcher imports its loading and serving from there.
-LAUNCHER_COMPANIONS = (Path(__file__).with_name("launcher_server.py"),)
 _VERSION = re.compile(r"^(\d{4})\.(\d{1,2})\.(\d+)(?:\.(\d+))?$")
 
 
@@ -56,22 +55,13 @@ def _pip(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
         raise WheelInstallError(f"cannot run pip: {exc}") from exc
 
 
-def place_launcher(
-    launcher: Path,
-    tmp: Path,
-    name: str,
-    what: str,
-    *,
-    timeout: float,
-    companions: tuple[Path, ...] = (),
-) -> str:
-    """Copy an engine's standalone launcher into its staging directory as `name` (and the
-    modules it imports, under their own names) and run it once with the environment's
-    Python (`--version`); what it printed, or a WheelInstallError saying why the engine
-    installed but does not start."""
+def place_launcher(launcher: Path, tmp: Path, name: str, what: str, *, timeout: float) -> str:
+    """Copy an engine's standalone launcher (`blazar.engines.launchers`) into its staging
+    directory as `name`, with `launcher_common.py` beside it (every launcher imports it as
+    a sibling), and run it once with the environment's Python (`--version`); what it
+    printed, or a WheelInstallError saying why the engine installed but does not start."""
     shutil.copy2(launcher, tmp / name)
-    for companion in companions:
-        shutil.copy2(companion, tmp / companion.name)
+    shutil.copy2(launchers.COMMON, tmp / launchers.COMMON.name)
     check = subprocess.run(
         [str(tmp / "venv" / "bin" / "python"), str(tmp / name), "--version"],
         capture_output=True,
@@ -160,12 +150,7 @@ def install_wheel(engines_root: Path, cache: Path, version: str | None = None) -
                 f"could not install {wheel.name}:\n{_tail(result.stderr or result.stdout)}"
             )
         launcher_version = place_launcher(
-            LAUNCHER,
-            tmp,
-            "launcher.py",
-            f"{PACKAGE} {version}",
-            timeout=60,
-            companions=LAUNCHER_COMPANIONS,
+            launchers.LLAMA, tmp, "launcher.py", f"{PACKAGE} {version}", timeout=60
         )
         publish(tmp, final)
     return InstalledEngine(

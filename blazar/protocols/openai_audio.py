@@ -1,7 +1,7 @@
 """OpenAI's audio API: the transcription request's fields and its answers in every format.
 
 Pure: the gateway (`blazar.serve.routes.audio_api`) hands in the multipart form's
-fields and the whisper engine's JSON lines (`blazar.engines.whisper_launcher`:
+fields and the whisper engine's JSON lines (`blazar.engines.launchers.whisper_launcher`:
 an `info` line, `segment` lines, `done`), and gets back what the engine is asked
 (`TranscriptionRequest.query`) and the answer OpenAI's clients expect:
 

@@ -1,6 +1,6 @@
 """A real llama-server for protocol tests and golden captures, started through Blazar's launcher.
 
-`running_engine(model, ...)` starts `blazar/engines/launcher.py` (xllamacpp's
+`running_engine(model, ...)` starts `blazar/engines/launchers/llama_launcher.py` (xllamacpp's
 native llama-server) as a child process on a free loopback port, waits for its
 `blazar-launcher: listening on` line, and stops it by PID with SIGTERM on exit.
 `Engine.send(request)` posts a translator's `EngineRequest` and returns the status
@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from blazar.engines import launcher
+from blazar.engines.launchers import llama_launcher as launcher
 from blazar.protocols import EngineRequest
 from blazar.protocols.sse import SSEDecoder
 

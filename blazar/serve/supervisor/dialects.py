@@ -2,7 +2,7 @@
 
 A llama.cpp child speaks llama-server's API: OpenAI's routes, Anthropic's
 `/v1/messages` and its own (`/completion`, `/slots`, `/lora-adapters`, ...). A
-mistralrs child (`blazar.engines.mistralrs_launcher`) speaks only OpenAI's
+mistralrs child (`blazar.engines.launchers.mistralrs_launcher`) speaks only OpenAI's
 (`/v1/chat/completions`, `/v1/completions`, `/v1/models`): its runtime's `dialect`
 is `OPENAI`, which the request pipeline reads to translate ollama and Anthropic
 requests for it, as it does for OpenAI-only remotes. What such a lane cannot do is

@@ -2,9 +2,9 @@
 
 The `wheel` install method of the `llamacpp` engine lane (see DESIGN.md, "Engines")
 gives Blazar the `xllamacpp` package instead of a `llama-server` binary. Blazar
-copies this file into each such engine's own virtual environment, and its
-supervisor runs it with that environment's Python exactly as it would run
-`llama-server`:
+copies this file (as `launcher.py`, with `launcher_common.py` beside it) into each
+such engine's own virtual environment, and its supervisor runs it with that
+environment's Python exactly as it would run `llama-server`:
 
     python launcher.py --model m.gguf --host 127.0.0.1 --port 0 --parallel 2 ...
 
@@ -22,33 +22,31 @@ a bad value, no --model), 1 for a model, LoRA adapter or projector file that is 
 or that llama.cpp fails to load (the first error llama.cpp logged is quoted).
 
 It runs under the engine's Python, not Blazar's: standard library and xllamacpp only.
-Loading and serving live in its companion `launcher_server.py`, copied beside it.
+The skeleton (parse, load, announce, serve until a signal; one-line errors, exit codes 2
+and 1) is `launcher_common`'s, shared with the other lanes' launchers.
 """
 
 from __future__ import annotations
 
 import difflib
 import os
+import re
 import signal
 import sys
+import tempfile
+import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import xllamacpp  # type: ignore[import-untyped, import-not-found, unused-ignore]
 
-if __package__:  # imported as blazar.engines.launcher (Blazar's tests)
-    from blazar.engines.launcher_server import LoadError, serve_forever, start_server
-else:  # run as a script in an engine's environment, its companion copied beside it
+if __package__:  # imported as blazar.engines.launchers.llama_launcher (Blazar's tests)
+    from blazar.engines.launchers import launcher_common as common
+else:  # run as a script in its engine's environment, launcher_common.py copied beside it
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from launcher_server import (  # type: ignore[import-not-found, no-redef, unused-ignore]
-        LoadError,
-        serve_forever,
-        start_server,
-    )
+    import launcher_common as common  # type: ignore[no-redef, import-not-found, unused-ignore]
 
-USAGE_ERROR = 2
-LOAD_ERROR = 1
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 POOLING_TYPES = ("none", "mean", "cls", "last", "rank")
 # --load-mode values as llama-server spells them, and their llama_load_mode names
@@ -62,10 +60,6 @@ LOAD_MODES = {
 }
 FLASH_ATTN = {"on": "ENABLED", "off": "DISABLED", "auto": "AUTO"}
 ROPE_SCALING = {"none": "NONE", "linear": "LINEAR", "yarn": "YARN"}
-
-
-class UsageError(Exception):
-    """A command line this launcher cannot run; the message is shown as is."""
 
 
 Apply = Callable[[Any, str], None]  # (xllamacpp.CommonParams, flag value) -> None
@@ -86,7 +80,7 @@ def _parse(kind: Callable[[str], Any], expected: str, value: str) -> Any:
     try:
         return kind(value)
     except ValueError:
-        raise UsageError(f"expected {expected}, got {value!r}") from None
+        raise common.UsageError(f"expected {expected}, got {value!r}") from None
 
 
 def _int(value: str) -> int:
@@ -95,7 +89,7 @@ def _int(value: str) -> int:
 
 def _choice(value: str, choices: Collection[str]) -> str:
     if value.lower() not in choices:
-        raise UsageError(f"expected one of {', '.join(choices)}, got {value!r}")
+        raise common.UsageError(f"expected one of {', '.join(choices)}, got {value!r}")
     return value.lower()
 
 
@@ -107,7 +101,7 @@ def _enum(enum: str, prefix: str, names: dict[str, str]) -> Callable[[str], Any]
 def _port(value: str) -> int:
     port = _int(value)
     if not 0 <= port <= 65535:
-        raise UsageError(f"expected a port number from 0 to 65535, got {value!r}")
+        raise common.UsageError(f"expected a port number from 0 to 65535, got {value!r}")
     return port
 
 
@@ -130,20 +124,20 @@ def _rope_scale(value: str) -> float:
     """--rope-scale N stretches the context N times: llama-server sets freq_scale = 1/N."""
     factor = float(_parse(float, "a number", value))
     if factor <= 0:
-        raise UsageError(f"expected a positive factor, got {value!r}")
+        raise common.UsageError(f"expected a positive factor, got {value!r}")
     return 1.0 / factor
 
 
 def _directory(value: str) -> str:
     if not os.path.isdir(value):
-        raise UsageError(f"not a directory: {value!r}")
+        raise common.UsageError(f"not a directory: {value!r}")
     return value if value.endswith(os.sep) else value + os.sep
 
 
 def _lora(item: str, scaled: bool) -> Any:
     path, sep, scale = item.rpartition(":") if scaled else (item, ":", "1")
     if not sep or not path:
-        raise UsageError(f"expected FNAME:SCALE, got {item!r}")
+        raise common.UsageError(f"expected FNAME:SCALE, got {item!r}")
     return xllamacpp.CommonAdapterLoraInfo(path, _parse(float, "a number", scale))
 
 
@@ -162,12 +156,12 @@ def _set(attr: str, convert: Callable[[str], object] = str) -> Apply:
             if not hasattr(params, name):
                 raise AttributeError(name)
         except AttributeError:
-            raise UsageError(f"this engine (xllamacpp {_version()}) has no {attr}") from None
+            raise common.UsageError(f"this engine (xllamacpp {_version()}) has no {attr}") from None
         converted = convert(value)
         try:
             setattr(params, name, converted)
         except (OverflowError, TypeError, ValueError):
-            raise UsageError(f"out of range: {value!r}") from None
+            raise common.UsageError(f"out of range: {value!r}") from None
 
     return apply
 
@@ -192,7 +186,7 @@ def _spec_types() -> dict[str, Any]:
 def _set_spec_types(params: Any, value: str) -> None:
     known = _spec_types()
     if not known:
-        raise UsageError(f"this engine (xllamacpp {_version()}) has no speculative decoding")
+        raise common.UsageError(f"this engine (xllamacpp {_version()}) has no speculative decoding")
     params.speculative.types = [known[_choice(item, known)] for item in value.split(",")]
 
 
@@ -410,12 +404,14 @@ FLAG_BY_NAME = {name: flag for flag in FLAGS for name in flag.names}
 # --- command line ------------------------------------------------------------------------
 
 
-def _unknown_flag(name: str) -> UsageError:
+def _unknown_flag(name: str) -> common.UsageError:
     close = difflib.get_close_matches(name, FLAG_BY_NAME, n=1, cutoff=0.75)
     if close:
-        return UsageError(f"unknown flag {name!r}; did you mean {close[0]!r}? (see --help)")
+        return common.UsageError(f"unknown flag {name!r}; did you mean {close[0]!r}? (see --help)")
     known = ", ".join(flag.names[0] for flag in FLAGS)
-    return UsageError(f"unknown flag {name!r}; llama-server flags this launcher accepts: {known}")
+    return common.UsageError(
+        f"unknown flag {name!r}; llama-server flags this launcher accepts: {known}"
+    )
 
 
 def parse_args(argv: Sequence[str]) -> Any:
@@ -431,24 +427,26 @@ def parse_args(argv: Sequence[str]) -> Any:
     while args:
         arg = args.pop(0)
         if not arg.startswith("-") or arg == "-":
-            raise UsageError(f"unexpected argument {arg!r} (flags only; the model goes in --model)")
+            raise common.UsageError(
+                f"unexpected argument {arg!r} (flags only; the model goes in --model)"
+            )
         name, attached, value = arg.partition("=")
         flag = FLAG_BY_NAME.get(name)
         if flag is None:
             raise _unknown_flag(name)
         if flag.metavar is None and attached:
-            raise UsageError(f"flag {name} takes no value")
+            raise common.UsageError(f"flag {name} takes no value")
         if flag.metavar is not None and not attached:
             if not args or args[0] in FLAG_BY_NAME or args[0].startswith("--"):
-                raise UsageError(f"flag {name} needs a value ({flag.metavar})")
+                raise common.UsageError(f"flag {name} needs a value ({flag.metavar})")
             value = args.pop(0)
         try:
             flag.apply(params, value)
-        except UsageError as err:
-            raise UsageError(f"bad value for {name}: {err}") from None
+        except common.UsageError as err:
+            raise common.UsageError(f"bad value for {name}: {err}") from None
     model = params.model.path
     if not model:
-        raise UsageError("no model given; pass --model FNAME (a GGUF file)")
+        raise common.UsageError("no model given; pass --model FNAME (a GGUF file)")
     if hasattr(getattr(params, "speculative", None), "types"):
         _speculative_defaults(params)
     return params
@@ -462,7 +460,9 @@ def _speculative_defaults(params: Any) -> None:
     if spec.draft.mparams.path and all(t == known.get("none") for t in spec.types):
         spec.types, drafting = [known["draft-simple"]], [known["draft-simple"]]
     if drafting and not spec.draft.mparams.path:
-        raise UsageError("--spec-type draft needs a draft model: pass --spec-draft-model FNAME")
+        raise common.UsageError(
+            "--spec-type draft needs a draft model: pass --spec-draft-model FNAME"
+        )
     draft = spec.draft
     if draft.cpuparams.n_threads <= 0:
         draft.cpuparams.n_threads = params.cpuparams.n_threads
@@ -471,14 +471,8 @@ def _speculative_defaults(params: Any) -> None:
         draft.cpuparams_batch.n_threads = batch if batch > 0 else draft.cpuparams.n_threads
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    # Until the server is up a signal ends the process at once, even mid-load.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    try:
-        params = parse_args(sys.argv[1:] if argv is None else argv)
-    except UsageError as err:
-        print(f"launcher: {err}", file=sys.stderr)
-        return USAGE_ERROR
+def check_files(params: Any) -> None:
+    """The files the flags name, each present, before llama.cpp is asked to load them."""
     files = [("model", params.model.path)]
     files += [("LoRA adapter", adapter.path) for adapter in params.lora_adapters]
     if (
@@ -491,14 +485,79 @@ def main(argv: Sequence[str] | None = None) -> int:
     for what, path in files:
         if not os.path.isfile(path):
             problem = "is not a file" if os.path.exists(path) else "not found"
-            print(f"launcher: {what} {problem}: {path}", file=sys.stderr)
-            return LOAD_ERROR
-    try:
-        server = start_server(params, verbose=params.verbosity > 3)
-    except LoadError as err:
-        print(f"launcher: {err}", file=sys.stderr)
-        return LOAD_ERROR
-    serve_forever(server)
+            raise common.LoadError(f"{what} {problem}: {path}")
+
+
+# --- loading and serving -----------------------------------------------------------------
+
+_LOG_ERROR = re.compile(r"^\S*\s*E\s+(?:(?:srv|cmn|ctx|res|que|slt)\s+)?(.*\S)\s*$")
+
+
+def _first_error(log: bytes) -> str | None:
+    """The first error-level line of llama.cpp's log: the most specific reason it gives."""
+    for line in log.decode("utf-8", "replace").splitlines():
+        match = _LOG_ERROR.match(line)
+        if match:
+            return "".join(c if c.isprintable() else "?" for c in match.group(1))
+    return None
+
+
+def start_server(params: Any) -> Any:
+    """Construct `xllamacpp.Server`, which loads the model and starts listening.
+
+    llama.cpp logs to file descriptor 2 while it loads. That log is captured so that
+    a failure can be reported in one line naming the first error llama.cpp logged;
+    on success (or with a verbosity above 3) the captured log is passed on to stderr.
+    """
+    check_files(params)
+    sys.stderr.flush()
+    saved_stderr = os.dup(2)
+    with tempfile.TemporaryFile() as log:
+        os.dup2(log.fileno(), 2)
+        try:
+            server = xllamacpp.Server(params)
+        except Exception as exc:
+            reason = None
+            for _ in range(50):  # llama.cpp may log from another thread: give it a moment
+                log.seek(0)
+                reason = _first_error(log.read())
+                if reason:
+                    break
+                time.sleep(0.01)
+            server, failure = None, f"failed to load model {params.model.path}: {reason or exc}"
+        finally:
+            os.dup2(saved_stderr, 2)
+            os.close(saved_stderr)
+        if server is not None or params.verbosity > 3:
+            log.seek(0)
+            sys.stderr.buffer.write(log.read())
+            sys.stderr.flush()
+    if server is None:
+        raise common.LoadError(failure)
+    return server
+
+
+def serve_forever(server: Any) -> NoReturn:
+    """Announce the address (llama-server's line, then Blazar's), then block until
+    SIGTERM or SIGINT ends the process with exit code 0."""
+    # The server's threads may take the signal; the wakeup fd wakes this thread anyway,
+    # and Python then runs the handler here.
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)
+    common.exit_on_signal()  # xllamacpp.Server has no stop; its destructor would wait on its loop
+    address = str(server.listening_address)
+    if "://" not in address:
+        address = "http://" + address
+    print(f"main: server is listening on {address} - starting the main loop")
+    common.announce("blazar-launcher", address)
+    while True:
+        os.read(wake_read, 64)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    return common.run("launcher", lambda: parse_args(args), start_server, serve_forever)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Serve mistral.rs over OpenAI's HTTP API: the launcher of Blazar's mistralrs lane.
 
-Blazar copies this file into each mistralrs engine (`blazar.engines.audio`); its
-supervisor runs it with that engine's Python, as it runs llama-server:
+Blazar copies this file, with `launcher_common.py` beside it, into each mistralrs engine
+(`blazar.engines.audio`); its supervisor runs it with that engine's Python, as it runs
+llama-server:
 
     python mistralrs_launcher.py --model PATH --host H --port 0 [--alias NAME]
         [--ctx-size N] [--parallel N] [--threads N] [--chat-template JINJA]
@@ -9,8 +10,9 @@ supervisor runs it with that engine's Python, as it runs llama-server:
 
 PATH is a GGUF file or a safetensors model directory (config.json, *.safetensors,
 tokenizer.json). The model is loaded first (the package's `Runner`, offline), then
-the server listens and prints `listening on http://HOST:PORT`: `/health` answers
-only once it can work. It serves GET /health, GET /v1/models, POST
+the server listens and prints `mistralrs_launcher: listening on http://HOST:PORT`:
+`/health` answers only once it can work (the skeleton, the flags and the HTTP side are
+`launcher_common`'s). It serves GET /health, GET /v1/models, POST
 /v1/chat/completions (streamed or not) and POST /v1/completions (a streamed one
 arrives in one chunk: the package streams chat only), and no other API: the gateway
 translates ollama's and Anthropic's. Answers carry `usage` and, as llama-server's
@@ -20,7 +22,7 @@ What mistral.rs cannot honour is a 400 in OpenAI's shape naming the reason
 `response_format` works), tools, logprobs, a seed per request. The context is the
 model's own (--ctx-size is taken for llama-server's flag vocabulary). One request
 runs at a time: the Runner refuses concurrent calls ("Already borrowed"), so the
-others wait here. SIGTERM ends it. Standard library and mistralrs only.
+others wait here. SIGTERM or SIGINT ends it. Standard library and mistralrs only.
 """
 
 from __future__ import annotations
@@ -30,16 +32,20 @@ import contextlib
 import itertools
 import json
 import os
-import signal
 import sys
 import tempfile
 import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
-from urllib.parse import urlsplit
+from typing import Any, ClassVar
+from urllib.parse import SplitResult
+
+if __package__:  # imported as blazar.engines.launchers.mistralrs_launcher (Blazar's tests)
+    from blazar.engines.launchers import launcher_common as common
+else:  # run as a script in its engine's environment, launcher_common.py copied beside it
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import launcher_common as common  # type: ignore[no-redef, import-not-found, unused-ignore]
 
 PATHS = "POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health"
 # Fields llama-server takes that mistral.rs cannot honour, and why: a 400 names the reason.
@@ -100,26 +106,18 @@ def not_served(path: str) -> str:
     return f"{path} is not served: this engine speaks OpenAI's API only ({PATHS})"
 
 
-class BadRequest(Exception):
-    """The client's mistake or something this lane cannot do: a 400 with this message."""
-
-
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="mistralrs_launcher.py", description=__doc__)
-    parser.add_argument("--version", action="store_true", help="print versions and exit")
-    parser.add_argument("--model", help="a GGUF file, or a safetensors model directory")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0)
+def parser() -> argparse.ArgumentParser:
+    parser = common.flags(
+        __doc__,
+        "a GGUF file, or a safetensors model directory",
+        "sequences per engine",
+        "CPU threads (0: all cores)",
+    )
     parser.add_argument("--alias", default=None, help="the model's name in answers")
     parser.add_argument("--ctx-size", type=int, default=0, help="tokens in all (0: the model's)")
-    parser.add_argument("--parallel", type=int, default=1, help="sequences per engine")
-    parser.add_argument("--threads", type=int, default=0, help="CPU threads (0: all cores)")
     parser.add_argument("--threads-batch", type=int, default=0, help="accepted; as --threads")
     parser.add_argument("--chat-template", default=None, help="Jinja text of a chat template")
-    args = parser.parse_args(argv)
-    if not args.version and not args.model:
-        parser.error("--model is required")
-    return args
+    return parser
 
 
 def versions() -> str:
@@ -137,10 +135,10 @@ def _text(content: Any, where: str) -> str:
         for part in content:
             if not isinstance(part, dict) or part.get("type") not in ("text", "input_text"):
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise BadRequest(f"{where}: a {kind!r} part: {REFUSED['images']}")
+                raise common.BadRequest(f"{where}: a {kind!r} part: {REFUSED['images']}")
             out.append(str(part.get("text", "")))
         return "".join(out)
-    raise BadRequest(f"{where} must be a string or a list of text parts")
+    raise common.BadRequest(f"{where} must be a string or a list of text parts")
 
 
 def refuse_unsupported(body: dict[str, Any]) -> None:
@@ -149,39 +147,39 @@ def refuse_unsupported(body: dict[str, Any]) -> None:
         if name in body and body[name] not in NEUTRAL.get(name, ()):
             if name == "tools" and body.get("tool_choice") == "none":
                 continue
-            raise BadRequest(f"'{name}' is not supported here: {why}")
+            raise common.BadRequest(f"'{name}' is not supported here: {why}")
 
 
-def common(body: dict[str, Any]) -> dict[str, Any]:
+def keywords(body: dict[str, Any]) -> dict[str, Any]:
     """The request keywords both endpoints share: limits, sampling, stop, n, format."""
     refuse_unsupported(body)
     out: dict[str, Any] = {}
     for name in LIMITS:
         if body.get(name) is not None:
             if not isinstance(body[name], int) or isinstance(body[name], bool):
-                raise BadRequest(f"'{name}' must be an integer")
+                raise common.BadRequest(f"'{name}' must be an integer")
             out["max_tokens"] = body[name] if body[name] >= 0 else None
             break
     for name, keyword in SAMPLING.items():
         value = body.get(name)
         if value is not None:
             if not isinstance(value, int | float) or isinstance(value, bool):
-                raise BadRequest(f"'{name}' must be a number")
+                raise common.BadRequest(f"'{name}' must be a number")
             out[keyword] = value
     if (stop := body.get("stop")) is not None:
         stops = [stop] if isinstance(stop, str) else stop
         if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-            raise BadRequest("'stop' must be a string or a list of strings")
+            raise common.BadRequest("'stop' must be a string or a list of strings")
         out["stop_seqs"] = stops or None
     if (n := body.get("n")) is not None:
         if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 16:
-            raise BadRequest("'n' must be an integer from 1 to 16")
+            raise common.BadRequest("'n' must be an integer from 1 to 16")
         out["n_choices"] = n
     if isinstance(body.get("logit_bias"), dict) and body["logit_bias"]:
         try:
             out["logit_bias"] = {int(k): float(v) for k, v in body["logit_bias"].items()}
         except (TypeError, ValueError):
-            raise BadRequest("'logit_bias' maps token ids to numbers") from None
+            raise common.BadRequest("'logit_bias' maps token ids to numbers") from None
     if body.get("ignore_eos") is True:
         out["ignore_eos"] = True
     fmt = body.get("response_format")
@@ -191,7 +189,7 @@ def common(body: dict[str, Any]) -> dict[str, Any]:
         elif fmt.get("type") == "json_schema" and isinstance(fmt.get("json_schema"), dict):
             schema = fmt["json_schema"].get("schema", {})
         else:
-            raise BadRequest("response_format must be text, json_object or json_schema")
+            raise common.BadRequest("response_format must be text, json_object or json_schema")
         out["grammar"], out["grammar_type"] = json.dumps(schema), "json_schema"
     return out
 
@@ -202,20 +200,20 @@ def chat_request(body: dict[str, Any], model: str) -> tuple[Any, bool, bool]:
 
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise BadRequest("'messages' must be a non-empty list")
+        raise common.BadRequest("'messages' must be a non-empty list")
     turns = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise BadRequest(f"messages[{i}] must be an object with a role")
+            raise common.BadRequest(f"messages[{i}] must be an object with a role")
         role = message["role"]
         if role == "tool" or message.get("tool_calls"):
-            raise BadRequest(f"messages[{i}]: {REFUSED['tools']}")
+            raise common.BadRequest(f"messages[{i}]: {REFUSED['tools']}")
         role = "system" if role == "developer" else role
         turns.append({"role": role, "content": _text(message.get("content"), f"messages[{i}]")})
     stream, options = body.get("stream") is True, body.get("stream_options")
     usage = stream and isinstance(options, dict) and options.get("include_usage") is True
     asked = mistralrs.ChatCompletionRequest(
-        messages=turns, model=model, stream=stream, **common(body)
+        messages=turns, model=model, stream=stream, **keywords(body)
     )
     return asked, stream, usage
 
@@ -227,8 +225,8 @@ def completion_request(body: dict[str, Any], model: str) -> Any:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     if not isinstance(prompt, str):
-        raise BadRequest("'prompt' must be a string (one prompt per request on this lane)")
-    kwargs = common(body)
+        raise common.BadRequest("'prompt' must be a string (one prompt per request on this lane)")
+    kwargs = keywords(body)
     if body.get("echo") is True:
         kwargs["echo_prompt"] = True
     if isinstance(body.get("suffix"), str):
@@ -264,10 +262,14 @@ def finish(reason: Any) -> str | None:
     return None if reason is None else "stop" if reason in ("eos", "canceled") else str(reason)
 
 
-class Engine:
+class Runner(common.Engine):
     """The loaded model, one request at a time."""
 
     def __init__(self, args: argparse.Namespace) -> None:
+        super().__init__(args)
+        os.environ["HF_HUB_OFFLINE"] = "1"  # the model is on disk; the hub is never asked
+        if args.threads > 0:  # read by the engine's thread pool when it starts
+            os.environ["RAYON_NUM_THREADS"] = str(args.threads)
         import mistralrs  # type: ignore[import-untyped, import-not-found, unused-ignore]
 
         path = Path(args.model)
@@ -291,56 +293,37 @@ class Engine:
         self.model = args.alias or path.name
         self.lock = threading.Lock()
 
+    def close(self) -> None:
+        if self.template is not None:
+            self.template.unlink(missing_ok=True)
 
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    engine: Engine
 
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # one line per request would flood the log; errors are printed below
+class RunnerHandler(common.Handler):
+    engine: Runner
 
-    def _json(self, status: int, payload: Any) -> None:
-        body = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+    def not_found(self, path: str) -> str:
+        return not_served(path)
 
-    def _error(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
-        self._json(status, {"error": {"message": message, "type": kind, "code": None}})
+    def models(self, url: SplitResult, body: bytes) -> None:
+        listed = {"id": self.engine.model, "object": "model", "created": 0, "owned_by": "mistralrs"}
+        self.send_json(200, {"object": "list", "data": [listed]})
 
-    def do_GET(self) -> None:
-        path, model = urlsplit(self.path).path, self.engine.model
-        if path == "/health":
-            self._json(200, {"status": "ok"})
-        elif path == "/v1/models":
-            listed = {"id": model, "object": "model", "created": 0, "owned_by": "mistralrs"}
-            self._json(200, {"object": "list", "data": [listed]})
-        else:
-            self._error(404, not_served(path))
-
-    def do_POST(self) -> None:
-        path = urlsplit(self.path).path
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
-        if path not in ("/v1/chat/completions", "/v1/completions"):
-            self._error(404, not_served(path))
-            return
+    def complete(self, url: SplitResult, raw: bytes) -> None:
+        path = url.path
         try:
             body = json.loads(raw or b"{}")
             if not isinstance(body, dict):
-                raise BadRequest("the body must be a JSON object")
+                raise common.BadRequest("the body must be a JSON object")
             stream, usage = body.get("stream") is True, False
             if path == "/v1/chat/completions":
                 request, stream, usage = chat_request(body, self.engine.model)
             else:
                 request = completion_request(body, self.engine.model)
-        except BadRequest as exc:
-            self._error(400, str(exc))
+        except common.BadRequest as exc:
+            self.send_error_json(400, str(exc))
             return
         except ValueError as exc:  # not JSON, or a value the package's request refused
-            self._error(400, f"the request is malformed: {exc}")
+            self.send_error_json(400, f"the request is malformed: {exc}")
             return
         with self.engine.lock:
             try:
@@ -351,16 +334,22 @@ class Handler(BaseHTTPRequestHandler):
             except (BrokenPipeError, ConnectionResetError):
                 self.close_connection = True  # the client went away: stop here
             except ValueError as exc:  # mistral.rs's word for a request it cannot run
-                self._error(400, str(exc))
+                self.send_error_json(400, str(exc))
             except Exception as exc:
                 print(f"mistralrs_launcher: {path} failed: {exc!r}", file=sys.stderr, flush=True)
-                self._error(500, f"mistral.rs failed: {exc}", "server_error")
+                self.send_error_json(500, f"mistral.rs failed: {exc}", "server_error")
+
+    GET: ClassVar[dict[str, common.Route]] = {"/v1/models": models}
+    POST: ClassVar[dict[str, common.Route]] = {
+        "/v1/chat/completions": complete,
+        "/v1/completions": complete,
+    }
 
     def _chat(self, request: Any, stream: bool, usage: bool) -> None:
         engine, began = self.engine, time.monotonic()
         if not stream:
             done = engine.runner.send_chat_completion_request(request)
-            self._json(
+            self.send_json(
                 200,
                 {
                     "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
@@ -442,65 +431,26 @@ class Handler(BaseHTTPRequestHandler):
             "choices": choices,
         }
         if not stream:
-            self._json(200, {**answer, "usage": usage_json(done.usage), "timings": timings})
+            self.send_json(200, {**answer, "usage": usage_json(done.usage), "timings": timings})
             return
         self._start_stream()
         self._send({**answer, "timings": timings})
         self._end_stream()
 
     def _start_stream(self) -> None:
-        self.send_response(200)
-        for name, value in (
-            ("Content-Type", "text/event-stream"),
-            ("Cache-Control", "no-cache"),
-            ("Transfer-Encoding", "chunked"),
-        ):
-            self.send_header(name, value)
-        self.end_headers()
+        self.start_chunked("text/event-stream", **{"Cache-Control": "no-cache"})
 
     def _send(self, payload: dict[str, Any] | str) -> None:
         text = payload if isinstance(payload, str) else json.dumps(payload)
-        data = f"data: {text}\n\n".encode()
-        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-        self.wfile.flush()
+        self.send_chunk(f"data: {text}\n\n".encode())
 
     def _end_stream(self) -> None:
         self._send("[DONE]")
-        self.wfile.write(b"0\r\n\r\n")
-        self.wfile.flush()
+        self.end_chunked()
 
 
 def main(argv: list[str]) -> int:
-    args = parse_args(argv)
-    os.environ["HF_HUB_OFFLINE"] = "1"  # the model is on disk; the hub is never asked
-    if args.threads > 0:  # read by the engine's thread pool when it starts
-        os.environ["RAYON_NUM_THREADS"] = str(args.threads)
-    if args.version:
-        print(versions())
-        return 0
-    started, engine = time.monotonic(), None
-
-    def stop(*_: object) -> None:
-        if engine is not None and engine.template is not None:
-            engine.template.unlink(missing_ok=True)
-        os._exit(0)
-
-    signal.signal(signal.SIGTERM, stop)
-    try:
-        engine = Engine(args)
-    except Exception as exc:
-        print(f"mistralrs_launcher: cannot load {args.model}: {exc}", file=sys.stderr)
-        return 1
-    Handler.engine = engine
-    server = ThreadingHTTPServer((args.host, args.port), Handler)
-    server.daemon_threads = True
-    host, port = args.host, server.server_address[1]
-    took = time.monotonic() - started
-    print(f"{versions()}: {args.model} loaded in {took:.2f} s", flush=True)
-    print(f"mistralrs_launcher: listening on http://{host}:{port}", flush=True)
-    with contextlib.suppress(KeyboardInterrupt):
-        server.serve_forever()
-    return 0
+    return common.serve_http("mistralrs_launcher", argv, parser(), versions, Runner, RunnerHandler)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Serve piper-tts (text to speech) over HTTP: the launcher of Blazar's piper lane.
 
-Blazar copies this file into each piper engine (`blazar.engines.audio`) and its
-supervisor runs it with that engine's Python, as it runs llama-server:
+Blazar copies this file, with `launcher_common.py` beside it, into each piper engine
+(`blazar.engines.audio`) and its supervisor runs it with that engine's Python, as it
+runs llama-server:
 
     python piper_launcher.py --model DIR_OR_ONNX --host 127.0.0.1 --port 0
         [--threads N] [--parallel N] [--deterministic]
@@ -9,7 +10,8 @@ supervisor runs it with that engine's Python, as it runs llama-server:
 
 The model is a piper voice: NAME.onnx with its NAME.onnx.json, or a directory that
 holds them. The voice is loaded first; then the server listens and prints
-`listening on http://HOST:PORT`, so `/health` answers 200 only once it can speak.
+`piper_launcher: listening on http://HOST:PORT`, so `/health` answers 200 only once it
+can speak (the skeleton, the flags and the HTTP side are `launcher_common`'s).
 
     GET  /health          {"status": "ok"}
     GET  /v1/voice        {"sample_rate", "language", "speakers", "formats"}
@@ -17,7 +19,7 @@ holds them. The voice is loaded first; then the server listens and prints
                           "speaker": N} -> the audio (16-bit mono at the voice's
                           sample rate: a WAV file, or raw little-endian samples)
 
-A bad request is a 400 with `{"error": {"message": ...}}`. SIGTERM ends it.
+A bad request is a 400 with `{"error": {"message": ...}}`. SIGTERM or SIGINT ends it.
 It runs under the engine's Python, not Blazar's: standard library and piper-tts
 (with the ONNX Runtime it brings) only.
 """
@@ -25,46 +27,38 @@ It runs under the engine's Python, not Blazar's: standard library and piper-tts
 from __future__ import annotations
 
 import argparse
-import contextlib
 import io
 import json
 import os
-import signal
 import sys
 import threading
 import wave
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
-from urllib.parse import urlsplit
+from typing import Any, ClassVar
+from urllib.parse import SplitResult
 
 import piper  # type: ignore[import-untyped, import-not-found, unused-ignore]
+
+if __package__:  # imported as blazar.engines.launchers.piper_launcher (Blazar's tests)
+    from blazar.engines.launchers import launcher_common as common
+else:  # run as a script in its engine's environment, launcher_common.py copied beside it
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import launcher_common as common  # type: ignore[no-redef, import-not-found, unused-ignore]
 
 FORMATS = ("wav", "pcm")
 MAX_INPUT = 4096  # characters, as OpenAI's speech endpoint allows
 
 
-class BadRequest(Exception):
-    """The client's mistake: answered 400 with this message."""
-
-
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="piper_launcher.py", description=__doc__)
-    parser.add_argument("--version", action="store_true", help="print versions and exit")
-    parser.add_argument("--model", help="a piper voice: NAME.onnx, or a directory holding it")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=0, help="CPU threads (0: the default)")
-    parser.add_argument("--parallel", type=int, default=1, help="syntheses at once")
+def parser() -> argparse.ArgumentParser:
+    parser = common.flags(
+        __doc__, "a piper voice: NAME.onnx, or a directory holding it", "syntheses at once"
+    )
     parser.add_argument(
         "--deterministic",
         action="store_true",
         help="no random variation (noise_scale and noise_w 0): the same text, the same audio",
     )
-    args = parser.parse_args(argv)
-    if not args.version and not args.model:
-        parser.error("--model is required")
-    return args
+    return parser
 
 
 def versions() -> str:
@@ -86,10 +80,11 @@ def voice_file(model: str) -> Path:
     return path
 
 
-class Engine:
+class Voice(common.Engine):
     """The loaded voice; `parallel` syntheses at once, the rest wait."""
 
     def __init__(self, args: argparse.Namespace) -> None:
+        super().__init__(args)
         path = voice_file(args.model)
         self.voice = piper.PiperVoice.load(path, config_path=f"{path}.json")
         if args.threads > 0:  # piper makes its session with ONNX Runtime's defaults
@@ -114,23 +109,26 @@ class Engine:
             "voice": path.name.removesuffix(".onnx"),
         }
 
+    def describe(self) -> str:
+        return f"{self.info['voice']} at {self.info['sample_rate']} Hz"
+
     def synthesize(self, request: Any) -> tuple[bytes, str]:
         if not isinstance(request, dict):
-            raise BadRequest("the body must be a JSON object")
+            raise common.BadRequest("the body must be a JSON object")
         text = request.get("input")
         if not isinstance(text, str) or not text.strip():
-            raise BadRequest("'input' must be the text to speak")
+            raise common.BadRequest("'input' must be the text to speak")
         if len(text) > MAX_INPUT:
-            raise BadRequest(f"'input' is {len(text)} characters; at most {MAX_INPUT}")
+            raise common.BadRequest(f"'input' is {len(text)} characters; at most {MAX_INPUT}")
         speed = request.get("speed", 1.0)
         if not isinstance(speed, int | float) or not 0.25 <= speed <= 4.0:
-            raise BadRequest("'speed' must be a number from 0.25 to 4.0")
+            raise common.BadRequest("'speed' must be a number from 0.25 to 4.0")
         fmt = request.get("format", "wav")
         if fmt not in FORMATS:
-            raise BadRequest(f"format {fmt!r} is not available: {', '.join(FORMATS)}")
+            raise common.BadRequest(f"format {fmt!r} is not available: {', '.join(FORMATS)}")
         speaker = request.get("speaker")
         if speaker is not None and not isinstance(speaker, int):
-            raise BadRequest("'speaker' must be a speaker number")
+            raise common.BadRequest("'speaker' must be a speaker number")
         config = piper.SynthesisConfig(
             speaker_id=speaker, length_scale=1.0 / float(speed), **self.noise
         )
@@ -144,75 +142,33 @@ class Engine:
         return data, "audio/wav"
 
 
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    engine: Engine
+class VoiceHandler(common.Handler):
+    engine: Voice
 
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
+    def headers_for_all(self) -> dict[str, str]:
+        return {"X-Sample-Rate": str(self.engine.info["sample_rate"])}
 
-    def _send(self, status: int, body: bytes, content_type: str) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("X-Sample-Rate", str(self.engine.info["sample_rate"]))
-        self.end_headers()
-        self.wfile.write(body)
+    def voice(self, url: SplitResult, body: bytes) -> None:
+        self.send_json(200, self.engine.info)
 
-    def _json(self, status: int, payload: Any) -> None:
-        self._send(status, json.dumps(payload).encode(), "application/json")
-
-    def _error(self, status: int, message: str) -> None:
-        self._json(status, {"error": {"message": message, "type": "invalid_request_error"}})
-
-    def do_GET(self) -> None:
-        path = urlsplit(self.path).path
-        if path == "/health":
-            self._json(200, {"status": "ok"})
-        elif path == "/v1/voice":
-            self._json(200, self.engine.info)
-        else:
-            self._error(404, f"no such endpoint: {path}")
-
-    def do_POST(self) -> None:
-        path = urlsplit(self.path).path
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length else b""
-        if path != "/v1/synthesize":
-            self._error(404, f"no such endpoint: {path}")
-            return
+    def synthesize(self, url: SplitResult, body: bytes) -> None:
         try:
             audio, content_type = self.engine.synthesize(json.loads(body or b"null"))
-        except (BadRequest, ValueError) as exc:
-            self._error(400, str(exc))
+        except (common.BadRequest, ValueError) as exc:
+            self.send_error_json(400, str(exc))
             return
         except Exception as exc:
             print(f"piper: synthesis failed: {exc!r}", file=sys.stderr, flush=True)
-            self._error(500, f"synthesis failed: {exc}")
+            self.send_error_json(500, f"synthesis failed: {exc}")
             return
-        self._send(200, audio, content_type)
+        self.send(200, audio, content_type)
+
+    GET: ClassVar[dict[str, common.Route]] = {"/v1/voice": voice}
+    POST: ClassVar[dict[str, common.Route]] = {"/v1/synthesize": synthesize}
 
 
 def main(argv: list[str]) -> int:
-    args = parse_args(argv)
-    if args.version:
-        print(versions())
-        return 0
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-    try:
-        engine = Engine(args)
-    except Exception as exc:
-        print(f"piper_launcher: cannot load {args.model}: {exc}", file=sys.stderr)
-        return 1
-    Handler.engine = engine
-    server = ThreadingHTTPServer((args.host, args.port), Handler)
-    server.daemon_threads = True
-    host, port = args.host, server.server_address[1]
-    print(f"{versions()}: {engine.info['voice']} at {engine.info['sample_rate']} Hz", flush=True)
-    print(f"piper_launcher: listening on http://{host}:{port}", flush=True)
-    with contextlib.suppress(KeyboardInterrupt):
-        server.serve_forever()
-    return 0
+    return common.serve_http("piper_launcher", argv, parser(), versions, Voice, VoiceHandler)
 
 
 if __name__ == "__main__":
