@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from blazar.testing.ports import free_port
 from blazar.testing.tiny import is_tiny_text, write_tiny_model
 from tests.conftest import run_blazar
 from tests.fixtures import ENGINE, model_block, write_manifest
@@ -216,3 +217,64 @@ def test_a_missing_or_mismatched_pair_refuses_to_start_naming_the_file(tmp_path:
         assert result.returncode == 1, result.stderr
         assert field in result.stderr and name in result.stderr and why in result.stderr
         assert "Blazar is serving" not in result.stdout
+
+
+def self_signed(folder: Path) -> tuple[Path, Path]:
+    """A self-signed pair for 127.0.0.1, as `openssl req -x509` makes one: the certificate
+    is its own and only anchor."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "blazar-box")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = folder / "self.crt", folder / "self.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    key_path.chmod(0o600)
+    return cert_path, key_path
+
+
+def test_the_cli_finds_and_trusts_an_https_daemon_from_the_manifest(
+    tmp_path: Path, blazar_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With `serving.tls_cert/tls_key` a self-signed pair, the CLI said "no Blazar daemon
+    answers" while serve ran (it worked only with SSL_CERT_FILE), and with serve stopped it
+    named http://127.0.0.1:11435 while the manifest said https on another port. It reads
+    the address, scheme and certificate serve uses (issue 33, day one 6)."""
+    cert, key = self_signed(tmp_path)
+    sha = hashlib.sha256(KEY.encode()).hexdigest()
+    port = free_port()
+    manifest = blazar_home / "config" / "blazar.toml"  # the user's manifest
+    manifest.parent.mkdir(parents=True, exist_ok=True)
+    manifest.write_text(
+        f'[serving]\nport = {port}\ntls_cert = "{cert}"\ntls_key = "{key}"\n\n'
+        f'[keys.ops]\nsha256 = "{sha}"\nscope = "admin"\n'
+    )
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)  # the certificate is trusted by no one
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+    env = {"BLAZAR_API_KEY": KEY, "BLAZAR_URL": ""}
+    stopped = run_blazar("ps", env=env)
+    assert stopped.returncode != 0
+    assert f"no Blazar daemon answers at https://127.0.0.1:{port}" in stopped.stderr
+    with Served(manifest, blazar_home):
+        listed = run_blazar("ps", env=env)
+        assert listed.returncode == 0, listed.stderr
+        assert "no Blazar daemon" not in listed.stderr

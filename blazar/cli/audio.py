@@ -281,12 +281,12 @@ def _post(url: str, path: str, body: bytes, content_type: str) -> tuple[bytes, s
     import urllib.error
     import urllib.request
 
-    from blazar.cli.serve import error_detail, headers, no_daemon
+    from blazar.cli.serve import error_detail, headers, no_daemon, urlopen
 
     sent = {**headers(), "Content-Type": content_type}
     request = urllib.request.Request(url + path, data=body, headers=sent, method="POST")
     try:
-        with urllib.request.urlopen(request, timeout=3600) as resp:
+        with urlopen(request, timeout=3600) as resp:
             return resp.read(), resp.headers.get("Content-Type", "")
     except urllib.error.HTTPError as exc:
         raise BlazarError(f"{path}: {exc.code}: {error_detail(exc)}") from None

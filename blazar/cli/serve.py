@@ -1,7 +1,10 @@
 """Runtime commands: `blazar serve`, and `ps`, `stop`, `run`, `launch` on a running daemon.
 
 The daemon's address comes from `--url`, `$BLAZAR_URL`, the file a running
-`serve` writes under the state directory, or the default 127.0.0.1:11435.
+`serve` writes under the state directory, or, with no daemon running, the address
+the user's manifest gives serve (`serving.host`, `port`, https with `tls_cert`),
+else the default 127.0.0.1:11435. An https daemon's own certificate (`serving.tls_cert`,
+which a self-signed pair makes the only anchor there is) is trusted for its address.
 Once the gateway declares keys, these commands send `$BLAZAR_API_KEY` (`ps` and
 `stop` need an admin key).
 """
@@ -11,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import ssl
 import subprocess
 import sys
 import time
@@ -34,16 +38,67 @@ class NoDaemon(BlazarError):
     pass
 
 
+# https addresses and the certificate file their daemon serves (from serve.json or the
+# manifest), trusted by `urlopen` for them alone.
+_TRUSTED: dict[str, str] = {}
+
+
 def daemon_url(paths: Paths, given: str | None = None) -> str:
+    """The daemon's address: --url, $BLAZAR_URL, the running serve's, else the manifest's."""
+    found = _served(paths)
     if given:
-        return given.rstrip("/")
-    if os.environ.get("BLAZAR_URL"):
-        return os.environ["BLAZAR_URL"].rstrip("/")
+        url = given.rstrip("/")
+    elif os.environ.get("BLAZAR_URL"):
+        url = os.environ["BLAZAR_URL"].rstrip("/")
+    elif found is not None:
+        url = found[0]
+    else:
+        found = _declared(paths)
+        url = found[0] if found is not None else DEFAULT_URL
+    if found is not None and found[1] and url.startswith("https://"):
+        _TRUSTED[url] = found[1]
+    return url
+
+
+def _served(paths: Paths) -> tuple[str, str | None] | None:
+    """The running serve's address and certificate (serve.json)."""
     try:
         info = json.loads((paths.state / "serve.json").read_text())
-        return str(info["url"])
-    except (OSError, ValueError, KeyError):
-        return DEFAULT_URL
+        return str(info["url"]), info.get("tls_cert")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _declared(paths: Paths) -> tuple[str, str | None] | None:
+    """The address the user's manifest gives serve, and its certificate; None without a
+    manifest that loads (the default address then)."""
+    if not paths.manifest.exists():
+        return None
+    from specs.loader import ManifestError, load_manifest
+
+    try:
+        serving = load_manifest(paths.manifest).serving
+    except (ManifestError, OSError):
+        return None
+    host = f"[{serving.host}]" if ":" in serving.host else serving.host
+    cert = str(Path(serving.tls_cert).expanduser()) if serving.tls_cert else None
+    return f"{'https' if cert else 'http'}://{host}:{serving.port}", cert
+
+
+def urlopen(request: urllib.request.Request | str, timeout: float) -> Any:
+    """`urllib.request.urlopen`, trusting an https daemon's own certificate for its
+    address (partial chains allowed: the served leaf, or a self-signed pair, is the
+    anchor), besides the system's."""
+    url = request.full_url if isinstance(request, urllib.request.Request) else request
+    context = None
+    for base, cert in _TRUSTED.items():
+        if url.startswith(base + "/") or url == base:
+            context = ssl.create_default_context()
+            with contextlib.suppress(OSError, ssl.SSLError):  # unreadable: the system's only
+                context.load_verify_locations(cafile=cert)
+                context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
+            break
+    return urllib.request.urlopen(request, timeout=timeout, context=context)
 
 
 def error_detail(exc: urllib.error.HTTPError) -> str:
@@ -79,7 +134,7 @@ def call(
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(url + path, data=data, headers=headers(), method=method)
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as resp:
+        with urlopen(request, timeout=timeout) as resp:
             return json.load(resp)
     except urllib.error.HTTPError as exc:
         raise BlazarError(f"{path}: {exc.code}: {error_detail(exc)}") from None
@@ -92,7 +147,7 @@ def health(url: str) -> str | None:
     running: 503), or None when nothing answers there."""
     request = urllib.request.Request(url + "/health", headers=headers())
     try:
-        with urllib.request.urlopen(request, timeout=2):
+        with urlopen(request, timeout=2):
             return "ok"
     except urllib.error.HTTPError as exc:
         return "starting" if exc.code == 503 else "ok"
@@ -223,7 +278,7 @@ def _stream(url: str, path: str, body: dict[str, Any], pick: Any) -> str:
     )
     text = []
     try:
-        with urllib.request.urlopen(request, timeout=600) as resp:
+        with urlopen(request, timeout=600) as resp:
             for raw in resp:
                 line = raw.decode().strip()
                 if not line.startswith("data: ") or line == "data: [DONE]":

@@ -391,7 +391,9 @@ class Daemon:
             await self.refresh("start")
             self.scheduler.starting = False  # /health answers 200 from now on
             url = f"{scheme}://{host}:{port}"
-            info = {"pid": os.getpid(), "host": host, "port": port, "url": url}
+            info: dict[str, object] = {"pid": os.getpid(), "host": host, "port": port, "url": url}
+            if self.tls is not None:  # the CLI trusts it for this address (blazar.cli.serve)
+                info["tls_cert"] = str(self.tls.cert.resolve())
             daemon_file(self.paths).write_text(json.dumps(info))
             tasks = [
                 asyncio.create_task(self._loop()),
