@@ -210,7 +210,7 @@ def test_a_child_dies_with_the_process_that_spawned_it(tmp_path: Path) -> None:
     does. A parent process spawns a child through `children.spawn`, prints its pid and is
     killed; the child must get SIGTERM."""
     parent_code = (
-        "# MARKER\nimport asyncio, time\nfrom blazar import children\n"
+        "# MARKER\nimport asyncio, time\nfrom blazar.host import children\n"
         "async def main():\n"
         f"    proc = await children.spawn({list(script(tmp_path, fake_server()))!r})\n"
         "    print(proc.pid, flush=True)\n"
