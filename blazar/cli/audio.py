@@ -283,7 +283,7 @@ def _post(url: str, path: str, body: bytes, content_type: str) -> tuple[bytes, s
 
     from blazar.cli.serve import error_detail, headers, no_daemon, urlopen
 
-    sent = {**headers(), "Content-Type": content_type}
+    sent = {**headers(url), "Content-Type": content_type}
     request = urllib.request.Request(url + path, data=body, headers=sent, method="POST")
     try:
         with urlopen(request, timeout=3600) as resp:

@@ -29,7 +29,7 @@ from blazar.cli.context import Context, pass_context
 from blazar.cli.format import echo_json, table
 from blazar.errors import BlazarError
 from blazar.host.children import owner_only
-from blazar.paths import Paths, unread_config_warning
+from blazar.paths import Paths, resolve_paths, unread_config_warning
 
 DEFAULT_URL = "http://127.0.0.1:11435"
 
@@ -117,11 +117,24 @@ def no_daemon(url: str, exc: Exception) -> NoDaemon:
     )
 
 
-def headers() -> dict[str, str]:
-    """A JSON request's headers, with `$BLAZAR_API_KEY` when it is set."""
-    key = os.environ.get("BLAZAR_API_KEY")
+def headers(url: str | None = None) -> dict[str, str]:
+    """A JSON request's headers, with `$BLAZAR_API_KEY` when it is set, else, for the
+    serve running on this machine (`url` its address in serve.json), its operator token
+    when this user can read it: never sent anywhere else."""
+    key = os.environ.get("BLAZAR_API_KEY") or (_operator_token(url) if url else None)
     found = {"Content-Type": "application/json"}
     return {**found, "Authorization": f"Bearer {key}"} if key else found
+
+
+def _operator_token(url: str) -> str | None:
+    paths = resolve_paths()
+    served = _served(paths)
+    if served is None or served[0] != url.rstrip("/"):
+        return None
+    try:
+        return (paths.state / "operator.token").read_text().strip() or None
+    except OSError:  # another user's serve, or none: the gateway's 401 says what to do
+        return None
 
 
 def call(
@@ -132,7 +145,7 @@ def call(
     method: str | None = None,
 ) -> Any:
     data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url + path, data=data, headers=headers(), method=method)
+    request = urllib.request.Request(url + path, data=data, headers=headers(url), method=method)
     try:
         with urlopen(request, timeout=timeout) as resp:
             return json.load(resp)
@@ -145,7 +158,7 @@ def call(
 def health(url: str) -> str | None:
     """What a daemon at `url` says of itself: "ok", "starting" (its first pass is still
     running: 503), or None when nothing answers there."""
-    request = urllib.request.Request(url + "/health", headers=headers())
+    request = urllib.request.Request(url + "/health", headers=headers(url))
     try:
         with urlopen(request, timeout=2):
             return "ok"
@@ -274,7 +287,7 @@ def stop(ctx: Context, model: str, url: str | None) -> None:
 def _stream(url: str, path: str, body: dict[str, Any], pick: Any) -> str:
     """POST a streaming request; echo text as it arrives; return the whole text."""
     request = urllib.request.Request(
-        url + path, data=json.dumps({**body, "stream": True}).encode(), headers=headers()
+        url + path, data=json.dumps({**body, "stream": True}).encode(), headers=headers(url)
     )
     text = []
     try:

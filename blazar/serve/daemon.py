@@ -28,9 +28,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import hashlib
 import json
 import logging
 import os
+import secrets
 import signal
 import sqlite3
 from collections.abc import Callable
@@ -43,6 +45,7 @@ from aiohttp import web
 from blazar.engines.catalog import CatalogError, load_catalog
 from blazar.engines.probe import ensure_probed
 from blazar.errors import BlazarError, InvalidManifest
+from blazar.host.children import owner_only
 from blazar.host.locking import LockTimeout, apply_lock
 from blazar.paths import Paths
 from blazar.reconcile.apply import load, reconcile
@@ -103,6 +106,24 @@ def read_timeout(manifest: Manifest) -> float | None:
 
 def daemon_file(paths: Paths) -> Path:
     return paths.state / "serve.json"
+
+
+def operator_token_file(paths: Paths) -> Path:
+    return paths.state / "operator.token"
+
+
+def write_operator_token(paths: Paths) -> str:
+    """A new token for the local operator, in a file only serve's user can read (as
+    Jupyter's token and Docker's socket let their owner in); the gateway takes it as an
+    admin key while this serve runs, so `blazar` commands on this machine work once keys
+    are declared, without a key in the environment. Returns its sha256."""
+    token = f"plm_{secrets.token_urlsafe(32)}"
+    path = operator_token_file(paths)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+    with open(temporary, "w", opener=owner_only) as fh:
+        fh.write(token)
+    os.replace(temporary, path)
+    return hashlib.sha256(token.encode()).hexdigest()
 
 
 def utc_now() -> datetime:
@@ -395,6 +416,7 @@ class Daemon:
             if self.tls is not None:  # the CLI trusts it for this address (blazar.cli.serve)
                 info["tls_cert"] = str(self.tls.cert.resolve())
             daemon_file(self.paths).write_text(json.dumps(info))
+            self.access.allow_operator(write_operator_token(self.paths))
             tasks = [
                 asyncio.create_task(self._loop()),
                 asyncio.create_task(self._reaper()),
@@ -434,6 +456,8 @@ class Daemon:
             self.children.close()
             with contextlib.suppress(OSError):
                 daemon_file(self.paths).unlink()
+            with contextlib.suppress(OSError):
+                operator_token_file(self.paths).unlink()
             if self.access.audit is not None:
                 self.access.audit.close()
             self.store.close()

@@ -163,6 +163,11 @@ METHODS = "GET, HEAD, POST, DELETE, OPTIONS"
 EXPOSED = "x-request-id, request-id, retry-after"
 CORS_ORIGIN = web.RequestKey("cors_origin", str)
 NO_KEY: tuple[str, Grant | None] = ("0" * 64, None)
+OPERATOR = "(operator)"  # the local operator's grant: no key can be named so
+CLI_HINT = (
+    "the blazar CLI sends $BLAZAR_API_KEY, and on the machine serve runs on, as the user "
+    "who runs it, serve's operator token without one"
+)
 KEY_SUBPROTOCOL = "openai-insecure-api-key."  # how browsers send a key on a WebSocket
 
 
@@ -219,6 +224,9 @@ class Access:
         self.bind_host = bind_host
         self.audit = audit
         self.grants: dict[str, tuple[str, Grant]] = {}  # sha256 hex -> (it, grant)
+        # The local operator's token (`allow_operator`): admin on this gateway while it
+        # runs, never a declared key, so it neither turns keys on nor counts as one.
+        self.operator: tuple[str, Grant] | None = None
         self.buckets: dict[str, policy.Bucket] = {}
         self.last_used: dict[str, float] = {}
         self.origins = policy.OriginPolicy()
@@ -250,6 +258,11 @@ class Access:
             self._host_names = self._names(serving)
             self._hosts = {}
             self._scopes = {}
+
+    def allow_operator(self, digest: str) -> None:
+        """Accept the token whose sha256 is `digest` as the local operator's admin key
+        (serve writes the token to a file only its owner can read: `blazar.serve.daemon`)."""
+        self.operator = (digest, Grant.of(OPERATOR, "admin", ["*"], None))
 
     @property
     def keyed(self) -> bool:
@@ -398,18 +411,21 @@ class Access:
                 request,
                 401,
                 "an API key is required: send Authorization: Bearer <key> or "
-                "x-api-key: <key> (`blazar keys add` makes one)",
+                f"x-api-key: <key> (`blazar keys add` makes one; {CLI_HINT})",
                 "invalid_api_key",
                 "no key",
             )
         digest = hashlib.sha256(secret.encode()).hexdigest()
         known, grant = self.grants.get(digest, NO_KEY)
+        if grant is None and self.operator is not None:
+            known, grant = self.operator
         # Found by its digest; the comparison is confirmed in constant time.
         if grant is None or not hmac.compare_digest(known, digest):
             return self._refuse(
                 request,
                 401,
-                "the API key is not valid: check it, or make one with `blazar keys add`",
+                "the API key is not valid: check it, or make one with `blazar keys add`"
+                f" ({CLI_HINT})",
                 "invalid_api_key",
                 "bad key",
             )
@@ -425,7 +441,8 @@ class Access:
                 "scope",
             )
         now = time.monotonic()
-        self.last_used[grant.name] = time.time()
+        if grant.name != OPERATOR:
+            self.last_used[grant.name] = time.time()
         if grant.rpm is not None:
             bucket, wait = policy.take_token(self.buckets.get(grant.name), grant.rpm, now)
             self.buckets[grant.name] = bucket
