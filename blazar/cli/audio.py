@@ -62,6 +62,14 @@ class SpeechLane:
     def pull_hint(self, name: str) -> str:
         return f"`blazar {self.command} --search {name[:5]}`"
 
+    def not_pulled(self, name: str) -> NotFound:
+        """The refusal for a model of this lane that is not held: the command that pulls it
+        (the gateway's 404 and the store's said `blazar pull` and `blazar list`)."""
+        return NotFound(
+            f"{self.noun} '{name}' is not pulled: `blazar {self.command} --pull {name}` "
+            f"fetches it (`blazar {self.command} --search` lists them)"
+        )
+
 
 def _disk(entry: Any) -> str:
     return ("" if entry.exact else "~") + human_bytes(entry.bytes)
@@ -276,8 +284,11 @@ def _choose(ctx: Context, lane: SpeechLane, given: str | None) -> str:
     )
 
 
-def _post(url: str, path: str, body: bytes, content_type: str) -> tuple[bytes, str]:
-    """POST to the daemon; (body, content type), or a BlazarError with its message."""
+def _post(
+    url: str, path: str, body: bytes, content_type: str, lane: SpeechLane, model: str
+) -> tuple[bytes, str]:
+    """POST to the daemon; (body, content type), or a BlazarError with its message (a 404
+    for the model: the lane's command that pulls it)."""
     import urllib.error
     import urllib.request
 
@@ -289,7 +300,10 @@ def _post(url: str, path: str, body: bytes, content_type: str) -> tuple[bytes, s
         with urlopen(request, timeout=3600) as resp:
             return resp.read(), resp.headers.get("Content-Type", "")
     except urllib.error.HTTPError as exc:
-        raise BlazarError(f"{path}: {exc.code}: {error_detail(exc)}") from None
+        detail = error_detail(exc)
+        if exc.code == 404 and model in detail:
+            raise lane.not_pulled(model) from None
+        raise BlazarError(f"{path}: {exc.code}: {detail}") from None
     except (urllib.error.URLError, ConnectionError) as exc:
         raise no_daemon(url, exc) from None
 
@@ -324,9 +338,14 @@ def _local(
     from blazar.reconcile.apply import load_or_empty
     from blazar.serve.supervisor.build import audio_args
     from blazar.serve.supervisor.runtime import default_threads
-    from specs.names import parse_name
+    from specs.names import InvalidName, parse_name
 
-    record = ctx.store.get_model(parse_name(model))
+    try:
+        record = ctx.store.find_model(parse_name(model))
+    except InvalidName:  # a catalog voice's key (en_US-amy-medium) that no model is yet
+        record = None
+    if record is None:
+        raise lane.not_pulled(model)
     if record.kind != lane.kind:
         raise InvalidInput(f"model '{record.ref.short}' is a {record.kind} model, not {lane.kind}")
     engine = EngineStore(ctx.store).active(lane.engine)
@@ -388,7 +407,7 @@ def whisper(
         base = ensure_daemon(ctx.paths, url)
         body, content_type = multipart(fields, file.name, data)
         path = "/v1/audio/translations" if translate else "/v1/audio/transcriptions"
-        answer, _ = _post(base, path, body, content_type)
+        answer, _ = _post(base, path, body, content_type, WHISPER, chosen)
         text = answer.decode()
     click.echo(text.rstrip("\n"))
 
@@ -458,7 +477,8 @@ def tts(
         from blazar.cli.serve import ensure_daemon
 
         base = ensure_daemon(ctx.paths, url)
-        audio, _ = _post(base, "/v1/audio/speech", json.dumps(body).encode(), "application/json")
+        speech = json.dumps(body).encode()
+        audio, _ = _post(base, "/v1/audio/speech", speech, "application/json", TTS, chosen)
     if output == "-":
         sys.stdout.buffer.write(audio)
         sys.stdout.buffer.flush()
