@@ -14,7 +14,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TypeVar
+from functools import partial
+from typing import Any, TypeVar
 
 from reconcilers.desired import Desired
 from reconcilers.engines import (
@@ -34,6 +35,7 @@ from reconcilers.projectors import plan_projectors
 from reconcilers.routing import route
 
 D = TypeVar("D")
+Seen = TypeVar("Seen")
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,33 @@ class ApplyReport:
         return not self.failed
 
 
+def _name(resource: Any) -> str:
+    return str(resource.name)
+
+
+def _model(resource: Any) -> str:
+    return str(resource.model)
+
+
+def not_anothers(
+    owner: str,
+    declared: Sequence[Any],
+    observed: Sequence[Seen],
+    key: Callable[[Any], str] = _name,
+) -> list[Seen]:
+    """Pure: what a manifest plans over: everything it declares, and what no other
+    manifest applied last. Another manifest's resources sharing the store are neither
+    pruned nor listed as kept by this one (prune of one manifest deleted a model another
+    had declared), as terraform's state and kubectl's apply labels keep owners apart. A
+    resource whose owner was never recorded, or a manifest with no path, plans as before."""
+    names = {key(d) for d in declared}
+    return [
+        o
+        for o in observed
+        if key(o) in names or not owner or getattr(o, "owner", None) in (None, "", owner)
+    ]
+
+
 def make_plan(
     desired: Desired, ports: Ports, *, prune: bool = False, now: datetime | None = None
 ) -> Plan:
@@ -75,11 +104,20 @@ def make_plan(
     if route_notes(desired, observed_models, lanes, ()):  # read the catalog only when needed
         offers = ports.engines.offers(desired.routing.catalog)
         notes += route_notes(desired, observed_models, lanes, offers)
-    model_actions, kept_models = plan_models(desired.models, observed_models, prune=prune)
-    lora_actions, kept_loras = plan_loras(desired.loras, ports.loras.observe(), prune=prune)
-    key_actions, kept_keys = plan_keys(desired.keys, ports.keys.observe(), prune=prune)
+    mine = partial(not_anothers, desired.owner)
+    model_actions, kept_models = plan_models(
+        desired.models, mine(desired.models, observed_models), prune=prune
+    )
+    lora_actions, kept_loras = plan_loras(
+        desired.loras, mine(desired.loras, ports.loras.observe()), prune=prune
+    )
+    key_actions, kept_keys = plan_keys(
+        desired.keys, mine(desired.keys, ports.keys.observe()), prune=prune
+    )
     projector_actions, kept_projectors = plan_projectors(
-        desired.projectors, ports.projectors.observe(), prune=prune
+        desired.projectors,
+        mine(desired.projectors, ports.projectors.observe(), key=_model),
+        prune=prune,
     )
     return Plan.of(
         [*actions, *model_actions, *projector_actions, *lora_actions, *key_actions],

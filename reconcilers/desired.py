@@ -94,6 +94,7 @@ class Desired:
     keys: tuple[DesiredKey, ...] = ()
     routing: DesiredRouting = field(default_factory=DesiredRouting)
     projectors: tuple[DesiredProjector, ...] = ()
+    owner: str = ""  # the manifest's path: what the store records as having applied each
 
 
 def desired_from_manifest(manifest: Manifest) -> Desired:
@@ -143,7 +144,15 @@ def desired_from_manifest(manifest: Manifest) -> Desired:
         for key, model in manifest.models.items()
         if model.mmproj is not None
     )
-    return Desired(engines, tuple(models), tuple(loras), keys, routing_of(manifest), projectors)
+    return Desired(
+        engines,
+        tuple(models),
+        tuple(loras),
+        keys,
+        routing_of(manifest),
+        projectors,
+        owner=manifest.source,
+    )
 
 
 def routing_of(manifest: Manifest) -> DesiredRouting:

@@ -64,6 +64,7 @@ class ObservedModel:
     managed: bool  # created by apply (a manifest owns it) rather than `blazar import`
     settings: dict[str, Any] = field(default_factory=dict)  # runtime fields last applied
     architecture: str | None = None  # the GGUF's general.architecture
+    owner: str | None = None  # the manifest that applied it last (None: not recorded)
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,7 @@ class ObservedLora:
     source: str
     managed: bool
     settings: dict[str, Any] = field(default_factory=dict)
+    owner: str | None = None
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,7 @@ class ObservedProjector:
     source: str  # as declared when it was fetched
     managed: bool
     settings: dict[str, Any] = field(default_factory=dict)
+    owner: str | None = None
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,7 @@ class ObservedKey:
     sha256: str
     models: tuple[str, ...]
     managed: bool
+    owner: str | None = None
 
 
 class EnginesPort(Protocol):

@@ -109,8 +109,10 @@ def load_manifest(path: FsPath | str, host: str | None = None) -> Manifest:
         except (OSError, UnicodeDecodeError) as exc:
             unreadable.append(Problem(f"cannot read the manifest: {exc}", str(each)))
     if overlay is not None and files and files[-1][0] == str(overlay):
-        return _load(files[:-1], unreadable, overlay=files[-1])
-    return _load(files, unreadable)
+        loaded = _load(files[:-1], unreadable, overlay=files[-1])
+    else:
+        loaded = _load(files, unreadable)
+    return loaded.with_source(str(root.resolve()))
 
 
 def manifest_files(root: FsPath) -> list[FsPath]:
@@ -150,7 +152,7 @@ def hosts(root: FsPath) -> list[str]:
 
 def load_manifest_text(text: str, filename: str = "blazar.toml") -> Manifest:
     """Load manifest text as if read from `filename` (its suffix picks TOML or YAML)."""
-    return load_manifest_files([(filename, text)])
+    return load_manifest_files([(filename, text)]).with_source(str(FsPath(filename).resolve()))
 
 
 def load_manifest_files(files: Sequence[tuple[str, str]]) -> Manifest:

@@ -77,6 +77,7 @@ class Manifest(Table):
         description="How `blazar render kubernetes` renders the manifest.",
     )
     _origins: dict[Path, Location] = PrivateAttr(default_factory=dict)
+    _source: str = PrivateAttr(default="")
     _engine_catalog: str | None = PrivateAttr(default=None)
 
     @model_validator(mode="wrap")
@@ -121,6 +122,17 @@ class Manifest(Table):
         """This manifest, remembering where its parts were declared (the loader calls it)."""
         self._origins = dict(origins)
         return self
+
+    def with_source(self, source: str) -> Manifest:
+        """This manifest, remembering the file or directory it was loaded from (the loader
+        calls it): what the store records as having applied each resource."""
+        self._source = source
+        return self
+
+    @property
+    def source(self) -> str:
+        """The resolved path this manifest was loaded from ("" for one built in memory)."""
+        return self._source
 
     def location_of(self, *path: str | int) -> Location | None:
         """The location of `path`, or of its nearest declared parent."""

@@ -144,6 +144,32 @@ def test_prune_deletes_only_managed_resources_and_asks_first(
     assert files["other"].exists() and files["fox"].exists()  # originals untouched
 
 
+def test_prune_removes_only_what_this_manifest_applied(
+    blazar: Blazar, paths: Paths, files: dict[str, Path], tmp_path: Path
+) -> None:
+    """Two manifests sharing one store: `apply --prune` of one deleted the quickstart's
+    model, which the other declared (issue 33, day one 10). Each resource's owner is the
+    manifest that applied it last; prune, and the kept list, see only their own."""
+    quick = write(tmp_path / "quick" / "blazar.toml", manifest_text(files).split("[loras")[0])
+    team = write(
+        tmp_path / "team" / "blazar.toml",
+        f'[models.mine]\nsource = "{write_tiny_model(tmp_path / "mine.gguf", seed=5).as_uri()}"\n',
+    )
+    blazar("apply", str(quick))
+    blazar("apply", str(team))
+    write(team, "[serving]\n")  # the team manifest drops its model
+    plan = blazar("diff", str(team), "--prune").output
+    assert "- models.mine" in plan
+    assert "tiny" not in plan and "other" not in plan  # the other manifest's, not listed
+    out = blazar("apply", str(team), "--prune", "--yes").output
+    assert "1 destroyed" in out
+    held = sorted(json.loads(x)["model"] for x in blazar("list", "--json").output.splitlines())
+    assert held == ["other", "tiny"]
+    # What the first manifest no longer declares is still its own to prune.
+    write(quick, f'[models.tiny]\nsource = "{files["tiny"].as_uri()}"\nctx = 2048\n')
+    assert "- models.other" in blazar("diff", str(quick), "--prune").output
+
+
 def test_target_and_dry_run(blazar: Blazar, files: dict[str, Path], tmp_path: Path) -> None:
     manifest = write(tmp_path / "blazar.toml", manifest_text(files))
     dry = blazar("apply", str(manifest), "--dry-run").output

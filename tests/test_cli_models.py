@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from blazar.models.hashing import sha256_file
 from blazar.paths import Paths
 from blazar.testing.tiny import write_tiny_model
+from specs.loader import load_manifest
 from tests.conftest import Blazar, run_blazar
 
 
@@ -180,3 +182,21 @@ def test_console_script_end_to_end(tiny_model: Path) -> None:
         f"Error: model 'tiny' already exists (from {tiny_model.as_uri()}); "
         "pass --force to replace it, or choose another --name"
     )
+
+
+def test_an_imported_model_is_declared_so_the_hint_for_a_template_works(
+    blazar: Blazar, paths: Paths, tmp_path: Path
+) -> None:
+    """`blazar import x.gguf --name mymodel` declares the model, so the hint a model
+    without a chat template gets (`blazar config set models.mymodel.chat_template chatml`)
+    works: it failed with "missing required field 'source'" (issue 33, day one 4). A model
+    declared already keeps its declaration."""
+    model = write_tiny_model(tmp_path / "x.gguf")
+    out = blazar("import", str(model), "--name", "mymodel").output
+    assert "declared models.mymodel" in out
+    blazar("config", "set", "models.mymodel.chat_template", "chatml")
+    declared = load_manifest(paths.manifest).models["mymodel"]
+    assert declared.chat_template == "chatml" and declared.sha256 == sha256_file(model)[0]
+    again = blazar("import", str(model), "--name", "mymodel", "--force").output
+    assert "declared" not in again
+    assert load_manifest(paths.manifest).models["mymodel"].chat_template == "chatml"

@@ -109,6 +109,10 @@ def test_each_imperative_command_is_served_at_once(
         blazar("pull", files["other"].as_uri(), "--name", "other")
         took["pull"] = within(lambda: answer(served, "other") is not None, "a pull", served)
 
+        mine = write_tiny_model(blazar_home / "mine.gguf")
+        blazar("import", str(mine), "--name", "mine")  # declared, so served by the CLI's pass
+        took["import"] = within(lambda: answer(served, "mine") is not None, "an import", served)
+
         blazar("cp", "other", "another")
         took["cp"] = within(lambda: "another" in models(served), "an alias", served)
 

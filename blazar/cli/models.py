@@ -81,6 +81,24 @@ def import_(
         f"imported {record.ref.short}: {record.architecture} {human_count(record.parameters)} "
         f"{record.quantization}, {human_bytes(record.size)} ({record.held})"
     )
+    _declare_imported(ctx, record)
+
+
+def _declare_imported(ctx: Context, record: ModelRecord) -> None:
+    """Declare an imported model in the user's manifest (its file and sha256), unless it is
+    declared already: its settings can then be set (`blazar config set
+    models.NAME.chat_template chatml`, the hint a model without a template gets), and a
+    running serve serves it at once (the CLI's pass), not at its next timer pass. The
+    bytes are held already, so the pass only records them."""
+    from blazar.manifest import ops as manifest_ops
+
+    name = record.ref.short
+    manifest = manifest_ops.open_manifest(ctx.paths.manifest)
+    if manifest_ops.declared_key(manifest, name) or manifest_ops.alias_owner(manifest, name):
+        return
+    fields = {"source": record.source, "sha256": record.sha256}
+    manifest_ops.apply_model(ctx.paths, ctx.paths.manifest, name, fields)
+    click.echo(f"declared models.{name} in {ctx.paths.manifest}")
 
 
 def _shards(path: Path) -> list[Path]:

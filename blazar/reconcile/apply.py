@@ -199,6 +199,8 @@ def reconcile(
         show(plan)
         if apply and not targets:
             forget_undeclared(store, desired)
+        if apply and desired.owner:
+            record_owner(store, desired, targets)
         if not apply or plan.empty or not confirm(plan):
             return Pass(plan, None)
         report = execute(
@@ -245,6 +247,20 @@ def forget_undeclared(store: Store, desired: Desired, only: Sequence[str] = ()) 
 
 
 _KINDS = {"models": "model", "loras": "lora", "projectors": "projector", "keys": "key"}
+
+
+def record_owner(store: Store, desired: Desired, targets: Sequence[str] = ()) -> None:
+    """Record this manifest as the one that applies what it declares (of `targets`, when
+    given): another manifest's `apply --prune` then leaves them alone
+    (`reconcilers.apply.not_anothers`)."""
+    only = {(_KINDS.get(t.partition(".")[0], ""), t.partition(".")[2]) for t in targets}
+    declared = [
+        (kind, name)
+        for kind, names in declared_names(desired).items()
+        for name in sorted(names)
+        if not targets or (kind, name) in only
+    ]
+    store.set_owners(desired.owner, declared)
 
 
 class LockMismatch(InvalidInput):

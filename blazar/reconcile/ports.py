@@ -199,9 +199,17 @@ class StoreModels(HeldFiles):
     def observe(self) -> list[ObservedModel]:
         # A record whose file is gone is a model the host does not have: the plan fetches
         # it again (level-triggered; `blazar doctor` names `blazar apply` as the fix).
+        owners = self.store.owners("model")
         return [
             ObservedModel(
-                r.ref.short, r.sha256, r.source, r.size, r.managed, r.settings, r.architecture
+                r.ref.short,
+                r.sha256,
+                r.source,
+                r.size,
+                r.managed,
+                r.settings,
+                r.architecture,
+                owners.get(r.ref.short),
             )
             for r in self.store.list_models()
             if Path(r.path).is_file() or (r.is_set and Path(r.path).is_dir())
@@ -282,8 +290,11 @@ class StoreModels(HeldFiles):
 
 class StoreLoras(HeldFiles):
     def observe(self) -> list[ObservedLora]:
+        owners = self.store.owners("lora")
         return [
-            ObservedLora(r.name, r.model, r.sha256, r.source, r.managed, r.settings)
+            ObservedLora(
+                r.name, r.model, r.sha256, r.source, r.managed, r.settings, owners.get(r.name)
+            )
             for r in self.store.list_loras()
         ]
 
@@ -317,8 +328,11 @@ class StoreProjectors(HeldFiles):
     projector made for the model (`blazar.sources.projectors`)."""
 
     def observe(self) -> list[ObservedProjector]:
+        owners = self.store.owners("projector")
         return [
-            ObservedProjector(r.model, r.sha256, r.source, r.managed, r.settings)
+            ObservedProjector(
+                r.model, r.sha256, r.source, r.managed, r.settings, owners.get(r.model)
+            )
             for r in self.store.list_projectors()
             if Path(r.path).is_file()
         ]
@@ -361,7 +375,11 @@ class StoreKeys:
         self.store = store
 
     def observe(self) -> list[ObservedKey]:
-        return [ObservedKey(k.name, k.sha256, k.models, k.managed) for k in self.store.list_keys()]
+        owners = self.store.owners("key")
+        return [
+            ObservedKey(k.name, k.sha256, k.models, k.managed, owners.get(k.name))
+            for k in self.store.list_keys()
+        ]
 
     def put(self, name: str, sha256: str, models: tuple[str, ...]) -> None:
         self.store.put_key(KeyRecord(name, sha256, models))

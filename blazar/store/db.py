@@ -579,6 +579,22 @@ class Store:
         with self.db.atomic():
             self.db.execute("DELETE FROM conditions WHERE kind = ? AND name = ?", [kind, name])
 
+    # -- owners: which manifest applied each resource last -------------------------------
+
+    def owners(self, kind: str) -> dict[str, str]:
+        """name -> the manifest (its resolved path) that applied it last, for one kind."""
+        rows = self.db.execute("SELECT name, manifest FROM owners WHERE kind = ?", [kind])
+        return {str(name): str(manifest) for name, manifest in rows.fetchall()}
+
+    def set_owners(self, manifest: str, resources: Sequence[tuple[str, str]]) -> None:
+        """Record `manifest` as having applied each (kind, name), in one transaction."""
+        with self.db.atomic():
+            self.db.conn.executemany(
+                "INSERT INTO owners (kind, name, manifest) VALUES (?, ?, ?) "
+                "ON CONFLICT (kind, name) DO UPDATE SET manifest = excluded.manifest",
+                [(kind, name, manifest) for kind, name in resources],
+            )
+
     # -- events ---------------------------------------------------------------
 
     def _event(self, kind: str, subject: str, action: str, message: str) -> None:

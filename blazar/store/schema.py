@@ -389,3 +389,15 @@ def m012_message_batches(db: sqlite_utils.Database) -> None:
         not_null={"batch_id", "idx", "custom_id", "state"},
         foreign_keys=[("batch_id", "message_batches", "id")],
     )
+
+
+@migration
+def m013_owners(db: sqlite_utils.Database) -> None:
+    """Which manifest applied each model, adapter, projector and key last (its resolved
+    path): `apply --prune` of one manifest removes only what it applied, not what another
+    manifest sharing the store declared."""
+    db["owners"].create(  # type: ignore[union-attr]
+        {"kind": str, "name": str, "manifest": str},  # kind: model | lora | projector | key
+        pk=("kind", "name"),
+        not_null={"kind", "name", "manifest"},
+    )
