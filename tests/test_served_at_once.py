@@ -100,6 +100,8 @@ def test_each_imperative_command_is_served_at_once(
 
         blazar("lora", "add", "tiny", str(files["fox"]), "--name", "fox")
         took["lora add"] = within(lambda: only("fox", answer(served, "tiny+fox")), "fox", served)
+        rows = blazar("ps", "--url", served.url).output.splitlines()
+        assert any(r.split()[:2] == ["tiny", "fox"] for r in rows), rows  # told apart
 
         blazar("lora", "add", "tiny", str(files["owl"]), "--name", "owl", "--always-on")
         took["lora add --always-on"] = within(

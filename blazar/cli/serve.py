@@ -236,6 +236,7 @@ def ps(ctx: Context, url: str | None, as_json: bool) -> None:
         return
     headers = [
         "MODEL",
+        "ADAPTERS",
         "REPLICA",
         "LANE",
         "ENGINE",
@@ -255,6 +256,9 @@ def ps(ctx: Context, url: str | None, as_json: bool) -> None:
             [
                 [
                     r["model"],
+                    # the adapters its instances load: a model beside its elder after
+                    # `lora add` is told apart from it by them
+                    ",".join(r.get("adapters") or []) or None,
                     r["replica"],
                     f"remote {r['remote']}" if r.get("remote") else r.get("lane"),
                     r["engine"],
