@@ -55,8 +55,9 @@ def post(url: str, trace: str, stream: bool = False) -> tuple[int, bytes]:
 
 
 def why(url: str, trace: str) -> dict[str, Any]:
-    time.sleep(0.05)
-    with urllib.request.urlopen(f"{url}/api/why/{trace}", timeout=10) as resp:
+    """The request's trace, once the request has ended: a streamed answer reaches the
+    client before the gateway ends its request, and `wait` waits for that end."""
+    with urllib.request.urlopen(f"{url}/api/why/{trace}?wait=10", timeout=30) as resp:
         return dict(json.load(resp))
 
 

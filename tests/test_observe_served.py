@@ -10,7 +10,6 @@ against the child's own `/metrics`.
 from __future__ import annotations
 
 import json
-import time
 import urllib.error
 import urllib.request
 import uuid
@@ -50,8 +49,9 @@ class Host:
         }
 
     def why(self, trace: str) -> dict[str, Any]:
-        time.sleep(0.05)  # the trace is finished just after the answer went out
-        return dict(self.served.get(f"/api/why/{trace}"))
+        # A streamed answer's last byte reaches the client before its request ends on the
+        # gateway: `wait` waits for that end (the observer's event), not a guessed time.
+        return dict(self.served.get(f"/api/why/{trace}?wait=10"))
 
 
 def value(samples: Samples, name: str, **labels: str) -> float:
@@ -100,12 +100,14 @@ def test_metrics_count_known_traffic_per_model(host: Host) -> None:
     for _ in range(2):
         chat = host.openai.chat.completions.create(model="tiny", messages=messages, max_tokens=6)
         count(chat.usage)
+    streamed = new_id()
     stream = host.openai.chat.completions.create(
         model="mini",
         messages=messages,
         max_tokens=8,
         stream=True,
         stream_options={"include_usage": True},
+        extra_headers={"x-request-id": streamed},
     )
     chunks = list(stream)
     count(chunks[-1].usage)
@@ -117,7 +119,7 @@ def test_metrics_count_known_traffic_per_model(host: Host) -> None:
     host.ollama.chat(model="other", messages=messages, options={"num_predict": 3})
     with pytest.raises(openai.NotFoundError):
         host.openai.completions.create(model="nope", prompt="x", max_tokens=1)
-    time.sleep(0.1)
+    host.why(streamed)  # the one request whose end may trail its answer: ended, counted
     after = host.metrics()
 
     def delta(name: str, **labels: str) -> float:

@@ -130,7 +130,7 @@ def test_children_metrics_are_relabelled_per_model_and_replica() -> None:
 
 def test_pii_scrub_keeps_lengths_and_hashes_only() -> None:
     trace = Trace("t1", "openai", "/v1/chat/completions")
-    trace.status = 200
+    trace.ended(200)
     body = chat("secret system", "my secret question")
     trace.sending("/v1/chat/completions", body)
     trace.answered(json.dumps(CHAT).encode(), 200)
@@ -147,7 +147,7 @@ def test_an_engine_error_is_no_answer_to_check() -> None:
     trace = Trace("t2", "openai", "/v1/chat/completions")
     trace.sending("/v1/chat/completions", {"response_format": {"type": "json_object"}})
     trace.answered(b'{"error": {"message": "Failed to initialize samplers"}}', 400)
-    trace.status = 400
+    trace.ended(400)
     record = trace.record(scrub=False)
     assert record["sentinels"] == [] and record["error"] == "Failed to initialize samplers"
 

@@ -11,7 +11,8 @@ path itself:
 - `tiny+fox` and aliases were answered as `"model": "tiny"` on OpenAI's routes;
 - `/v1/responses` skipped the preflight, the sessions and keep_alive;
 - ollama's routes ignored the `x-blazar-keep-alive` header;
-- singleflight's shared call skipped the trace and the sentinel gate.
+- singleflight's shared call skipped the trace and the sentinel gate, and (its own
+  sequence of the steps) said no speculative mode (`x-blazar-spec`) on its answers.
 """
 
 from __future__ import annotations
@@ -45,14 +46,8 @@ class Host:
         self.ollama = ollama.Client(host=served.url)
 
     def why(self, trace: str) -> dict[str, Any]:
-        deadline = time.monotonic() + 5
-        while True:
-            try:
-                return dict(self.served.get(f"/api/why/{trace}"))
-            except urllib.error.HTTPError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+        # `wait`: the request's end, which may trail its answer's last byte.
+        return dict(self.served.get(f"/api/why/{trace}?wait=10"))
 
     def loaded(self, model: str) -> bool:
         return any(r["model"] == model for r in self.served.ps() if r["state"] == "ready")
@@ -190,6 +185,7 @@ def test_a_shared_singleflight_answer_is_traced_and_gated_for_every_client(
 ) -> None:
     body = {"model": "tiny", "prompt": "the quick", "max_tokens": 6, "temperature": 0}
     results: dict[str, Any] = {}
+    modes: dict[str, str | None] = {}
 
     def ask(trace: str) -> None:
         request = urllib.request.Request(
@@ -199,6 +195,7 @@ def test_a_shared_singleflight_answer_is_traced_and_gated_for_every_client(
         )
         with urllib.request.urlopen(request, timeout=60) as resp:
             results[trace] = json.load(resp)
+            modes[trace] = resp.headers.get("x-blazar-spec")
 
     traces = [uuid.uuid4().hex for _ in range(4)]
     threads = [threading.Thread(target=ask, args=(t,)) for t in traces]
@@ -209,6 +206,7 @@ def test_a_shared_singleflight_answer_is_traced_and_gated_for_every_client(
     texts = {results[t]["choices"][0]["text"] for t in traces}
     assert len(texts) == 1  # deterministic, whether shared or not
     assert len({results[t]["id"] for t in traces}) == 4  # each its own id
+    assert set(modes.values()) == {"off"}  # shared or not, the answer says its mode
     for trace in traces:
         record = host.why(trace)
         assert record["generated_tokens"] == 6 and record["status"] == 200, record

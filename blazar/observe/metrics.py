@@ -23,6 +23,8 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from blazar.observe.trace import Trace
+
 # Seconds: milliseconds (a cached short answer) to minutes (a long prompt on a CPU).
 LATENCY_BUCKETS = (
     0.005,
@@ -228,26 +230,27 @@ class Metrics:
         for family in self.families:
             yield family.collect()
 
-    def observe(self, trace: Any, busted: bool) -> None:
-        """Count one finished request (a `blazar.observe.trace.Trace`)."""
-        model = trace.model or ""
-        protocol = trace.protocol
-        self.requests(model, protocol, str(trace.status)).inc()
-        self.duration(model, protocol).observe(trace.duration_ns / 1e9)
-        if trace.rejected:
-            self.rejected(trace.rejected).inc()
-        if not trace.model:
+    def observe(self, trace: Trace, busted: bool) -> None:
+        """Count one finished request."""
+        asked, placement, result = trace.asked, trace.placement, trace.result
+        model = placement.model or ""
+        protocol = asked.protocol
+        self.requests(model, protocol, str(result.status)).inc()
+        self.duration(model, protocol).observe(result.duration_ns / 1e9)
+        if result.rejected:
+            self.rejected(result.rejected).inc()
+        if not model:
             return
-        if trace.first_ns is not None:
-            self.ttft(model, protocol).observe(trace.first_ns / 1e9)
-        decision = trace.decision
+        if result.first_ns is not None:
+            self.ttft(model, protocol).observe(result.first_ns / 1e9)
+        decision = placement.decision
         if decision is not None:
             self.queue_wait(model).observe(decision.queue_ns / 1e9)
-        if trace.gaps:
+        if result.gaps:
             itl = self.itl(model)
-            for gap in trace.gaps:
+            for gap in result.gaps:
                 itl.observe(gap / 1e9)
-        out = trace.outcome
+        out = result.outcome
         if out is not None:
             if out.prompt_tokens:
                 self.prompt_tokens(model).inc(out.prompt_tokens)
@@ -255,7 +258,7 @@ class Metrics:
                 self.cached_tokens(model).inc(out.cached_tokens)
             if out.generated_tokens:
                 self.generated_tokens(model).inc(out.generated_tokens)
-        for detection in trace.detections or ():
+        for detection in result.detections or ():
             self.sentinels(model, detection.check).inc()
         if busted:
             self.cache_busts(model).inc()

@@ -1,23 +1,34 @@
-"""A request's trace: what happened to it on the gateway's one request path.
+"""A request's trace: what was asked, where it went, what came back.
 
-The `observe` middleware (`blazar.serve.state.tracing`) starts a `Trace` for each
-inference request and makes it `current()` for the request's task; the request
-path fills it in as it goes: `pipeline.resolve` (the name asked for), `pipeline.lease`
-(the instance, the scheduler's decision, queue wait and load time), `engine` and
-the OpenAI pass-through (what was sent, the answer's bytes or events and when each
-arrived), `blazar.serve.gateway.relay` (the remote that carried it out, and why), the
-`errors` middleware (a failure). Those calls only store references
-and clock readings; reading the answer (`outcome`), the sentinels, the cache-bust
-check and the record happen in `finish`, which the observer runs once the answer
-has gone out. `record()` is the plain dict that `blazar why` shows and the store keeps.
+The gateway's observer (`blazar.serve.state.tracing.Observer.begin`, from the gateway's
+one middleware) starts a `Trace` for each inference request and makes it `current()`
+for the request's task; the one request path fills it in, stage by stage, through the
+trace's methods:
+
+- what was asked (`Asked`): the route and protocol when it arrived, the model name it
+  asked for (`asking`, `Pipeline.resolve`), the client and API key when it ended;
+- where it went (`Placement`): the model and adapters the name resolved to
+  (`resolved`), the instance and how the scheduler chose it (`leased`, from
+  `Pipeline.lease`), or the remote that carried it out and why (`forwarded`, from
+  `blazar.serve.request.forward`), and the engine endpoint it was sent to (`sending`);
+- what came back (`Result`): the answer's bytes or events and when each arrived
+  (`answered`, `chunk`, `event`, from `blazar.serve.request.exchange`), the tool loop's
+  rounds (`tool_round`), a failure (`failed`, from the middleware or a stream that
+  broke off), and the status and duration (`ended`).
+
+Those calls only store references and clock readings; reading the answer (`outcome`),
+the sentinels and the timings happen in `record`, which the observer calls once the
+answer has gone out. `record()` is the plain dict that `blazar why` shows and the store
+keeps; `timing()` the moments the span exporter needs.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Mapping
-from contextvars import ContextVar
-from typing import Any
+from contextvars import ContextVar, Token
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import orjson
 
@@ -37,8 +48,82 @@ def current() -> Trace | None:
     return CURRENT.get()
 
 
+class Decision(Protocol):
+    """How the scheduler chose the instance (`blazar.serve.supervisor.scheduler`'s
+    `Decision`, which this layer may not import: its fields, read-only)."""
+
+    @property
+    def how(self) -> str: ...  # warm | least_loaded | spawned | queued
+
+    @property
+    def evicted(self) -> tuple[str, ...]: ...
+
+    @property
+    def queue_ns(self) -> int: ...
+
+    @property
+    def load_ns(self) -> int: ...
+
+    @property
+    def in_flight(self) -> int: ...
+
+    @property
+    def replicas(self) -> int: ...
+
+
+@dataclass(slots=True)
+class Asked:
+    """What was asked: the request as the gateway received it."""
+
+    id: str
+    protocol: str
+    route: str
+    wall: float  # time.time() when it arrived
+    started: int  # time.perf_counter_ns() when it arrived
+    requested: str | None = None  # the model name it asked for
+    client: str | None = None  # the peer's address, noted when it ended
+    key: str | None = None  # the name of the API key it authenticated with
+
+
+@dataclass(slots=True)
+class Placement:
+    """Where it went: this host's model and instance, or a remote."""
+
+    model: str | None = None
+    adapter: str | None = None  # as the name chose them (`fox:0.5+owl`, `none`)
+    instance: str | None = None
+    replica: int | None = None
+    engine: str | None = None
+    spec: str | None = None  # speculative decoding mode: off, ngram, draft:NAME
+    decision: Decision | None = None
+    lease_begin: int = 0  # perf_counter_ns when the lease was asked for
+    leased_at: int = 0  # ... and when it was granted; 0: never leased
+    remote: str | None = None  # "NAME (URL)": the remote that carried it out
+    remote_reason: str | None = None  # why it went there (a remote's model, failover)
+    engine_path: str | None = None  # the engine endpoint the request was sent to
+
+
+@dataclass(slots=True)
+class Result:
+    """What came back: the status and failure as the client got them, and what `record`
+    read of the answer (the outcome, the sentinels' findings, the timings)."""
+
+    status: int = 0
+    error: str | None = None
+    code: str | None = None
+    rejected: str | None = None  # busy, preflight, auth, rate: why it was refused
+    stream: bool = False
+    tool_rounds: list[dict[str, Any]] | None = None  # the gateway's tool loop
+    duration_ns: int = 0
+    outcome: Outcome | None = None
+    detections: list[sentinels.Detection] | None = None
+    first_ns: int | None = None  # first output, ns after it arrived
+    gaps: list[int] = field(default_factory=list)  # ns between output events of a stream
+
+
 class Trace:
-    """One request. Attributes are set along the request path; `finish` reads them."""
+    """One request: `asked`, `placement` and `result`, filled in by the methods below as
+    the request goes; the answer's raw bytes or events are kept here, read in `record`."""
 
     __slots__ = (
         "_answer_status",
@@ -46,61 +131,23 @@ class Trace:
         "_chunks",
         "_events",
         "_kept",
-        "_lease_begin",
-        "_leased",
         "_overflow",
         "_payload",
         "_tail",
         "_times",
-        "adapter",
-        "client",
-        "code",
-        "decision",
-        "detections",
-        "duration_ns",
+        "asked",
         "enforce",
-        "engine",
-        "engine_path",
-        "error",
-        "first_ns",
-        "gaps",
-        "id",
-        "instance",
-        "key",
-        "model",
-        "outcome",
-        "protocol",
-        "rejected",
-        "remote",
-        "remote_reason",
-        "replica",
-        "requested",
-        "route",
-        "spec",
-        "started",
-        "status",
-        "stream",
+        "placement",
+        "result",
         "token",
-        "tool_rounds",
-        "wall",
     )
 
     def __init__(self, trace_id: str, protocol: str, route: str, *, enforce: bool = False):
-        self.id, self.protocol, self.route, self.enforce = trace_id, protocol, route, enforce
-        self.wall = time.time()
-        self.started = time.perf_counter_ns()
-        self.client: str | None = None
-        self.key: str | None = None  # the name of the API key it authenticated with
-        self.requested: str | None = None
-        self.model: str | None = None
-        self.adapter: str | None = None
-        self.instance: str | None = None
-        self.engine: str | None = None
-        self.engine_path: str | None = None
-        self.replica: int | None = None
-        self.spec: str | None = None  # speculative decoding mode: off, ngram, draft:NAME
-        self.decision: Any = None  # the scheduler's Decision
-        self._lease_begin = self._leased = 0
+        self.asked = Asked(trace_id, protocol, route, time.time(), time.perf_counter_ns())
+        self.placement = Placement()
+        self.result = Result()
+        self.enforce = enforce  # serving.sentinel_enforce: `gate` a whole answer
+        self.token: Token[Trace | None] | None = None  # while it is `current()`
         self._body: Mapping[str, Any] | None = None
         self._payload: Any = None
         self._answer_status = 0
@@ -110,41 +157,44 @@ class Trace:
         self._kept = 0
         self._overflow = False
         self._tail: list[bytes] = []
-        self.stream = False
-        self.status = 0
-        self.error: str | None = None
-        self.code: str | None = None
-        self.rejected: str | None = None  # busy, preflight, auth, rate: set by who refused
-        self.remote: str | None = None  # "NAME (URL)": the remote that carried it out
-        self.remote_reason: str | None = None  # why it went there (remote model, failover)
-        self.outcome: Outcome | None = None
-        self.detections: list[sentinels.Detection] | None = None
-        self.first_ns: int | None = None  # first output, ns after `started`
-        self.gaps: list[int] = []  # ns between output events of a stream
-        self.duration_ns = 0
-        self.token: Any = None  # the context variable's token while it is current
-        self.tool_rounds: list[dict[str, Any]] | None = None  # the gateway's tool loop
 
-    # -- along the request path ---------------------------------------------------------
+    # -- what was asked, where it went -------------------------------------------------
 
-    def leased(self, lease: Any, begin: int) -> None:
-        """`pipeline.lease` got a slot: the instance and how the scheduler chose it."""
-        instance = lease.member.instance
-        self.model = lease.runtime.name  # the adapters were noted when the name resolved
-        self.instance, self.replica = instance.spec.key, instance.spec.replica
-        self.engine = lease.runtime.engine_tag
-        tuning = getattr(lease.runtime, "tuning", None)
-        self.spec = tuning.describe() if tuning is not None else None
-        self.decision = lease.decision
-        self._lease_begin, self._leased = begin, time.perf_counter_ns()
+    def asking(self, requested: str) -> None:
+        """The model name the request asked for, known or not."""
+        self.asked.requested = requested
+
+    def resolved(self, model: str, adapter: str | None = None) -> None:
+        """The model the name resolved to (a remote's: the name itself), and its adapters."""
+        placement = self.placement
+        placement.model, placement.adapter = model, adapter
+
+    def leased(
+        self,
+        instance: str,
+        replica: int,
+        engine: str | None,
+        spec: str | None,
+        decision: Decision,
+        begin: int,
+    ) -> None:
+        """`Pipeline.lease` got a slot, asked for at `begin`: the instance, its engine and
+        speculative mode, and how the scheduler chose it."""
+        placement = self.placement
+        placement.instance, placement.replica = instance, replica
+        placement.engine, placement.spec, placement.decision = engine, spec, decision
+        placement.lease_begin, placement.leased_at = begin, time.perf_counter_ns()
 
     def forwarded(self, name: str, url: str, reason: str) -> None:
-        """`blazar.serve.gateway.relay` carries the request out on a remote, for `reason`."""
-        self.remote, self.remote_reason = f"{name} ({url})", reason
+        """`blazar.serve.request.forward` carries the request out on a remote, for `reason`."""
+        placement = self.placement
+        placement.remote, placement.remote_reason = f"{name} ({url})", reason
 
     def sending(self, path: str, body: Mapping[str, Any]) -> None:
-        """The engine endpoint and the body it gets (read again only in `finish`)."""
-        self.engine_path, self._body = path, body
+        """The engine endpoint and the body it gets (read again only in `record`)."""
+        self.placement.engine_path, self._body = path, body
+
+    # -- what came back ------------------------------------------------------------------
 
     def answered(self, payload: Any, status: int) -> None:
         """A whole answer: the engine's bytes (pass-through) or its decoded JSON."""
@@ -155,7 +205,7 @@ class Trace:
         """A passed-through stream's bytes, as they went to the client."""
         self._times.append(time.perf_counter_ns())
         if self._chunks is None:
-            self._chunks, self.stream = [], True
+            self._chunks, self.result.stream = [], True
         if self._kept < KEEP_BYTES:
             self._chunks.append(data)
             self._kept += len(data)
@@ -168,7 +218,7 @@ class Trace:
     def event(self, data: Any) -> None:
         """One decoded event of a stream the gateway translates."""
         if self._events is None:
-            self._events, self.stream = [], True
+            self._events, self.result.stream = [], True
         if len(self._events) < KEEP_EVENTS:
             self._events.append(data)
             self._times.append(time.perf_counter_ns())
@@ -176,13 +226,25 @@ class Trace:
     def tool_round(self, calls: list[dict[str, Any]], finish: str | None) -> None:
         """One round of the gateway's tool loop (`mcp`): the model's answer ended with
         `finish`, and the MCP tools it called (server, tool, ms, error), run before the
-        next round; the last round's answer is the one `finish` reads."""
-        if self.tool_rounds is None:
-            self.tool_rounds = []
-        self.tool_rounds.append({"finish": finish, "calls": calls})
+        next round; the last round's answer is the one `record` reads."""
+        result = self.result
+        if result.tool_rounds is None:
+            result.tool_rounds = []
+        result.tool_rounds.append({"finish": finish, "calls": calls})
 
     def failed(self, status: int, message: str, code: str | None) -> None:
-        self.status, self.error, self.code = status, message, code
+        """The request failed with this status (what the client got, or saw mid-stream)."""
+        result = self.result
+        result.status, result.error, result.code = status, message, code
+
+    def ended(self, status: int, *, client: str | None = None, key: str | None = None) -> None:
+        """The request is done: `status` unless a failure said one, its duration, the
+        client and the API key's name."""
+        result = self.result
+        result.status = result.status or status
+        result.duration_ns = time.perf_counter_ns() - self.asked.started
+        asked = self.asked
+        asked.client, asked.key = client, key
 
     # -- reading it ---------------------------------------------------------------------
 
@@ -192,47 +254,48 @@ class Trace:
     def gate(self) -> list[sentinels.Detection]:
         """The sentinels' detections on a whole answer, now (serving.sentinel_enforce)."""
         self._read()
-        return self.detections or []
+        return self.result.detections or []
 
     def _read(self) -> None:
-        if self.outcome is not None:
+        result = self.result
+        if result.outcome is not None:
             return
-        path = self.engine_path or self.route
+        path = self.placement.engine_path or self.asked.route
         expect = self.expectation()
         if self._payload is not None:
             payload = self._payload
             if isinstance(payload, bytes | bytearray):
                 payload = self._payload = _json(payload)
             if self._answer_status != 200:  # an error the engine answered: no output to check
-                if self.error is None:
-                    self.error = engine_error(payload)
+                if result.error is None:
+                    result.error = engine_error(payload)
                 return
-            self.outcome = from_response(path, payload)
-            if self._leased and self.outcome.prompt_ms is not None:
+            out = result.outcome = from_response(path, payload)
+            leased_at = self.placement.leased_at
+            if leased_at and out.prompt_ms is not None:
                 # Not streamed: the first token came after the wait and the prompt's time.
-                per_token = (self.outcome.predicted_ms or 0) / max(
-                    1, self.outcome.generated_tokens or 1
-                )
-                waited = self._leased - self.started
-                self.first_ns = waited + int((self.outcome.prompt_ms + per_token) * 1e6)
+                per_token = (out.predicted_ms or 0) / max(1, out.generated_tokens or 1)
+                waited = leased_at - self.asked.started
+                result.first_ns = waited + int((out.prompt_ms + per_token) * 1e6)
         elif self._chunks is not None or self._events is not None:
-            self.outcome = self._read_stream(path, expect)
-        if self.outcome is not None:
-            self.detections = sentinels.check(expect, self.outcome)
+            result.outcome = self._read_stream(path, expect)
+        if result.outcome is not None:
+            result.detections = sentinels.check(expect, result.outcome)
 
     def _read_stream(self, path: str, expect: sentinels.Expectation) -> Outcome:
         reader = StreamOutcome(path, keep_text=expect.json)
         first: int | None = None
         last = 0
+        gaps = self.result.gaps
         for at, data in self._stream_events():
             if reader.feed(data):
                 if first is None:
                     first = at
                 else:
-                    self.gaps.append(at - last)
+                    gaps.append(at - last)
                 last = at
         if first is not None:
-            self.first_ns = first - self.started
+            self.result.first_ns = first - self.asked.started
         out = reader.result()
         if self._overflow:
             out.complete = False
@@ -260,54 +323,70 @@ class Trace:
         """The body the engine got (for the cache-bust check)."""
         return self._body
 
+    def timing(self) -> dict[str, int]:
+        """Wall-clock nanoseconds of the request's moments, for its spans: start and end,
+        and once it was leased lease_begin, leased, queue and load."""
+        asked, placement = self.asked, self.placement
+        wall = int(asked.wall * 1e9)
+        timing = {"start": wall, "end": wall + self.result.duration_ns}
+        decision = placement.decision
+        if decision is not None and placement.leased_at:
+            timing["lease_begin"] = wall + placement.lease_begin - asked.started
+            timing["leased"] = wall + placement.leased_at - asked.started
+            timing["queue"] = decision.queue_ns
+            timing["load"] = decision.load_ns
+        return timing
+
     def record(self, *, scrub: bool, cache: dict[str, str] | None = None) -> dict[str, Any]:
         """The trace as kept and shown: plain JSON values, no message text when `scrub`."""
         self._read()
-        out = self.outcome
-        decision = self.decision
-        requested_base = (self.requested or "").partition("#")[0]
+        asked, placement, result = self.asked, self.placement, self.result
+        out = result.outcome
+        decision = placement.decision
+        model = placement.model
+        requested_base = (asked.requested or "").partition("#")[0]
         alias = None
-        if self.model and requested_base not in ("", self.model, f"{self.model}:latest"):
+        if model and requested_base not in ("", model, f"{model}:latest"):
             alias = requested_base
         return {
-            "id": self.id,
-            "time": self.wall,
-            "protocol": self.protocol,
-            "route": self.route,
-            "stream": self.stream,
-            "client": self.client,
-            "key": self.key,
-            "requested": self.requested,
-            "model": self.model,
-            "adapter": self.adapter,
+            "id": asked.id,
+            "time": asked.wall,
+            "protocol": asked.protocol,
+            "route": asked.route,
+            "stream": result.stream,
+            "client": asked.client,
+            "key": asked.key,
+            "requested": asked.requested,
+            "model": model,
+            "adapter": placement.adapter,
             "alias": alias,
-            "instance": self.instance,
-            "replica": self.replica,
-            "engine": self.engine,
-            "decision": getattr(decision, "how", None),
-            "evicted": list(getattr(decision, "evicted", ())),
-            "in_flight": getattr(decision, "in_flight", None),
-            "replicas": getattr(decision, "replicas", None),
-            "queue_ms": _ms(getattr(decision, "queue_ns", None)),
-            "load_ms": _ms(getattr(decision, "load_ns", None)),
-            "ttft_ms": _ms(self.first_ns),
-            "duration_ms": _ms(self.duration_ns),
+            "instance": placement.instance,
+            "replica": placement.replica,
+            "engine": placement.engine,
+            "decision": decision.how if decision else None,
+            "evicted": list(decision.evicted) if decision else [],
+            "in_flight": decision.in_flight if decision else None,
+            "replicas": decision.replicas if decision else None,
+            "queue_ms": _ms(decision.queue_ns) if decision else None,
+            "load_ms": _ms(decision.load_ns) if decision else None,
+            "ttft_ms": _ms(result.first_ns),
+            "duration_ms": _ms(result.duration_ns),
             "prompt_tokens": out.prompt_tokens if out else None,
             "cached_tokens": out.cached_tokens if out else None,
             "generated_tokens": out.generated_tokens if out else None,
             "tokens_per_second": _round(out.tokens_per_second) if out else None,
-            "spec": self.spec,
+            "spec": placement.spec,
             "draft_tokens": out.draft_tokens if out else None,
             "draft_accepted": out.draft_accepted if out else None,
             "finish_reason": out.finish if out else None,
-            "status": self.status,
-            "error": self.error,
-            "code": self.code,
-            "rejected": self.rejected,
-            "remote": self.remote,
-            "remote_reason": self.remote_reason,
-            "tool_rounds": self.tool_rounds,
-            "sentinels": [d.to_dict() for d in self.detections or []],
+            "status": result.status,
+            "error": result.error,
+            "code": result.code,
+            "rejected": result.rejected,
+            "remote": placement.remote,
+            "remote_reason": placement.remote_reason,
+            "tool_rounds": result.tool_rounds,
+            "sentinels": [d.to_dict() for d in result.detections or []],
             "cache": cache,
             "prompt": _text_facts(prompt_text(self._body), scrub),
             "output": _text_facts(out.text if out else None, scrub),

@@ -12,7 +12,7 @@ lane whose `dialect` is "openai"). The plan's `answer` builds, for each request,
 `Answer` that turns the engine's bytes into the client's: a whole answer, or a stream
 event by event (or chunk by chunk, for a pass-through).
 
-Nothing here does I/O but the hooks an `Answer` may await (`Done.child`: small
+Nothing here does I/O but the hooks an `Answer` may await (`Answering.child`: small
 helper calls on the leased child, never traced as the request's exchange).
 """
 
@@ -37,18 +37,19 @@ NATIVE, OPENAI_DIALECT = "llama-server", "openai"  # what an engine's HTTP API s
 
 class Helpers(Protocol):
     """Small native calls on the leased child that are not the request's exchange
-    (`blazar.serve.request.child_calls.Child`): they are never traced as its answer."""
+    (`blazar.serve.request.child_calls.LeasedChild`): never traced as its answer."""
 
     async def apply_template(self, messages: Any) -> str: ...
 
     async def tokenize(self, text: str) -> list[int]: ...
 
 
-@dataclass
-class Done:
-    """What an answer is built with once the request has its slot: the name the client
-    asked for (echoed back on every protocol), the request's clock, and the leased
-    child's helper calls (None on a remote)."""
+@dataclass(slots=True)
+class Answering:
+    """What an answer is built with once the request is about to be called: the name the
+    client asked for (echoed back on every protocol), the request's clock, the leased
+    child's helper calls (None on a remote), and whether the answer is another request's
+    (singleflight)."""
 
     model: str
     started: int  # time.perf_counter_ns() when the request arrived
@@ -69,8 +70,8 @@ class Answer:
     raw = False  # a pass-through: the engine's chunks go through `feed_bytes`, undecoded
     rewrites = True  # with `raw`: False when `feed_bytes` would give each chunk back as is
 
-    def __init__(self, done: Done, envelope: Envelope = OPENAI) -> None:
-        self.done = done
+    def __init__(self, answering: Answering, envelope: Envelope = OPENAI) -> None:
+        self.answering = answering
         self.envelope = envelope
 
     async def whole(self, payload: bytes) -> bytes | dict[str, Any]:
@@ -104,12 +105,12 @@ class Plan:
     and what it needs of the model beyond the route's kind (`need`, None: the Ask's)."""
 
     engine: EngineRequest
-    answer: Callable[[Done], Answer]
+    answer: Callable[[Answering], Answer]
     needs: tuple[str, ...] = ()  # TOOLS, THINKING: what the chat template must render
     need: str | None = None
     # After the lease, before the preflight: the engine request made with the leased
     # child's helpers (ollama's `context` puts earlier tokens before the prompt).
-    prepare: Callable[[Done], Awaitable[EngineRequest]] | None = None
+    prepare: Callable[[Answering], Awaitable[EngineRequest]] | None = None
 
 
 @dataclass

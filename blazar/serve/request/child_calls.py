@@ -2,16 +2,17 @@
 
 An `Upstream` posts an engine request's bytes and hands back the reply as it arrives
 (`status`, `content_type`, `read` chunk by chunk, `read_all`); `failed` turns what
-went wrong into the `ProtocolError` the client gets. `ChildUpstream` is a leased
+went wrong into the `ProtocolError` the client gets. `LeasedChild` is a leased
 llama-server (or other engine) child on the one child client (`ChildConnections`,
 kept for this hot path: keep-alive connections, a response parsed as it arrives);
 the remotes' upstream is in `blazar.serve.request.forward`. A child that fails is a
 502 when it refused, closed or garbled the connection, a 504 when it stayed silent
 past `serving.upstream_timeout` (a limit between chunks).
 
-`Child` makes the small native calls an answer may need (`/apply-template`,
-`/tokenize`) on the leased child. They are not the request's exchange, so they never
-touch its trace: the trace shows what the client's request got, not a helper's answer.
+The same `LeasedChild` makes the small native calls an answer may need
+(`/apply-template`, `/tokenize`; `asks.Helpers`). They are not the request's
+exchange, so they never touch its trace: the trace shows what the client's request
+got, not a helper's answer.
 
 `refused` reads an engine's error answer, `decode` a body that may not be JSON, and
 `gate` applies serving.sentinel_enforce to a whole answer.
@@ -68,26 +69,6 @@ def child_failed(model: str, exc: BaseException) -> ProtocolError:
     return ProtocolError(502, f"model '{model}' failed while answering: {detail}", "upstream_error")
 
 
-class ChildUpstream:
-    """A leased child of `model` at `url`, on the gateway's one child client."""
-
-    errors: tuple[type[BaseException], ...] = (UpstreamError, ConnectionError)
-
-    def __init__(self, children: ChildConnections, url: str, model: str) -> None:
-        self.children, self.url, self.model = children, url, model
-
-    async def post(self, path: str, body: bytes) -> Reply:
-        return await self.children.post(self.url, path, body)
-
-    def release(self, reply: Reply) -> None:
-        """Keep a finished reply's connection; close one left unfinished (the child then
-        stops generating for a client that went away)."""
-        self.children.release(self.url, reply)  # type: ignore[arg-type]
-
-    def failed(self, exc: BaseException) -> ProtocolError:
-        return child_failed(self.model, exc)
-
-
 def refused(status: int, payload: Any) -> ProtocolError:
     """An engine's error answer (llama-server's OpenAI shape, or text) as a ProtocolError,
     which each route's envelope answers: the engine's status and message, or a 400 that
@@ -119,12 +100,31 @@ def gate(status: int) -> None:
         raise ProtocolError(422, sentinels.gate_message(found), "sentinel_failed")
 
 
-class Child:
-    """The helper calls an answer makes on its leased child; never traced as the request's
-    exchange (the bug they had: a templated /api/generate's trace showed /tokenize)."""
+class LeasedChild:
+    """A leased child of `model` at `url`, on the gateway's one child client: the
+    upstream of the request's call, and the helper calls its answer makes, which are
+    never traced as the request's exchange (the bug they had: a templated
+    /api/generate's trace showed /tokenize)."""
+
+    errors: tuple[type[BaseException], ...] = (UpstreamError, ConnectionError)
 
     def __init__(self, children: ChildConnections, url: str, model: str) -> None:
         self.children, self.url, self.model = children, url, model
+
+    # -- the request's call (`Upstream`) ---------------------------------------------------
+
+    async def post(self, path: str, body: bytes) -> Reply:
+        return await self.children.post(self.url, path, body)
+
+    def release(self, reply: Reply) -> None:
+        """Keep a finished reply's connection; close one left unfinished (the child then
+        stops generating for a client that went away)."""
+        self.children.release(self.url, reply)  # type: ignore[arg-type]
+
+    def failed(self, exc: BaseException) -> ProtocolError:
+        return child_failed(self.model, exc)
+
+    # -- helper calls (`asks.Helpers`) -----------------------------------------------------
 
     async def _call(self, path: str, body: Any) -> dict[str, Any]:
         try:

@@ -1,14 +1,19 @@
-"""Steps 7 and 8 of the request path: an engine request sent, and its answer built.
+"""Steps 7 and 8 of the request path: an engine call made, and its answer built.
 
-`blazar.serve.request.pipeline` calls these once a request has its upstream (a leased
-child, `child_calls.ChildUpstream`, or a remote, `forward.RemoteUpstream`) and its
-bytes (`Sent`): `fetch` posts a whole request and notes it on the trace (gated by the
-sentinels with serving.sentinel_enforce), `whole` turns a whole answer into the
-client's through the plan's `Answer` (with the speculative mode's acceptance rate in
-`x-blazar-spec`), and `stream` copies or translates a stream as it arrives. A client
-that goes away ends a stream here; the caller's release closes the engine's connection,
-which makes the child stop generating. An engine that breaks a stream off after its
-headers gets the answer's error event (one per envelope).
+`blazar.serve.request.pipeline` (and `forward`, for an OpenAI-only remote) hands these a
+`Call`: the plan, the engine request and its bytes (`Sent`), where it goes (a leased
+child, `child_calls.LeasedChild`, or a remote, `forward.RemoteUpstream`) and what its
+answer is built with (`asks.Answering`). `exchange` answers a client, whole or streamed
+as the engine request says; `fetch` posts a whole request and notes it on the trace
+(gated by the sentinels with serving.sentinel_enforce), `whole` turns a whole answer
+into the client's through the plan's `Answer` (with the speculative mode's acceptance
+rate in `x-blazar-spec`), `stream` copies or translates a stream as it arrives, and
+`events` hands a stream no client's HTTP request waits on (a realtime session's) to
+its consumer, event by event. Both streams read the engine through the one loop,
+`arrivals`, which notes what arrives on the trace. A client that goes away ends a
+stream here; the caller's release closes the engine's connection, which makes the
+child stop generating. An engine that breaks a stream off after its headers gets the
+answer's error event (one per envelope).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import AsyncGenerator
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,9 +30,9 @@ from aiohttp import web
 
 from blazar.observe.speculation import HEADER, spec_header
 from blazar.observe.trace import Trace, current
-from blazar.protocols import EngineRequest
+from blazar.protocols import EngineRequest, ProtocolError
 from blazar.protocols.sse import SSEDecoder
-from blazar.serve.request.asks import Answer, Ask, Done, Plan
+from blazar.serve.request.asks import Answer, Answering, Ask, Plan
 from blazar.serve.request.child_calls import Reply, Upstream, decode, gate, refused
 
 
@@ -39,6 +45,29 @@ class Sent:
     headers: dict[str, str]
 
 
+@dataclass(frozen=True, slots=True)
+class Call:
+    """An engine call ready to go: the plan, the engine request and its bytes, the
+    upstream it goes to, and what its answer is built with."""
+
+    plan: Plan
+    engine: EngineRequest
+    sent: Sent
+    upstream: Upstream
+    answering: Answering
+
+    def answer(self) -> Answer:
+        return self.plan.answer(self.answering)
+
+
+class Broken(Exception):
+    """The engine's stream broke off (`arrivals`): `error` is what the client gets."""
+
+    def __init__(self, error: ProtocolError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
 def dumps(body: Any) -> bytes:
     try:
         return orjson.dumps(body)
@@ -46,14 +75,15 @@ def dumps(body: Any) -> bytes:
         return json.dumps(body).encode()
 
 
-async def fetch(upstream: Upstream, engine: EngineRequest, sent: Sent) -> tuple[int, bytes]:
+async def fetch(call: Call) -> tuple[int, bytes]:
     """A whole exchange, noted on the trace (and gated by its sentinels)."""
     trace = current()
+    engine, upstream = call.engine, call.upstream
     if trace is not None:
-        trace.sending(engine.path, sent.body)
+        trace.sending(engine.path, call.sent.body)
     reply: Reply | None = None
     try:
-        reply = await upstream.post(engine.path, sent.data)
+        reply = await upstream.post(engine.path, call.sent.data)
         payload = await reply.read_all()
     except upstream.errors as exc:
         raise upstream.failed(exc) from None
@@ -66,24 +96,18 @@ async def fetch(upstream: Upstream, engine: EngineRequest, sent: Sent) -> tuple[
     return reply.status, payload
 
 
-async def exchange(
-    request: web.Request,
-    ask: Ask,
-    plan: Plan,
-    engine: EngineRequest,
-    upstream: Upstream,
-    sent: Sent,
-    done: Done,
-) -> web.StreamResponse:
-    headers = {**ask.envelope.headers(request), **sent.headers}
-    if not engine.stream:
-        status, payload = await fetch(upstream, engine, sent)
-        return await whole(plan.answer(done), status, payload, headers)
+async def exchange(request: web.Request, ask: Ask, call: Call) -> web.StreamResponse:
+    """The call made for a client, and its answer: whole, or streamed as it arrives."""
+    headers = {**ask.envelope.headers(request), **call.sent.headers}
+    if not call.engine.stream:
+        status, payload = await fetch(call)
+        return await whole(call.answer(), status, payload, headers)
     trace = current()
+    upstream = call.upstream
     reply: Reply | None = None
     try:
-        reply, body = await _opened(upstream, engine, sent, trace)
-        answer = plan.answer(done)
+        reply, body = await _opened(call, trace)
+        answer = call.answer()
         if body is not None:  # an error, or an engine that answered whole
             if trace is not None:
                 trace.answered(body, reply.status)
@@ -95,16 +119,15 @@ async def exchange(
             upstream.release(reply)
 
 
-async def _opened(
-    upstream: Upstream, engine: EngineRequest, sent: Sent, trace: Trace | None
-) -> tuple[Reply, bytes | None]:
-    """A request sent (noted on `trace`): its reply and, unless the reply is a 200 event
+async def _opened(call: Call, trace: Trace | None) -> tuple[Reply, bytes | None]:
+    """The call sent (noted on `trace`): its reply and, unless the reply is a 200 event
     stream (None: the caller reads it), its whole body. The caller releases the reply;
     one whose body did not arrive is released here."""
+    engine, upstream = call.engine, call.upstream
     if trace is not None:
-        trace.sending(engine.path, sent.body)
+        trace.sending(engine.path, call.sent.body)
     try:
-        reply = await upstream.post(engine.path, sent.data)
+        reply = await upstream.post(engine.path, call.sent.data)
     except upstream.errors as exc:
         raise upstream.failed(exc) from None
     if reply.status == 200 and reply.content_type.startswith("text/event-stream"):
@@ -134,6 +157,38 @@ async def whole(
     return web.Response(body=body, headers={"Content-Type": "application/json", **headers})
 
 
+async def arrivals(
+    reply: Reply, upstream: Upstream, decoder: SSEDecoder | None, trace: Trace | None
+) -> AsyncGenerator[Any, None]:
+    """The one loop that reads an engine's stream: what arrives, noted on `trace` as it
+    comes. With no `decoder` (a pass-through), each chunk as it came; with one, for each
+    chunk the list of events it completes, decoded (JSON objects, or the text `[DONE]`),
+    and the last ones when the stream ends. An engine that breaks the stream off is
+    noted on the trace and raised as `Broken`, with the error the client gets."""
+    while True:
+        try:
+            chunk = await reply.read()
+        except upstream.errors as exc:
+            failed = upstream.failed(exc)
+            if trace is not None:
+                trace.failed(failed.status, failed.message, failed.code)
+            raise Broken(failed) from None
+        if decoder is None:
+            if not chunk:
+                return
+            if trace is not None:
+                trace.chunk(chunk)
+            yield chunk
+            continue
+        events = [event.data for event in (decoder.feed(chunk) if chunk else decoder.close())]
+        if trace is not None:
+            for data in events:
+                trace.event(data)
+        yield events
+        if not chunk:
+            return
+
+
 async def stream(
     request: web.Request,
     reply: Reply,
@@ -144,89 +199,63 @@ async def stream(
     """Copy (or translate) the engine's stream as it arrives. A client that goes away
     ends it here (the caller closes the engine's connection: the child stops); an
     engine that breaks off gets the answer's error event."""
-    trace = current()
     content_type = answer.content_type or reply.content_type
     response = web.StreamResponse(
         headers={"Content-Type": content_type, "Cache-Control": "no-cache", **headers}
     )
     await response.prepare(request)
-    decoder = None if answer.raw else SSEDecoder()
-    rewrite = answer.rewrites
     try:
-        if decoder is not None and (first := answer.start()):
-            await response.write(first)
-        while True:
-            try:
-                chunk = await reply.read()
-            except upstream.errors as exc:
-                failed = upstream.failed(exc)
-                if trace is not None:
-                    trace.failed(failed.status, failed.message, failed.code)
-                await response.write(answer.error(failed))
-                return response
-            if not chunk:
-                break
-            if decoder is None:
-                if trace is not None:
-                    trace.chunk(chunk)
-                out = answer.feed_bytes(chunk) if rewrite else chunk
-            else:
-                parts = []
-                for event in decoder.feed(chunk):
-                    if trace is not None:
-                        trace.event(event.data)
-                    parts.append(answer.feed(event.data))
-                out = b"".join(parts)
-            if out:
-                await response.write(out)
-        tail = b""
-        if decoder is not None:
-            for event in decoder.close():
-                if trace is not None:
-                    trace.event(event.data)
-                tail += answer.feed(event.data)
-        tail += await answer.end()
-        if tail:
+        if answer.raw:
+            rewrite = answer.rewrites
+            async with aclosing(arrivals(reply, upstream, None, current())) as chunks:
+                async for chunk in chunks:
+                    out = answer.feed_bytes(chunk) if rewrite else chunk
+                    if out:
+                        await response.write(out)
+        else:
+            if first := answer.start():
+                await response.write(first)
+            decoder = SSEDecoder()
+            async with aclosing(arrivals(reply, upstream, decoder, current())) as batches:
+                async for batch in batches:
+                    if out := b"".join([answer.feed(data) for data in batch]):
+                        await response.write(out)
+        if tail := await answer.end():
             await response.write(tail)
         await response.write_eof()
+    except Broken as broken:
+        with contextlib.suppress(ConnectionError):
+            await response.write(answer.error(broken.error))
     except ConnectionError:  # the client went away
         pass
     return response
 
 
-async def events(
-    upstream: Upstream, engine: EngineRequest, sent: Sent, answer: Answer
-) -> AsyncGenerator[Any, None]:
-    """The engine's events decoded as they arrive (JSON objects, then the text `[DONE]`),
+async def events(call: Call) -> AsyncGenerator[Any, None]:
+    """The call's events decoded as they arrive (JSON objects, then the text `[DONE]`),
     each noted on the current trace; an engine that answers whole yields that one answer;
-    an error is raised (in `answer`'s words where it has them)."""
+    an error is raised (in the answer's words where it has them). Use it under
+    `contextlib.aclosing`: stopping early closes the engine's connection at once."""
     trace = current()
+    upstream = call.upstream
     reply: Reply | None = None
     try:
-        reply, payload = await _opened(upstream, engine, sent, trace)
+        reply, payload = await _opened(call, trace)
         if payload is not None:
             if trace is not None:
                 trace.answered(payload, reply.status)
             if reply.status != 200:
                 data = decode(payload)
-                raise answer.refusal(reply.status, data) or refused(reply.status, data)
+                raise call.answer().refusal(reply.status, data) or refused(reply.status, data)
             yield decode(payload)
             return
-        decoder = SSEDecoder()
-        while True:
-            try:
-                chunk = await reply.read()
-            except upstream.errors as exc:
-                failed = upstream.failed(exc)
-                if trace is not None:
-                    trace.failed(failed.status, failed.message, failed.code)
-                raise failed from None
-            for event in decoder.feed(chunk) if chunk else decoder.close():
-                if trace is not None:
-                    trace.event(event.data)
-                yield event.data
-            if not chunk:
-                return
+        try:
+            async with aclosing(arrivals(reply, upstream, SSEDecoder(), trace)) as batches:
+                async for batch in batches:
+                    for data in batch:
+                        yield data
+        except Broken as broken:
+            raise broken.error from None
     finally:
         if reply is not None:  # kept if finished; else closed, and the child stops
             upstream.release(reply)

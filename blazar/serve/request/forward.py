@@ -1,6 +1,6 @@
 """Requests carried out on a remote: the pipeline's other upstream.
 
-`Pipeline.where` answers a `Forward` for a model only a remote serves, and
+`Pipeline.resolve` answers a `Forward` for a model only a remote serves, and
 `Pipeline.serve` when this host cannot serve a model that has a `failover` chain
 (busy with the queue full, a failed load, a child that failed before any byte went
 out). Then, for each usable member of the chain in turn:
@@ -36,9 +36,9 @@ from aiohttp import (
 from blazar.observe.trace import current
 from blazar.protocols import LoadOnly, ProtocolError
 from blazar.serve.http import PRIORITY, TRACE, trace_id
-from blazar.serve.request.asks import Ask, Done
+from blazar.serve.request.asks import Answering, Ask
 from blazar.serve.request.envelopes import for_path
-from blazar.serve.request.exchange import Sent, dumps, exchange
+from blazar.serve.request.exchange import Call, Sent, dumps, exchange
 from blazar.serve.request.steps import KEEP_ALIVE
 from blazar.serve.state.remotes import FORWARDED, Fleet, Forward, Remote
 from blazar.serve.supervisor.scheduler import SchedulerError
@@ -300,7 +300,6 @@ async def bridged(
     """The request translated for an OpenAI-only remote (the route's `Ask.openai` plan,
     on the same call path as a local child), and its answer back."""
     plan = ask.openai(None)
-    done = Done(ask.model, ask.started)
     if isinstance(plan, LoadOnly):  # nothing to generate: nothing to load there either
         body = ask.loaded(plan, unloaded=False)
         return web.Response(
@@ -310,4 +309,5 @@ async def bridged(
     body = {**plan.engine.body, "model": str(ask.body.get("model") or wanted.model)}
     sent = Sent(dumps(body), body, {})
     upstream = RemoteUpstream(fleet, request, wanted.remote, read_timeout, wanted.model)
-    return await exchange(request, ask, plan, plan.engine, upstream, sent, done)
+    call = Call(plan, plan.engine, sent, upstream, Answering(ask.model, ask.started))
+    return await exchange(request, ask, call)

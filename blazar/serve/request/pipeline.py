@@ -1,7 +1,8 @@
-"""The one request path: every model route hands its `Ask` to `Pipeline.serve`.
+"""The one request path: every model route hands its `Ask` to the `Pipeline`.
 
 A route parses its protocol's body into an `Ask` (`blazar.serve.request.asks`); the
-pipeline then takes the same steps for all of them, in this order:
+pipeline then takes the same steps for all of them, in this order (`serve` reads them
+top-down):
 
 1. resolve: the requested name -> this host's model (`Target`: pool, adapters,
    replica) or a remote's (`Forward`); a model the request's API key may not use is
@@ -9,25 +10,33 @@ pipeline then takes the same steps for all of them, in this order:
 2. plan: the `Ask`'s plan for the engine that will answer (`native` for llama-server,
    `openai` for an engine that speaks only OpenAI's API).
 3. require: the model can do what the plan needs (`steps.require`, once).
-4. keep_alive: the request's (body field or header; `steps.keep_alive`).
-5. lease: a slot from the scheduler (`x-blazar-priority` read here), with the load
-   time measured; a start failure is a 502, and with a `failover` chain a full queue,
-   a failed load or a child failing before any byte goes to the chain's next member.
+4. keep_alive and priority: a client's from its request (the body field or the header,
+   `steps.keep_alive`; `x-blazar-priority`, `http.wants_priority`), else the `Way`'s.
+5. lease: a slot from the scheduler, with the load time measured (`Leased`); a start
+   failure is a 502, and with a `failover` chain a full queue, a failed load or a child
+   failing before any byte goes to the chain's next member.
 6. admit: the prompt preflight (a prompt that cannot fit is a 400; an output that
    cannot is capped, said in `x-blazar-max-tokens-capped`), the sessions' slot routing
    (`id_slot`), and the adapters and model defaults (`steps.engine_body`); a body
-   nothing changed travels as the client's bytes.
+   nothing changed travels as the client's bytes. The result is a `Call`.
 7. trace: what was sent and what came back, on the request's trace
    (`blazar.observe.trace`); helper calls (templates, tokens) never are.
 8. call and answer: the engine's reply, whole or streamed, through the plan's
-   `Answer`; a stream the engine breaks off ends with the envelope's error event.
-9. release: the slot goes back with the request's keep_alive.
+   `Answer` (`blazar.serve.request.exchange`); a stream the engine breaks off ends with
+   the envelope's error event.
+9. release: the slot goes back with the request's keep_alive when the `Leased`'s
+   block ends: the one place a slot is given back.
 
-`held` is steps 1 to 5 and 9 for the audio routes and the async jobs, whose call is
-their own; `complete` is the whole path for work no client waits on (no request), and
-`events` the same path streamed (a realtime session's answer, event by event).
-Failures are raised as `ProtocolError`/`SchedulerError` and answered in the route's
-envelope by the gateway's middleware (`steps.failure`).
+Steps 1 to 4 are `route`, 5 `lease`, 6 `admit`. The entries take that one sequence
+and differ in what they ask of it, said as data (`Way`), and in the form of the answer:
+`serve` answers a client's HTTP request (here or on a remote, shared by singleflight,
+or only loading the model); `complete` is the whole path for work no client waits on
+(a batch, a tool loop's round), the answer decoded, and `events` the same streamed (a
+realtime session's answer, event by event); `hold` is a route whose engine call is its
+own (audio), the slot held around it; `servable` is steps 1 and 3 alone, for a request
+checked now and run later (an async job). Failures are raised as `ProtocolError`/
+`SchedulerError` and answered in the route's envelope by the gateway's middleware
+(`steps.failure`).
 """
 
 from __future__ import annotations
@@ -42,18 +51,13 @@ from aiohttp import web
 
 from blazar.observe.speculation import HEADER
 from blazar.observe.trace import current
-from blazar.protocols import EngineRequest, LoadOnly, ProtocolError
-from blazar.serve.request import forward, steps
+from blazar.protocols import LoadOnly, ProtocolError
+from blazar.serve.http import wants_priority
+from blazar.serve.request import exchange, forward, steps
 from blazar.serve.request.admission import admitted
-from blazar.serve.request.asks import OPENAI_DIALECT, Ask, Done, Plan
-from blazar.serve.request.child_calls import (
-    Child,
-    ChildUpstream,
-    decode,
-    gate,
-    refused,
-)
-from blazar.serve.request.exchange import Sent, dumps, events, exchange, fetch, whole
+from blazar.serve.request.asks import OPENAI_DIALECT, Answering, Ask, Plan
+from blazar.serve.request.child_calls import LeasedChild, decode, gate, refused
+from blazar.serve.request.exchange import Call, dumps, fetch, whole
 from blazar.serve.request.grants import grant_of
 from blazar.serve.request.prompts import Prompts
 from blazar.serve.request.singleflight import SingleFlight, deterministic
@@ -70,19 +74,60 @@ from blazar.serve.supervisor.scheduler import (
 )
 from specs.serving import Serving
 
-PRIORITY = "x-blazar-priority"
+
+@dataclass(frozen=True, slots=True)
+class Way:
+    """What an ask needs of the path beyond the `Ask` itself. A client's request takes
+    its keep_alive and priority from its headers; work no client waits on (no request)
+    brings its own here."""
+
+    own_call: bool = False  # the caller makes the engine call (audio): no plan, no admit
+    priority: bool = False
+    keep_alive: float | None = None
 
 
-@dataclass
-class Timed:
-    """A lease with the clock of its request: when it started and how long loading took."""
+CLIENT = Way()
 
-    lease: Lease
-    started: int  # time.perf_counter_ns() when the request arrived
-    load_ns: int  # time spent in acquire while the model was not ready; 0 if it was
 
-    def total(self) -> int:
-        return time.perf_counter_ns() - self.started
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """Steps 1 to 4 done: this host's model, the plan (`LoadOnly`: nothing to generate;
+    None: the caller's own call), and the request's keep_alive and priority."""
+
+    target: Target
+    plan: Plan | LoadOnly | None
+    keep_alive: float | None
+    priority: bool
+
+
+class Leased:
+    """A slot on an instance of the request's model (step 5), with the request's clock
+    and the instance's speculative decoding mode. It goes back to the scheduler, with the
+    request's keep_alive, when its `with` block ends (step 9): the one place a slot is
+    given back, however the block ends."""
+
+    __slots__ = ("_keep_alive", "_scheduler", "lease", "load_ns", "spec", "started")
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        lease: Lease,
+        started: int,
+        load_ns: int,
+        spec: str,
+        keep_alive: float | None,
+    ) -> None:
+        self._scheduler, self._keep_alive = scheduler, keep_alive
+        self.lease = lease
+        self.started = started  # time.perf_counter_ns() when the request arrived
+        self.load_ns = load_ns  # spent in acquire while the model was not ready; 0 if it was
+        self.spec = spec  # off, ngram, draft:NAME (docs/tune.md)
+
+    def __enter__(self) -> Leased:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._scheduler.release(self.lease, keep_alive=self._keep_alive)
 
 
 class Pipeline:
@@ -106,9 +151,89 @@ class Pipeline:
         self.singleflight = SingleFlight()
         self.serving = serving if serving is not None else Serving()
 
+    # -- the entries --------------------------------------------------------------------
+
+    async def serve(self, request: web.Request, ask: Ask) -> web.StreamResponse:
+        """Carry a client's request out, here or on a remote, and answer it."""
+        routed = await self.route(request, ask)  # 1 to 4
+        if isinstance(routed, Forward):
+            return await self.forward(request, ask, routed)
+        target, plan = routed.target, routed.plan
+        if isinstance(plan, LoadOnly):
+            return await self._load_only(request, ask, plan, routed)
+        assert plan is not None  # a client's way has a plan
+        if ask.shareable and target.runtime.singleflight and deterministic(ask.body):
+            return await self._shared(request, ask, plan, routed)
+        leased = await self.lease(request, routed, ask.started)
+        if isinstance(leased, Forward):
+            return await self.forward(request, ask, leased)
+        try:
+            with leased:
+                call = await self.admit(ask, plan, leased)
+                return await exchange.exchange(request, ask, call)  # 7 and 8
+        except ProtocolError as exc:  # the slot is back; the chain's next member may answer
+            if not forward.spills(exc):
+                raise
+            why = f"the local instance failed ({exc.message})"
+            member = self._member(request, target.runtime.name, why)
+            if member is None:
+                raise
+        return await self.forward(request, ask, member)
+
+    async def complete(
+        self, ask: Ask, *, priority: bool = False, keep_alive: float | None = None
+    ) -> Any:
+        """The whole path for work no client waits on (a batch, a tool loop): this host's
+        model only, the answer as the plan's `Answer` builds it, decoded; `keep_alive` is
+        the request's, for the tool loop of a client that asked for one."""
+        async with self._unattended(ask, Way(priority=priority, keep_alive=keep_alive)) as call:
+            status, payload = await fetch(call)
+            answer = call.answer()
+            if status != 200:
+                data = decode(payload)
+                raise answer.refusal(status, data) or refused(status, data)
+            out = await answer.whole(payload)
+            return decode(out) if isinstance(out, bytes) else out
+
+    async def events(self, ask: Ask, *, priority: bool = False) -> AsyncGenerator[Any, None]:
+        """The whole path for a stream no client's HTTP request waits on (a realtime
+        session's answer): the engine's events decoded as they arrive (`exchange.events`).
+        The slot goes back when the stream ends, fails, or its consumer stops: use it
+        under `contextlib.aclosing`, so that stopping early closes the engine's
+        connection (the child stops generating) and releases the slot at once."""
+        way = Way(priority=priority)
+        async with self._unattended(ask, way) as call, aclosing(exchange.events(call)) as stream:
+            async for data in stream:
+                yield data
+
+    @asynccontextmanager
+    async def hold(
+        self, request: web.Request | None, ask: Ask, *, priority: bool = False
+    ) -> AsyncIterator[Leased]:
+        """Steps 1 to 5 and 9 for a route whose call is its own (audio): a slot on an
+        instance of the model, given back when the block ends. `priority` is for work no
+        client waits on (`request` None); a client's is its header's."""
+        routed = await self.route(request, ask, Way(own_call=True, priority=priority))
+        assert not isinstance(routed, Forward)  # servable() refuses a remote's model
+        leased = await self.lease(request, routed, ask.started)
+        if isinstance(leased, Forward):  # a kind no chain serves: say so as the lease did
+            raise ProtocolError(503, f"model '{ask.model}' cannot be served here now")
+        with leased:
+            yield leased
+
+    def servable(self, request: web.Request | None, ask: Ask) -> Target:
+        """Steps 1 and 3 for a request served only here (audio, a realtime session): the
+        model, able to serve the ask now, or the refusal (a remote's model is a 404 that
+        says why)."""
+        target = self.resolve_here(request, ask.model)
+        steps.require(target.runtime, ask.need)
+        if target.runtime.refusal is not None:
+            raise ProtocolError(400, target.runtime.refusal, "invalid_request_error")
+        return target
+
     # -- 1. resolve ---------------------------------------------------------------------
 
-    def where(self, request: web.Request | None, requested: Any) -> Target | Forward:
+    def resolve(self, request: web.Request | None, requested: Any) -> Target | Forward:
         """The model a request names: this host's, or a remote's; a 400 when `model` is
         missing, a 404 when unknown or not one the request's API key may use."""
         if not isinstance(requested, str) or not requested:
@@ -117,7 +242,7 @@ class Pipeline:
             )
         trace = current()
         if trace is not None:  # observe: the name asked for, even if it is unknown
-            trace.requested = requested
+            trace.asking(requested)
         grant = grant_of(request) if request is not None else None
         visible = None
         if grant is not None and grant.models is not None:
@@ -130,24 +255,25 @@ class Pipeline:
             if remote is None or (grant is not None and not grant.sees(requested, ())):
                 raise
             if trace is not None:
-                trace.model = requested
+                trace.resolved(requested)
             return Forward(remote, "a remote model: this host does not serve it", requested)
         if trace is not None:
-            trace.model, trace.adapter = target.runtime.name, steps.adapters_text(target)
+            trace.resolved(target.runtime.name, steps.adapters_text(target))
         return target
 
-    def here(self, request: web.Request, requested: Any) -> Target:
-        """The model a route that acts on this host's models names (copy, stop, sessions):
-        a remote's model is a 404 that says so."""
-        where = self.where(request, requested)
-        if isinstance(where, Forward):
+    def resolve_here(self, request: web.Request | None, requested: Any) -> Target:
+        """The model a route that acts on this host's models names (copy, stop, sessions,
+        audio): a remote's model is a 404 that says so."""
+        found = self.resolve(request, requested)
+        if isinstance(found, Forward):
+            assert request is not None  # resolve() forwards only for a client
             raise ProtocolError(
                 404,
-                f"model '{where.model}' is served by remote '{where.remote.name}': "
+                f"model '{found.model}' is served by remote '{found.remote.name}': "
                 f"{request.method} {request.path} acts on this host's models only",
                 "model_not_found",
             )
-        return where
+        return found
 
     def _member(self, request: web.Request | None, model: str, why: str) -> Forward | None:
         """The next usable member of the model's failover chain, when this host cannot
@@ -158,7 +284,7 @@ class Pipeline:
         member = self.fleet.member(model)
         return Forward(member, f"failover: {why}", model) if member is not None else None
 
-    # -- the whole path -----------------------------------------------------------------
+    # -- 1 to 4 -------------------------------------------------------------------------
 
     def plan(self, ask: Ask, target: Target) -> Plan | LoadOnly:
         runtime = target.runtime
@@ -166,163 +292,76 @@ class Pipeline:
             return ask.openai(runtime)
         return ask.native(runtime, target)
 
-    async def serve(self, request: web.Request, ask: Ask) -> web.StreamResponse:
-        """Carry a model route's request out, here or on a remote, and answer it."""
-        where = self.where(request, ask.model)
-        if isinstance(where, Forward):
-            return await self.forward(request, ask, where)
-        target, runtime = where, where.runtime
-        if ask.images:
-            await ask.resolved(runtime, self.serving)
-        plan = self.plan(ask, target)
-        seconds = steps.keep_alive(request.headers, ask.body)
-        if isinstance(plan, LoadOnly):
-            return await self._load_only(request, ask, plan, target, seconds)
-        steps.require(
-            runtime, plan.need or ask.need, plan.needs, alternative=ask.hint, requested=ask.model
-        )
-        if ask.shareable and runtime.singleflight and deterministic(ask.body):
-            return await self._shared(request, ask, plan, target, seconds)
-        timed = await self.lease(request, target, keep_alive=seconds, started=ask.started)
-        if isinstance(timed, Forward):
-            return await self.forward(request, ask, timed)
-        released = False
-        try:
-            try:
-                return await self._local(request, ask, plan, timed)
-            except ProtocolError as exc:
-                why = f"the local instance failed ({exc.message})"
-                member = self._member(request, runtime.name, why) if forward.spills(exc) else None
-                if member is None:
-                    raise
-            self.scheduler.release(timed.lease, keep_alive=seconds)
-            released = True
-            return await self.forward(request, ask, member)
-        finally:
-            if not released:
-                self.scheduler.release(timed.lease, keep_alive=seconds)
-
-    async def _internal(
-        self, ask: Ask, priority: bool, keep_alive: float | None
-    ) -> tuple[Plan, Timed, Done, EngineRequest, Sent, ChildUpstream]:
-        """Steps 1 to 6 for work no client's HTTP request waits on: this host's model only.
-        The caller gives the slot back (`scheduler.release`)."""
-        target = self.where(None, ask.model)
-        if isinstance(target, Forward):  # never: where() forwards only for a client
-            raise ProtocolError(404, f"model '{ask.model}' is not served here")
-        if ask.images:
-            await ask.resolved(target.runtime, self.serving)
-        plan = self.plan(ask, target)
-        if isinstance(plan, LoadOnly):
-            raise ProtocolError(400, "nothing to generate", "invalid_request_error")
-        steps.require(target.runtime, plan.need or ask.need, plan.needs, requested=ask.model)
-        timed = await self.lease(
-            None, target, keep_alive=keep_alive, started=ask.started, priority=priority
-        )
-        assert not isinstance(timed, Forward)
-        try:
-            done = self._done(ask, timed)
-            engine = plan.engine if plan.prepare is None else await plan.prepare(done)
-            sent = await admitted(self.prompts, self.sessions, timed.lease, ask, engine)
-        except BaseException:
-            self.scheduler.release(timed.lease, keep_alive=keep_alive)
-            raise
-        upstream = ChildUpstream(self.children, timed.lease.url, target.runtime.name)
-        return plan, timed, done, engine, sent, upstream
-
-    async def complete(
-        self, ask: Ask, *, priority: bool = False, keep_alive: float | None = None
-    ) -> Any:
-        """The whole path for work no client waits on (a batch, a tool loop): this host's
-        model only, the answer as the plan's `Answer` builds it, decoded; `keep_alive` is
-        the request's, for the tool loop of a client that asked for one."""
-        plan, timed, done, engine, sent, upstream = await self._internal(ask, priority, keep_alive)
-        try:
-            status, payload = await fetch(upstream, engine, sent)
-            answer = plan.answer(done)
-            if status != 200:
-                data = decode(payload)
-                raise answer.refusal(status, data) or refused(status, data)
-            out = await answer.whole(payload)
-            return decode(out) if isinstance(out, bytes) else out
-        finally:
-            self.scheduler.release(timed.lease, keep_alive=keep_alive)
-
-    async def events(self, ask: Ask, *, priority: bool = False) -> AsyncGenerator[Any, None]:
-        """The whole path for a stream no client's HTTP request waits on (a realtime
-        session's answer): the engine's events decoded as they arrive (`exchange.events`).
-        The slot goes back when the stream ends, fails, or its consumer stops: use it
-        under `contextlib.aclosing`, so that stopping early closes the engine's
-        connection (the child stops generating) and releases the slot at once."""
-        plan, timed, done, engine, sent, upstream = await self._internal(ask, priority, None)
-        try:
-            async with aclosing(events(upstream, engine, sent, plan.answer(done))) as stream:
-                async for data in stream:
-                    yield data
-        finally:
-            self.scheduler.release(timed.lease)
-
-    def local(self, request: web.Request | None, ask: Ask) -> Target:
-        """Steps 1 and 3 for a route served only here (audio): the model, able to serve
-        the request now, or the refusal (a remote's model is a 404 that says why)."""
-        target = self.where(request, ask.model)
-        if isinstance(target, Forward):
-            assert request is not None  # where() forwards only for a client
-            forward.check(request, target)  # raises: this route acts on this host only
-            raise AssertionError("unreachable")
-        steps.require(target.runtime, ask.need)
-        if target.runtime.refusal is not None:
-            raise ProtocolError(400, target.runtime.refusal, "invalid_request_error")
-        return target
+    async def route(
+        self, request: web.Request | None, ask: Ask, way: Way = CLIENT
+    ) -> Routed | Forward:
+        """Steps 1 to 4: the model (a remote's: the `Forward` that carries the request
+        there), the plan for its engine, what the plan needs of the model, and the
+        request's keep_alive and priority."""
+        plan: Plan | LoadOnly | None = None
+        if way.own_call:
+            target = self.servable(request, ask)
+        else:
+            found = self.resolve(request, ask.model)
+            if isinstance(found, Forward):
+                return found
+            target, runtime = found, found.runtime
+            if ask.images:
+                await ask.resolved(runtime, self.serving)
+            plan = self.plan(ask, target)
+            if not isinstance(plan, LoadOnly):
+                steps.require(
+                    runtime,
+                    plan.need or ask.need,
+                    plan.needs,
+                    alternative=ask.hint,
+                    requested=ask.model,
+                )
+        if request is None:
+            return Routed(target, plan, way.keep_alive, way.priority)
+        keep_alive = steps.keep_alive(request.headers, ask.body)
+        return Routed(target, plan, keep_alive, wants_priority(request))
 
     @asynccontextmanager
-    async def held(
-        self, request: web.Request | None, ask: Ask, *, priority: bool = False
-    ) -> AsyncIterator[Timed]:
-        """Steps 1 to 5 and 9 for a route whose call is its own (audio): a slot on an
-        instance of the model, given back when the block ends."""
-        target = self.local(request, ask)
-        seconds = steps.keep_alive(request.headers if request is not None else {}, ask.body)
-        timed = await self.lease(
-            request, target, keep_alive=seconds, started=ask.started, priority=priority
-        )
-        if isinstance(timed, Forward):  # a kind no chain serves: say so as the lease did
-            raise ProtocolError(503, f"model '{ask.model}' cannot be served here now")
-        try:
-            yield timed
-        finally:
-            self.scheduler.release(timed.lease, keep_alive=seconds)
+    async def _unattended(self, ask: Ask, way: Way) -> AsyncIterator[Call]:
+        """Steps 1 to 6 and 9 for work no client waits on: the call, its slot held for
+        the block. This host's model only: without a request nothing goes to a remote."""
+        routed = await self.route(None, ask, way)
+        assert not isinstance(routed, Forward)  # resolve() forwards only for a client
+        plan = routed.plan
+        if not isinstance(plan, Plan):
+            raise ProtocolError(400, "nothing to generate", "invalid_request_error")
+        leased = await self.lease(None, routed, ask.started)
+        assert not isinstance(leased, Forward)  # never, without a request
+        with leased:
+            yield await self.admit(ask, plan, leased)
 
     # -- 5. lease -----------------------------------------------------------------------
 
     async def lease(
-        self,
-        request: web.Request | None,
-        target: Target,
-        *,
-        keep_alive: float | None = None,
-        started: int | None = None,
-        priority: bool = False,
-    ) -> Timed | Forward:
-        """A slot on an instance of the target's model, loading it if needed; or, with a
-        failover chain, the member to carry the request out instead. `request` None is
-        work no client waits on, with `priority` its own.
+        self, request: web.Request | None, routed: Routed, started: int | None = None
+    ) -> Leased | Forward:
+        """A slot on an instance of the routed model, loading it if needed, queued with the
+        request's priority and given back with its keep_alive; or, with a failover chain
+        and a client's `request`, the member to carry it out instead. Hold it with
+        `with leased:`, which gives it back. `started`: when the request arrived.
 
         Raises SchedulerError (503 busy, ...) or a 502 when the model failed to start; a
         400 before any spawn when no installed engine supports the model's architecture
-        (what to install is in the message). Give it back with `scheduler.release`."""
+        (what to install is in the message)."""
+        target, keep_alive = routed.target, routed.keep_alive
         runtime = target.runtime
         if runtime.refusal is not None:
             member = self._member(request, runtime.name, "no installed engine supports it here")
             if member is not None:
                 return member
             raise ProtocolError(400, runtime.refusal, "invalid_request_error")
-        if request is not None:
-            priority = request.headers.get(PRIORITY, "").lower() == "high"
         ready = target.ready
         begin = time.perf_counter_ns()
         try:
-            leased = await self.scheduler.acquire(target, priority=priority, keep_alive=keep_alive)
+            lease = await self.scheduler.acquire(
+                target, priority=routed.priority, keep_alive=keep_alive
+            )
         except InstanceFailed as exc:
             member = self._member(request, runtime.name, f"the model failed to start here ({exc})")
             if member is not None:
@@ -337,83 +376,86 @@ class Pipeline:
                     return member
             raise
         load_ns = 0 if ready else time.perf_counter_ns() - begin
+        leased_runtime = lease.runtime
+        spec = leased_runtime.tuning.describe()
         if (trace := current()) is not None:  # observe: the instance and how it was chosen
-            trace.leased(leased, begin)
-        return Timed(leased, begin if started is None else started, load_ns)
+            instance = lease.member.instance.spec
+            trace.leased(
+                instance.key,
+                instance.replica,
+                leased_runtime.engine_tag,
+                spec,
+                lease.decision,
+                begin,
+            )
+        started = begin if started is None else started
+        return Leased(self.scheduler, lease, started, load_ns, spec, keep_alive)
 
     # -- 6. admit -----------------------------------------------------------------------
 
-    def _done(self, ask: Ask, timed: Timed) -> Done:
-        lease = timed.lease
-        return Done(
-            ask.model,
-            timed.started,
-            timed.load_ns,
-            Child(self.children, lease.url, lease.runtime.name),
-        )
-
-    async def _local(
-        self, request: web.Request, ask: Ask, plan: Plan, timed: Timed
-    ) -> web.StreamResponse:
-        lease = timed.lease
-        done = self._done(ask, timed)
-        engine = plan.engine if plan.prepare is None else await plan.prepare(done)
+    async def admit(self, ask: Ask, plan: Plan, leased: Leased) -> Call:
+        """Step 6: the engine request made (with the leased child's helpers, when the plan
+        prepares it) and admitted (`admission.admitted`), ready to call."""
+        lease = leased.lease
+        child = LeasedChild(self.children, lease.url, lease.runtime.name)
+        answering = Answering(ask.model, leased.started, leased.load_ns, child)
+        engine = plan.engine if plan.prepare is None else await plan.prepare(answering)
         sent = await admitted(self.prompts, self.sessions, lease, ask, engine)
         # Which speculative decoding mode answers (docs/tune.md); a whole answer adds its
-        # acceptance rate from the engine's timings (`_whole`).
-        sent.headers[HEADER] = lease.runtime.tuning.describe()
-        upstream = ChildUpstream(self.children, lease.url, lease.runtime.name)
-        return await exchange(request, ask, plan, engine, upstream, sent, done)
+        # acceptance rate from the engine's timings (`exchange.whole`).
+        sent.headers[HEADER] = leased.spec
+        return Call(plan, engine, sent, child, answering)
 
-    # -- the rest -----------------------------------------------------------------------
+    # -- the variations a client's request may take ---------------------------------------
 
     async def _load_only(
-        self, request: web.Request, ask: Ask, load: LoadOnly, target: Target, seconds: float | None
+        self, request: web.Request, ask: Ask, load: LoadOnly, routed: Routed
     ) -> web.StreamResponse:
         """Nothing to generate: load the model (ollama's way to warm one), or with
         keep_alive 0 unload it now, never loading a model just to unload it."""
-        if seconds == 0:
+        if routed.keep_alive == 0:
             await self.scheduler.stop_model(ask.model)
         else:
-            timed = await self.lease(request, target, keep_alive=seconds, started=ask.started)
-            if isinstance(timed, Forward):
-                return await self.forward(request, ask, timed)
-            self.scheduler.release(timed.lease, keep_alive=seconds)
-        body = ask.loaded(load, unloaded=seconds == 0)
+            leased = await self.lease(request, routed, ask.started)
+            if isinstance(leased, Forward):
+                return await self.forward(request, ask, leased)
+            with leased:
+                pass  # loaded: the slot goes back at once
+        body = ask.loaded(load, unloaded=routed.keep_alive == 0)
         return web.Response(
             body=dumps(body),
             headers={"Content-Type": "application/json", **ask.envelope.headers(request)},
         )
 
     async def _shared(
-        self, request: web.Request, ask: Ask, plan: Plan, target: Target, seconds: float | None
+        self, request: web.Request, ask: Ask, plan: Plan, routed: Routed
     ) -> web.StreamResponse:
         """Singleflight: one engine call for identical concurrent deterministic requests;
         each client's trace notes the answer, and each after the first gets its own id."""
+        target = routed.target
+
+        async def call() -> tuple[int, bytes, dict[str, str]] | Forward:
+            leased = await self.lease(request, routed, ask.started)
+            if isinstance(leased, Forward):
+                return leased
+            with leased:
+                admitted_call = await self.admit(ask, plan, leased)
+                status, payload = await fetch(admitted_call)
+                return status, payload, admitted_call.sent.headers
+
         runtime = target.runtime
-
-        async def call() -> tuple[int, bytes] | Forward:
-            timed = await self.lease(request, target, keep_alive=seconds, started=ask.started)
-            if isinstance(timed, Forward):
-                return timed
-            try:
-                sent = await admitted(self.prompts, self.sessions, timed.lease, ask, plan.engine)
-                upstream = ChildUpstream(self.children, timed.lease.url, runtime.name)
-                return await fetch(upstream, plan.engine, sent)
-            finally:
-                self.scheduler.release(timed.lease, keep_alive=seconds)
-
         key = (runtime.name, steps.adapters_text(target), target.replica, ask.path, ask.raw)
         result, leader = await self.singleflight.share(key, call)
         if isinstance(result, Forward):
             return await self.forward(request, ask, result)
-        status, payload = result
+        status, payload, sent_headers = result
         if not leader and (trace := current()) is not None:
             trace.sending(plan.engine.path, ask.body)
             trace.answered(payload, status)
             gate(status)
-        done = Done(ask.model, ask.started, shared=not leader)
-        return await whole(plan.answer(done), status, payload, ask.envelope.headers(request))
+        answering = Answering(ask.model, ask.started, shared=not leader)
+        headers = {**ask.envelope.headers(request), **sent_headers}
+        return await whole(plan.answer(answering), status, payload, headers)
 
     async def forward(
         self, request: web.Request, ask: Ask | None, wanted: Forward

@@ -1,9 +1,10 @@
 """A request's prompt tokens, counted with the model's own tokenizer, and the preflight.
 
-`blazar.serve.request.pipeline.admit` calls this after the lease, before the body goes
-to the child, for all three protocols. The preflight refuses (400) a prompt
-that cannot fit the slot's context with its requested output, naming the
-sizes and the fixes, instead of letting the engine truncate or fail late.
+`blazar.serve.request.admission.admitted` (step 6 of the request path, `Pipeline.admit`)
+calls this after the lease, before the body goes to the child, for all three protocols.
+The preflight refuses (400) a prompt that cannot fit the slot's context with its
+requested output, naming the sizes and the fixes, instead of letting the engine
+truncate or fail late.
 
 Counting asks the child (`ChildConnections.json`): `/apply-template` then
 `/tokenize` for a chat body, `/tokenize` for a completion prompt, and

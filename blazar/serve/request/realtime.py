@@ -6,7 +6,7 @@ are `blazar.protocols.openai_realtime`, the audio's `blazar.protocols.realtime_a
 Everything a session asks of a model goes through the one request path:
 
 - a commit's audio is transcribed by the session's transcription model (a whisper
-  child leased with `Pipeline.held`, called with `audio_engine.transcribe`), in a
+  child leased with `Pipeline.hold`, called with `audio_engine.transcribe`), in a
   task of its own, while the client goes on;
 - a response (`realtime_turn.Turn`) waits for those transcripts, then asks the chat
   model with the conversation through `Pipeline.events` (resolve, require, lease,
@@ -162,7 +162,7 @@ class RealtimeSession:
                 param,
             )
         try:
-            self.pipeline.local(self.request, Ask(name, PATH, {}, need=need))
+            self.pipeline.servable(self.request, Ask(name, PATH, {}, need=need))
         except (ProtocolError, SchedulerError) as exc:
             failed = event_error(exc, param)
             failed.message = f"{param}: {failed.message}"
@@ -273,8 +273,8 @@ class RealtimeSession:
             asked = TranscriptionRequest(
                 wanted.model, language=wanted.language, prompt=wanted.prompt
             )
-            async with self.pipeline.held(self.request, ask) as timed:
-                lease = timed.lease
+            async with self.pipeline.hold(self.request, ask) as leased:
+                lease = leased.lease
                 heard = await transcribe(
                     self.pipeline.children, lease.url, lease.runtime.name, wav(pcm, RATE), asked
                 )

@@ -7,7 +7,7 @@ asks the chat model with the conversation through `Pipeline.events` on a trace o
 own (its id is the response's, so `blazar why resp_...` shows the call), sends the
 text as it arrives and, with audio, cuts it into sentences (`realtime_audio.Sentences`)
 for a speaker task: each sentence is spoken as soon as it is whole (a piper child, one
-`Pipeline.held` slot per sentence, `audio_engine.synthesize`), resampled to the
+`Pipeline.hold` slot per sentence, `audio_engine.synthesize`), resampled to the
 session's rate and streamed as PCM16 chunks while the chat model writes the next one.
 The speaker starts before the trace is made current, so its leases never show as the
 chat call's. Whatever ends the turn, `response.done` says how (completed, incomplete,
@@ -253,6 +253,7 @@ class Turn:
         trace = Trace(self.id, "openai", PATH)
         s.observer.started(trace)
         token = CURRENT.set(trace)
+        status = 500  # unless it ends well, or a failure says which
         try:
             chat = s.pipeline.events(ChatAsk(settings.model, PATH, body), priority=s.priority)
             async with aclosing(chat) as events:
@@ -268,7 +269,7 @@ class Turn:
             if sentences is not None and queue is not None:
                 for piece in sentences.close():
                     queue.put_nowait(piece)
-            trace.status = trace.status or 200
+            status = 200
         except asyncio.CancelledError:
             trace.failed(499, "the response was cancelled before it was complete", None)
             raise
@@ -276,12 +277,10 @@ class Turn:
             known = steps.failure(exc)
             if known is not None:
                 trace.failed(known.status, known.message, known.code)
-            else:
-                trace.status = trace.status or 500
             raise
         finally:
             CURRENT.reset(token)
-            s.observer.finished(trace, s.request)
+            s.observer.finished(trace, s.request, status)
 
     def _read(self, data: Any) -> str:
         """The text of one event of the chat stream (or of a whole answer); notes the
@@ -309,8 +308,8 @@ class Turn:
         while (sentence := await queue.get()) is not None:
             ask = Ask(voice, PATH, {}, need=steps.SPEECH)
             asked = SpeechRequest(voice, None, sentence, "wav", settings.speed)
-            async with s.pipeline.held(s.request, ask) as timed:
-                lease = timed.lease
+            async with s.pipeline.hold(s.request, ask) as leased:
+                lease = leased.lease
                 audio = await synthesize(s.pipeline.children, lease.url, lease.runtime.name, asked)
             try:
                 pcm, rate = pcm_of_wav(audio)

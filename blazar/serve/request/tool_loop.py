@@ -108,7 +108,7 @@ class ToolLoop:
             raise _bad(f"the tool loop runs on {', '.join(ROUTES)}, not {ask.path}")
         body = dict(ask.body)
         names = names_of(body.pop("mcp"), sorted(self.servers.servers))
-        where = self.pipeline.where(request, ask.model)
+        where = self.pipeline.resolve(request, ask.model)
         if isinstance(where, Forward):
             raise _bad(
                 f"model '{ask.model}' is served by remote '{where.remote.name}'; the tool "

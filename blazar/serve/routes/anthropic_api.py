@@ -27,7 +27,7 @@ from aiohttp import web
 from blazar.protocols import EngineRequest, LoadOnly, ProtocolError, anthropic, anthropic_chat
 from blazar.serve.http import parse_json_object
 from blazar.serve.request import images, steps
-from blazar.serve.request.asks import Answer, Ask, Done, Plan
+from blazar.serve.request.asks import Answer, Answering, Ask, Plan
 from blazar.serve.request.envelopes import ANTHROPIC
 from blazar.serve.routes.services import Services
 from blazar.serve.supervisor.runtime import ModelRuntime
@@ -66,11 +66,11 @@ class MessagesAnswer(Answer):
     """The engine's answer as Anthropic's message, whole or as its events; `bridged`: the
     engine answered a chat completion (its chat endpoint, or an OpenAI-only upstream)."""
 
-    def __init__(self, done: Done, *, count: bool, bridged: bool) -> None:
-        super().__init__(done, ANTHROPIC)
+    def __init__(self, answering: Answering, *, count: bool, bridged: bool) -> None:
+        super().__init__(answering, ANTHROPIC)
         self.count, self.bridged = count, bridged
         self.message_id = message_id()
-        self.state = anthropic.StreamState(model=done.model, message_id=self.message_id)
+        self.state = anthropic.StreamState(model=answering.model, message_id=self.message_id)
         self.events = anthropic_chat.ChatEvents() if bridged else None
 
     async def whole(self, payload: bytes) -> dict[str, Any]:
@@ -78,7 +78,9 @@ class MessagesAnswer(Answer):
         out: dict[str, Any] = anthropic_chat.message_from_chat(data) if self.bridged else data
         if self.count:
             return out
-        return anthropic.message_response(out, model=self.done.model, message_id=self.message_id)
+        return anthropic.message_response(
+            out, model=self.answering.model, message_id=self.message_id
+        )
 
     def feed(self, data: Any) -> bytes:
         items = self.events.feed(data) if self.events is not None else [data]
@@ -106,7 +108,7 @@ class MessagesAsk(Ask):
         count = self.counting
         return Plan(
             req,
-            lambda done: MessagesAnswer(done, count=count, bridged=bridged),
+            lambda answering: MessagesAnswer(answering, count=count, bridged=bridged),
             anthropic.needs(self.body),
         )
 

@@ -44,7 +44,7 @@ from blazar.serve.request import steps
 from blazar.serve.request.asks import Ask
 from blazar.serve.request.audio_jobs import AudioJobs
 from blazar.serve.request.grants import grant_of
-from blazar.serve.request.pipeline import Timed
+from blazar.serve.request.pipeline import Leased
 from blazar.serve.routes.services import Services
 from blazar.serve.state.audio_engine import synthesize, transcribe
 from blazar.serve.supervisor.runtime import resolve as resolve_name
@@ -142,12 +142,12 @@ class AudioAPI:
         return ask
 
     async def transcribe(
-        self, request: web.Request, ask: Ask, timed: Timed | None
+        self, request: web.Request, ask: Ask, leased: Leased | None
     ) -> web.StreamResponse:
         assert isinstance(ask, TranscriptionAsk) and ask.asked is not None
-        if timed is None:  # async: a job instead
+        if leased is None:  # async: a job instead
             return await self._submit(request, ask.asked, ask.audio, ask.filename)
-        lease = timed.lease
+        lease = leased.lease
         heard = await transcribe(
             self.services.children, lease.url, lease.runtime.name, ask.audio, ask.asked
         )
@@ -252,9 +252,9 @@ class AudioAPI:
                 name = asked.voice
         return SpeechAsk(name, "/v1/audio/speech", {}, need=steps.SPEECH, asked=asked)
 
-    async def speak(self, request: web.Request, ask: Ask, timed: Timed | None) -> web.Response:
-        assert isinstance(ask, SpeechAsk) and ask.asked is not None and timed is not None
-        lease = timed.lease
+    async def speak(self, request: web.Request, ask: Ask, leased: Leased | None) -> web.Response:
+        assert isinstance(ask, SpeechAsk) and ask.asked is not None and leased is not None
+        lease = leased.lease
         audio = await synthesize(self.services.children, lease.url, lease.runtime.name, ask.asked)
         headers: dict[str, Any] = {
             "Content-Type": SPEECH_CONTENT_TYPES[ask.asked.response_format],

@@ -101,7 +101,7 @@ class BatchesAPI:
         where = f"requests[{index}] (custom_id {item.custom_id!r})"
         try:
             ask = messages_ask(item.params)
-            target = pipeline.where(request, ask.model)
+            target = pipeline.resolve(request, ask.model)
             if isinstance(target, Forward):
                 raise ProtocolError(
                     400,

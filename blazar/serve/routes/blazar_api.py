@@ -99,6 +99,6 @@ class BlazarAPI:
         model = (await read_json(request)).get("model")
         if not isinstance(model, str) or not model:
             raise ProtocolError(400, 'send {"model": NAME}')
-        self.services.pipeline.here(request, model)  # 404 as for any model route
+        self.services.pipeline.resolve_here(request, model)  # 404 as for any model route
         stopped = await self.services.scheduler.stop_model(model)
         return web.json_response({"model": model, "stopped": stopped})

@@ -2,7 +2,9 @@
 
 `/metrics` is Prometheus' text exposition (`blazar.serve.state.tracing.Observer.metrics_text`:
 Blazar's families and the children's own `llamacpp:*`); `/api/why/{id}` one
-request's trace and `/api/why?model=&limit=` the newest ones (`blazar why`);
+request's trace (with `?wait=SECONDS`, a request that has not ended yet is waited
+for: a streamed answer's last byte reaches the client before its request ends) and
+`/api/why?model=&limit=` the newest ones (`blazar why`);
 `/api/blazar/stats` the live summary `blazar watch` and `blazar doctor` read. Who
 may call them is the access middleware's decision, not this module's.
 """
@@ -16,6 +18,7 @@ from blazar.protocols import ProtocolError
 from blazar.serve.routes.services import Services
 
 MAX_LIMIT = 1000
+MAX_WAIT = 60.0  # seconds `/api/why/{id}?wait=` may wait for a request to end
 
 
 def register(app: web.Application, services: Services) -> None:
@@ -37,7 +40,16 @@ class ObserveAPI:
 
     async def why(self, request: web.Request) -> web.Response:
         wanted = request.match_info["trace"]
-        record = await self.observer.find(wanted)
+        raw = request.query.get("wait", "0")
+        try:
+            wait = float(raw)
+        except ValueError:
+            raise ProtocolError(400, f"wait must be a number of seconds, got {raw!r}") from None
+        if not 0 <= wait <= MAX_WAIT:  # NaN fails both
+            raise ProtocolError(
+                400, f"wait must be between 0 and {MAX_WAIT:g} seconds, got {raw!r}"
+            )
+        record = await self.observer.find(wanted, wait=wait)
         if record is None:
             raise ProtocolError(
                 404,

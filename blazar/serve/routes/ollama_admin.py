@@ -124,7 +124,7 @@ class OllamaAdmin:
 
     async def show(self, request: web.Request) -> web.StreamResponse:
         model = name_in(await read_json(request), "model", "name")
-        where = self.services.pipeline.where(request, model)
+        where = self.services.pipeline.resolve(request, model)
         if isinstance(where, Forward):  # a remote's model: its details are the remote's
             return await self.services.pipeline.forward(request, None, where)
         runtime = where.runtime
@@ -159,7 +159,7 @@ class OllamaAdmin:
         body = await read_json(request)
         source, destination = name_in(body, "source"), name_in(body, "destination")
         control = self.services.need_control()
-        target = self.services.pipeline.here(request, source)
+        target = self.services.pipeline.resolve_here(request, source)
         alias = parse_name(destination).short
         if alias == target.runtime.name:
             raise ProtocolError(

@@ -34,7 +34,7 @@ from aiohttp import web
 from blazar.protocols import EngineRequest, LoadOnly, ProtocolError, ollama
 from blazar.serve.http import name_in, now_rfc3339, parse_json_object
 from blazar.serve.request import images, steps
-from blazar.serve.request.asks import Answer, Ask, Done, Helpers, Plan
+from blazar.serve.request.asks import Answer, Answering, Ask, Helpers, Plan
 from blazar.serve.request.envelopes import OLLAMA
 from blazar.serve.routes.services import Services
 from blazar.serve.supervisor.runtime import ModelRuntime
@@ -107,10 +107,10 @@ class Context:
             self.rendered = await child.apply_template(self.messages)
         return self.rendered
 
-    async def request(self, done: Done) -> EngineRequest:
-        if not self.earlier or done.child is None:
+    async def request(self, answering: Answering) -> EngineRequest:
+        if not self.earlier or answering.child is None:
             return self.req
-        prompt = [*self.earlier, await self._rendered(done.child)]
+        prompt = [*self.earlier, await self._rendered(answering.child)]
         return EngineRequest(self.req.path, {**self.req.body, "prompt": prompt}, self.req.stream)
 
     async def finish(self, final: dict[str, Any], said: str, child: Helpers) -> dict[str, Any]:
@@ -124,12 +124,12 @@ class GenerateAnswer(Answer):
     content_type = NDJSON
 
     def __init__(
-        self, done: Done, endpoint: str, req: EngineRequest, context: Context | None
+        self, answering: Answering, endpoint: str, req: EngineRequest, context: Context | None
     ) -> None:
-        super().__init__(done, OLLAMA)
+        super().__init__(answering, OLLAMA)
         self.endpoint, self.req, self.context = endpoint, req, context
-        self.state = ollama.StreamState(done.model, now_rfc3339(), endpoint)
-        self.state.load_duration = done.load_ns
+        self.state = ollama.StreamState(answering.model, now_rfc3339(), endpoint)
+        self.state.load_duration = answering.load_ns
         self.chunks = ollama.chat_chunks if endpoint == "chat" else ollama.generate_chunks
         self.said: list[str] = []
         self.final: dict[str, Any] | None = None  # held until `end` completes it
@@ -139,13 +139,13 @@ class GenerateAnswer(Answer):
         translate = ollama.chat_response if self.endpoint == "chat" else ollama.generate_response
         out = translate(
             data,
-            model=self.done.model,
+            model=self.answering.model,
             created_at=now_rfc3339(),
-            total_duration=self.done.total(),
-            load_duration=self.done.load_ns,
+            total_duration=self.answering.total(),
+            load_duration=self.answering.load_ns,
         )
-        if self.context is not None and self.done.child is not None:
-            out = await self.context.finish(out, str(out.get("response", "")), self.done.child)
+        if self.context is not None and self.answering.child is not None:
+            out = await self.context.finish(out, str(out.get("response", "")), self.answering.child)
         return out
 
     def _lines(self, objects: list[dict[str, Any]]) -> bytes:
@@ -163,14 +163,14 @@ class GenerateAnswer(Answer):
     def feed(self, data: Any) -> bytes:
         state = self.state
         state.created_at = now_rfc3339()
-        state.total_duration = self.done.total()
+        state.total_duration = self.answering.total()
         return self._lines(self.chunks(data, state))
 
     async def end(self) -> bytes:
-        self.state.total_duration = self.done.total()
+        self.state.total_duration = self.answering.total()
         out = self._lines(ollama.finish_stream(self.state))
-        if self.final is not None and self.context is not None and self.done.child is not None:
-            final = await self.context.finish(self.final, "".join(self.said), self.done.child)
+        if self.final is not None and self.context is not None and self.answering.child is not None:
+            final = await self.context.finish(self.final, "".join(self.said), self.answering.child)
             out += ollama.ndjson(final)
         return out
 
@@ -178,7 +178,7 @@ class GenerateAnswer(Answer):
         if self.req.path == "/infill" and status == 501:
             return ProtocolError(
                 400,
-                f'"{self.done.model}" does not support insert: its GGUF has no '
+                f'"{self.answering.model}" does not support insert: its GGUF has no '
                 "fill-in-the-middle tokens (suffix needs them); use a code model with FIM",
             )
         return None
@@ -210,7 +210,7 @@ class GenerateAsk(Ask):
         endpoint = self.endpoint
         return Plan(
             req,
-            lambda done: GenerateAnswer(done, endpoint, req, context),
+            lambda answering: GenerateAnswer(answering, endpoint, req, context),
             ollama.needs(self.body) if templated else (),
             need=steps.CHAT if templated else steps.ANY,
             prepare=context.request if context is not None and context.earlier else None,
@@ -230,7 +230,7 @@ class GenerateAsk(Ask):
         endpoint = self.endpoint
         return Plan(
             req,
-            lambda done: GenerateAnswer(done, endpoint, req, None),
+            lambda answering: GenerateAnswer(answering, endpoint, req, None),
             ollama.needs(self.body),
         )
 
@@ -241,8 +241,8 @@ class GenerateAsk(Ask):
 
 
 class EmbedAnswer(Answer):
-    def __init__(self, done: Done, legacy: bool, dimensions: Any) -> None:
-        super().__init__(done, OLLAMA)
+    def __init__(self, answering: Answering, legacy: bool, dimensions: Any) -> None:
+        super().__init__(answering, OLLAMA)
         self.legacy, self.dimensions = legacy, dimensions
 
     async def whole(self, payload: bytes) -> dict[str, Any]:
@@ -251,9 +251,9 @@ class EmbedAnswer(Answer):
             return ollama.embeddings_response(data)
         return ollama.embed_response(
             data,
-            model=self.done.model,
-            total_duration=self.done.total(),
-            load_duration=self.done.load_ns,
+            model=self.answering.model,
+            total_duration=self.answering.total(),
+            load_duration=self.answering.load_ns,
             dimensions=self.dimensions,
         )
 
@@ -277,7 +277,7 @@ class EmbedAsk(Ask):
         if isinstance(req, LoadOnly):
             return req
         legacy, dimensions = self.legacy, req.hints.get("dimensions")
-        return Plan(req, lambda done: EmbedAnswer(done, legacy, dimensions))
+        return Plan(req, lambda answering: EmbedAnswer(answering, legacy, dimensions))
 
     def loaded(self, load: LoadOnly, *, unloaded: bool) -> dict[str, Any]:
         return ollama.load_response(

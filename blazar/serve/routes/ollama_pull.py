@@ -247,7 +247,7 @@ class OllamaPull:
                 "create: quantize needs `from` naming a model Blazar serves (create the model "
                 "from its files first, then quantize it)",
             )
-        target = self.services.pipeline.here(request, origin)
+        target = self.services.pipeline.resolve_here(request, origin)
         free_name(self.services.scheduler, name, target)
         tool, method = quantize.locate_tool(control.paths, control.store)
         if tool is None:
@@ -337,7 +337,7 @@ class OllamaPull:
                     f"create: to serve '{origin}' with other settings as '{name}', declare "
                     f"[models.{name}] in the manifest with the same source and the settings",
                 )
-            target = self.services.pipeline.here(request, origin)
+            target = self.services.pipeline.resolve_here(request, origin)
             free_name(self.services.scheduler, name, target)
             return None, target.runtime.name
         raise ProtocolError(400, "create: send `files` (an uploaded GGUF blob) or `from`")

@@ -41,7 +41,7 @@ from blazar.protocols.openai_completions import (
 from blazar.protocols.openai_requests import Reply, shape_request
 from blazar.serve.http import parse_json_object
 from blazar.serve.request import images, steps
-from blazar.serve.request.asks import Answer, Ask, Done, Plan
+from blazar.serve.request.asks import Answer, Answering, Ask, Plan
 from blazar.serve.request.envelopes import ANTHROPIC, wants_anthropic
 from blazar.serve.request.grants import sees
 from blazar.serve.routes.services import Services
@@ -75,19 +75,19 @@ class OpenAIAnswer(Answer):
     content_type = None  # the engine's
     raw = True
 
-    def __init__(self, done: Done, reply: Reply | None, served: str) -> None:
-        super().__init__(done)
+    def __init__(self, answering: Answering, reply: Reply | None, served: str) -> None:
+        super().__init__(answering)
         self.reply = reply
-        self.rename = done.model != served
+        self.rename = answering.model != served
         self.served = served
         self.rewrites = reply is not None or self.rename
         self.rewriter: ReplyStream | Renamer | None = None
         if reply is not None:
             self.rewriter = ReplyStream(reply) if reply.rewrites_events else IdRenamer()
-        self.renamer = model_renamer(served, done.model) if self.rename else None
+        self.renamer = model_renamer(served, answering.model) if self.rename else None
 
     async def whole(self, payload: bytes) -> bytes:
-        if self.done.shared:
+        if self.answering.shared:
             payload = own_id(payload)
         if self.reply is not None:
             payload = reshape_body(payload, self.reply)
@@ -120,13 +120,13 @@ class OpenAIAsk(Ask):
         body = shaping.body if shaping.body is not None else self.body
         engine = EngineRequest(self.path, body, body.get("stream") is True)
         reply, served = shaping.reply, runtime.name
-        return Plan(engine, lambda done: OpenAIAnswer(done, reply, served), shaping.needs)
+        return Plan(engine, lambda answering: OpenAIAnswer(answering, reply, served), shaping.needs)
 
     def openai(self, runtime: ModelRuntime | None) -> Plan | LoadOnly:
         """An OpenAI-only engine gets the client's request as it came."""
         engine = EngineRequest(self.path, self.body, self.body.get("stream") is True)
         served = runtime.name if runtime is not None else self.model
-        return Plan(engine, lambda done: OpenAIAnswer(done, None, served))
+        return Plan(engine, lambda answering: OpenAIAnswer(answering, None, served))
 
 
 def register(app: web.Application, services: Services) -> None:

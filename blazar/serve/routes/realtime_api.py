@@ -77,7 +77,7 @@ class RealtimeAPI:
         model = request.query.get("model") or None
         pipeline = self.services.pipeline
         if model is not None:  # refused before the upgrade, in OpenAI's envelope
-            pipeline.local(request, Ask(model, PATH, {}, need=steps.CHAT))
+            pipeline.servable(request, Ask(model, PATH, {}, need=steps.CHAT))
         await ws.prepare(request)
 
         async def send(event: dict[str, Any]) -> None:

@@ -38,7 +38,7 @@ from blazar.protocols.openai_responses_stream import ResponseStream, response_ob
 from blazar.protocols.sse import encode
 from blazar.serve.http import KEY_NAME, parse_json_object, read_json
 from blazar.serve.request import images
-from blazar.serve.request.asks import Answer, Ask, Done, Plan
+from blazar.serve.request.asks import Answer, Answering, Ask, Plan
 from blazar.serve.request.envelopes import OPENAI
 from blazar.serve.routes.services import Services
 from blazar.serve.supervisor.runtime import ModelRuntime
@@ -261,19 +261,19 @@ class ResponsesAnswer(Answer):
     """The engine's chat answer built into a Response, whole or as its event stream."""
 
     def __init__(
-        self, done: Done, req: ResponsesRequest, keep: Callable[[dict[str, Any]], None]
+        self, answering: Answering, req: ResponsesRequest, keep: Callable[[dict[str, Any]], None]
     ) -> None:
-        super().__init__(done)
+        super().__init__(answering)
         self.req, self.keep = req, keep
         self.response_id, self.created_at = f"resp_{uuid.uuid4().hex}", int(time.time())
-        self.state = ResponseStream(self.response_id, self.created_at, done.model, req.echo)
+        self.state = ResponseStream(self.response_id, self.created_at, answering.model, req.echo)
 
     async def whole(self, payload: bytes) -> dict[str, Any]:
         out = response_object(
             orjson.loads(payload),
             response_id=self.response_id,
             created_at=self.created_at,
-            model=self.done.model,
+            model=self.answering.model,
             echo=self.req.echo,
         )
         self.keep(out)
@@ -327,4 +327,4 @@ class ResponsesAsk(Ask):
     def openai(self, runtime: ModelRuntime | None) -> Plan | LoadOnly:
         req, keep = self.req, self.keep
         assert req is not None
-        return Plan(req.engine, lambda done: ResponsesAnswer(done, req, keep), req.needs)
+        return Plan(req.engine, lambda answering: ResponsesAnswer(answering, req, keep), req.needs)

@@ -28,7 +28,7 @@ from blazar.paths import Paths
 from blazar.protocols import ProtocolError
 from blazar.serve.http import Handler
 from blazar.serve.request.asks import Ask
-from blazar.serve.request.pipeline import Pipeline, Timed
+from blazar.serve.request.pipeline import Leased, Pipeline
 from blazar.serve.request.tool_loop import ToolLoop
 from blazar.serve.state.mcp import McpServers
 from blazar.serve.state.remotes import Fleet
@@ -40,7 +40,7 @@ from blazar.store.db import Store
 from specs.serving import Serving
 
 Asker = Callable[[web.Request], Awaitable[Ask]]
-Call = Callable[[web.Request, Ask, Timed | None], Awaitable[web.StreamResponse]]
+Call = Callable[[web.Request, Ask, Leased | None], Awaitable[web.StreamResponse]]
 
 
 @dataclass(frozen=True)
@@ -61,8 +61,8 @@ class Control:
 class PipelineRoute:
     """A model route's handler: the route's parser, then the pipeline. `call` is for a
     route whose engine call is its own (audio): the pipeline holds the slot around it
-    (`Pipeline.held`), or for an `Ask` that is `deferred` (an async job) only checks it
-    (`Pipeline.local`) and `call` gets no slot. A request with an `mcp` field goes to
+    (`Pipeline.hold`), or for an `Ask` that is `deferred` (an async job) only checks it
+    (`Pipeline.servable`) and `call` gets no slot. A request with an `mcp` field goes to
     the tool loop, which runs its rounds on the same pipeline (`tool_loop.ToolLoop`)."""
 
     def __init__(
@@ -81,10 +81,10 @@ class PipelineRoute:
         if self.call is None:
             return await self.pipeline.serve(request, ask)
         if ask.deferred:
-            self.pipeline.local(request, ask)
+            self.pipeline.servable(request, ask)
             return await self.call(request, ask, None)
-        async with self.pipeline.held(request, ask) as timed:
-            return await self.call(request, ask, timed)
+        async with self.pipeline.hold(request, ask) as leased:
+            return await self.call(request, ask, leased)
 
 
 @dataclass

@@ -20,7 +20,8 @@ from typing import Any
 from aiohttp import web
 
 from blazar.protocols import ProtocolError
-from blazar.serve.http import read_json
+from blazar.serve.http import read_json, wants_priority
+from blazar.serve.request.pipeline import Routed
 from blazar.serve.routes.services import Services
 from blazar.serve.state.remotes import Forward
 from blazar.serve.state.sessions import Sessions, incompatibility
@@ -70,7 +71,7 @@ class SessionsAPI:
         name = body.get("name")
         if not isinstance(name, str) or not name:
             raise ProtocolError(400, 'send {"model": MODEL, "name": NAME} (and "slot": N)')
-        target = self.services.pipeline.here(request, body.get("model"))
+        target = self.services.pipeline.resolve_here(request, body.get("model"))
         replica = optional_int(body, "replica") or 0
         slot = optional_int(body, "slot")
         record = await sessions.save(target.pool, name, slot=slot, replica=replica)
@@ -80,24 +81,23 @@ class SessionsAPI:
         sessions = self._sessions()
         body = await read_json(request)
         record = sessions.find(request.match_info["name"])
-        scheduler, pipeline = self.services.scheduler, self.services.pipeline
-        target = pipeline.here(request, body.get("model") or record.model)
+        pipeline = self.services.pipeline
+        target = pipeline.resolve_here(request, body.get("model") or record.model)
         if (problem := incompatibility(record, target.runtime)) is not None:
             raise ProtocolError(400, problem)  # before loading anything
-        timed = await pipeline.lease(request, target)
-        if isinstance(timed, Forward):  # a session is this host's: never restored elsewhere
+        routed = Routed(target, None, None, wants_priority(request))
+        leased = await pipeline.lease(request, routed)
+        if isinstance(leased, Forward):  # a session is this host's: never restored elsewhere
             raise ProtocolError(503, f"model '{target.runtime.name}' cannot load here now")
-        try:
-            slot = await sessions.restore(timed.lease, record)
-        finally:
-            scheduler.release(timed.lease)
-        replica = timed.lease.member.instance.spec.replica
+        with leased:
+            slot = await sessions.restore(leased.lease, record)
+        replica = leased.lease.member.instance.spec.replica
         return web.json_response(
             {
                 **record_json(record),
                 "slot": slot,
                 "replica": replica,
-                "loaded_ms": timed.load_ns / 1e6,
+                "loaded_ms": leased.load_ns / 1e6,
             }
         )
 

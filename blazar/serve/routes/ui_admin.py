@@ -37,6 +37,7 @@ from blazar.errors import NotFound
 from blazar.manifest import ops as manifest_ops
 from blazar.protocols import ProtocolError
 from blazar.serve.http import TRACE, read_json, trace_id
+from blazar.serve.request.pipeline import Routed
 from blazar.serve.routes.services import Services
 from blazar.serve.state import live, log_tail
 from blazar.serve.state.dashboard import condition_json
@@ -80,12 +81,13 @@ class UIAdmin:
 
     async def load(self, request: web.Request) -> web.Response:
         scheduler, pipeline = self.services.scheduler, self.services.pipeline
-        target = pipeline.here(request, _model(await read_json(request)))
+        target = pipeline.resolve_here(request, _model(await read_json(request)))
         runtime = target.runtime
         # No request: a failure here is answered, not failed over to a remote.
-        timed = await pipeline.lease(None, target)
-        assert not isinstance(timed, Forward)  # never, without a request
-        scheduler.release(timed.lease)
+        leased = await pipeline.lease(None, Routed(target, None, None, False))
+        assert not isinstance(leased, Forward)  # never, without a request
+        with leased:
+            pass  # loaded: the slot goes back at once
         rows = [r for r in scheduler.snapshot() if r["model"] == runtime.name]
         return web.json_response({"model": runtime.name, "loaded": True, "instances": rows})
 
@@ -95,7 +97,7 @@ class UIAdmin:
         if not isinstance(pinned, bool):
             raise ProtocolError(400, 'send {"model": NAME, "pinned": true or false}')
         control = self.services.need_control()
-        target = self.services.pipeline.here(request, _model(body))
+        target = self.services.pipeline.resolve_here(request, _model(body))
         name = target.runtime.name
         changed = await asyncio.to_thread(manifest_ops.set_pin, control.manifest, name, pinned)
         if changed:

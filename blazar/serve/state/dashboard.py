@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from blazar.observe.trace import Trace
 from blazar.serve.supervisor.scheduler import Scheduler
 from blazar.store.db import Condition
 from specs.names import InvalidName, parse_name
@@ -170,18 +171,19 @@ def request_row(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def running_row(trace: Any, now: float | None = None) -> dict[str, Any]:
-    """A request still in flight (a `blazar.observe.trace.Trace`), as far as it has got."""
+def running_row(trace: Trace, now: float | None = None) -> dict[str, Any]:
+    """A request still in flight, as far as it has got."""
     now = time.time() if now is None else now
+    asked, placement = trace.asked, trace.placement
     return {
-        "key": row_key(trace.id, trace.wall),
-        "id": trace.id,
-        "time": trace.wall,
+        "key": row_key(asked.id, asked.wall),
+        "id": asked.id,
+        "time": asked.wall,
         "done": False,
-        "protocol": trace.protocol,
-        "route": trace.route,
-        "model": trace.model or trace.requested,
-        "adapter": trace.adapter,
-        "instance": trace.instance,
-        "elapsed_ms": round(max(0.0, now - trace.wall) * 1000, 1),
+        "protocol": asked.protocol,
+        "route": asked.route,
+        "model": placement.model or asked.requested,
+        "adapter": placement.adapter,
+        "instance": placement.instance,
+        "elapsed_ms": round(max(0.0, now - asked.wall) * 1000, 1),
     }

@@ -29,6 +29,7 @@ from typing import Any
 
 import orjson
 
+from blazar.observe.trace import Trace
 from blazar.serve.state import dashboard, live, series
 from blazar.serve.supervisor.scheduler import Scheduler
 from blazar.store.db import Condition
@@ -90,7 +91,7 @@ class EventBus:
         )
         self.rss = rss
         self.subscribers: list[Subscriber] = []
-        self.running: dict[int, Any] = {}  # id(trace) -> the Trace, while in flight
+        self.running: dict[int, Trace] = {}  # id(trace) -> the trace, while in flight
         self.series = series.Series()
         self.interval = series.Interval()
         self.closed = False
@@ -101,7 +102,7 @@ class EventBus:
 
     # -- the observer's listener ------------------------------------------------------
 
-    def on_trace(self, trace: Any, record: dict[str, Any] | None) -> None:
+    def on_trace(self, trace: Trace, record: dict[str, Any] | None) -> None:
         """A trace started (`record` None) or was finished; never raises."""
         try:
             if record is None:
@@ -213,7 +214,8 @@ class EventBus:
     def _forget_stale(self, now: float) -> None:
         """Traces done but never finished (their finishing failed) leave the running set."""
         for key, trace in list(self.running.items()):
-            if trace.duration_ns and now - trace.wall - trace.duration_ns / 1e9 > STALE:
+            took = trace.result.duration_ns
+            if took and now - trace.asked.wall - took / 1e9 > STALE:
                 del self.running[key]
 
     def _models(self) -> list[dict[str, Any]]:

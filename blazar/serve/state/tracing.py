@@ -4,11 +4,14 @@ The gateway's one middleware (`blazar.serve.gateway.app`) calls `Observer.begin`
 which starts a `Trace` for each inference request (the paths in `TRACED`) and makes it
 current for the request's task, and `Observer.end` once the request is done; the one
 request path fills it in (`blazar.observe.trace`). When the handler returns, the trace
-waits for `drain` (every FINISH_EVERY, or before
-any read of traces or metrics), so the answer goes out first and done requests
-are finished in batches. `finish` reads the answer (outcome, sentinels), checks
-for cache-busting, counts the request in `Metrics`, keeps the record in a bounded
-ring, queues it for the store and exports its spans (serving.otlp_endpoint).
+waits for `drain` (every FINISH_EVERY, or before any read of traces or metrics), so
+the answer goes out first and done requests are finished in batches. A streamed
+answer's last byte reaches the client before the middleware ends its request: a reader
+that must see that request's trace waits for its end (`find(id, wait=...)`, behind
+`/api/why/{id}?wait=SECONDS`), which `end` signals. `finish` reads the answer
+(outcome, sentinels), checks for cache-busting, counts the request in `Metrics`, keeps
+the record in a bounded ring, queues it for the store and exports its spans
+(serving.otlp_endpoint).
 
 The store is written by `run` (a task of the daemon) about once a second, in one
 worker thread with its own connection, and pruned by serving.trace_retention. A record
@@ -23,6 +26,7 @@ instance events (`instance_event`) for load times and restarts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
@@ -111,6 +115,8 @@ class Observer:
         self._store: Store | None = None  # opened, used and closed in the executor's thread
         self._pending: list[dict[str, Any]] = []
         self._finishing: list[Trace] = []
+        # Who waits for a request to end (`wait_ended`), by its trace id.
+        self._waiting: dict[str, list[asyncio.Future[None]]] = {}
         self._pruned = 0.0
         self._exporter: SpanExporter | None = None
         self._starting: dict[str, int] = {}
@@ -177,9 +183,9 @@ class Observer:
 
     def end(self, trace: Trace, request: web.Request, status: int) -> None:
         """The request is done with `status` (what its trace has not said already)."""
-        CURRENT.reset(trace.token)
-        trace.status = trace.status or status
-        self._done(trace, request)
+        if trace.token is not None:
+            CURRENT.reset(trace.token)
+        self._done(trace, request, status)
 
     def started(self, trace: Trace) -> None:
         """A trace made off the middleware (each response of a realtime session) begins:
@@ -188,18 +194,23 @@ class Observer:
         for listener in self.listeners:
             listener(trace, None)
 
-    def finished(self, trace: Trace, request: web.Request) -> None:
-        """A trace from `started` is done (`request`: the socket's upgrade): finished,
-        kept and counted as the middleware's are."""
-        self._done(trace, request)
+    def finished(self, trace: Trace, request: web.Request, status: int) -> None:
+        """A trace from `started` is done with `status` (unless a failure said one;
+        `request`: the socket's upgrade): finished, kept and counted as the middleware's."""
+        self._done(trace, request, status)
 
-    def _done(self, trace: Trace, request: web.Request) -> None:
-        trace.duration_ns = time.perf_counter_ns() - trace.started
-        trace.client = request.remote
-        trace.key = request.get(KEY_NAME)
+    def _done(self, trace: Trace, request: web.Request, status: int) -> None:
+        trace.ended(status, client=request.remote, key=request.get(KEY_NAME))
         self._finishing.append(trace)
         if len(self._finishing) == 1:
             asyncio.get_running_loop().call_later(FINISH_EVERY, self.drain)
+        if self._waiting:
+            self._ended(trace.asked.id)
+
+    def _ended(self, trace_id: str) -> None:
+        for future in self._waiting.pop(trace_id, ()):
+            if not future.done():
+                future.set_result(None)
 
     def drain(self) -> None:
         """Finish the requests done since the last batch (reads of traces call it first)."""
@@ -212,21 +223,24 @@ class Observer:
         try:
             self._finish(trace)
         except Exception:  # observing must never break serving
-            logger.exception("observing request %s failed", trace.id)
+            logger.exception("observing request %s failed", trace.asked.id)
 
     def _finish(self, trace: Trace) -> None:
-        if trace.rejected is None:
-            trace.rejected = rejection(trace.status, trace.code)
+        result = trace.result
+        if result.rejected is None:
+            result.rejected = rejection(result.status, result.code)
         record = trace.record(scrub=self.settings.pii_scrub)
         busted = False
         body = trace.conversation()
-        if trace.model and trace.status == 200 and body is not None:
+        model = trace.placement.model
+        if model and result.status == 200 and body is not None:
             turn = cachebust.turn(body)
-            out = trace.outcome
+            out = result.outcome
             if turn is not None and out is not None:
-                client = trace.key or trace.client or "-"
+                asked = trace.asked
+                client = asked.key or asked.client or "-"
                 busted = self.tracker.observe(
-                    client, trace.model, turn, out.prompt_tokens, out.cached_tokens, trace.wall
+                    client, model, turn, out.prompt_tokens, out.cached_tokens, asked.wall
                 )
         if busted:
             record["cache"] = {
@@ -243,7 +257,7 @@ class Observer:
         if self._executor is not None:
             self._pending.append(record)
         if self._exporter is not None:
-            self._exporter.export(record, _timing(trace))
+            self._exporter.export(record, trace.timing())
 
     # -- instance events (from the daemon) ----------------------------------------------
 
@@ -329,8 +343,30 @@ class Observer:
 
     # -- reading traces (`/api/why`) ----------------------------------------------------
 
-    async def find(self, wanted: str) -> dict[str, Any] | None:
-        """The newest trace with this id: from memory, else from the store."""
+    async def find(self, wanted: str, *, wait: float = 0.0) -> dict[str, Any] | None:
+        """The newest trace with this id: from memory, else from the store. With `wait`,
+        a request not ended yet is waited for, up to that many seconds: a client that has
+        read its answer's last byte may ask before the gateway's middleware has ended the
+        request, and this is the event to wait on (`/api/why/{id}?wait=SECONDS`)."""
+        if wait <= 0:
+            return await self._find(wanted)
+        ended = asyncio.get_running_loop().create_future()
+        waiting = self._waiting.setdefault(wanted, [])
+        waiting.append(ended)
+        try:  # waiting before the search: an end between the two is not missed
+            found = await self._find(wanted)
+            if found is None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(ended, wait)
+                found = await self._find(wanted)
+            return found
+        finally:
+            if ended in waiting:
+                waiting.remove(ended)
+            if not waiting and self._waiting.get(wanted) is waiting:
+                del self._waiting[wanted]
+
+    async def _find(self, wanted: str) -> dict[str, Any] | None:
         self.drain()
         record: dict[str, Any]
         for record in reversed(self.ring):
@@ -363,17 +399,3 @@ class Observer:
         """The live summary `blazar watch` and `blazar doctor` read (`live.stats`)."""
         self.drain()
         return live.stats(self.scheduler, self.metrics.registry, self.ring, self.tracker)
-
-
-def _timing(trace: Trace) -> dict[str, int]:
-    """Wall-clock nanoseconds of a trace's moments, for its spans."""
-    wall = int(trace.wall * 1e9)
-    timing = {"start": wall, "end": wall + trace.duration_ns}
-    decision = trace.decision
-    begin, leased = trace._lease_begin, trace._leased
-    if decision is not None and leased:
-        timing["lease_begin"] = wall + begin - trace.started
-        timing["leased"] = wall + leased - trace.started
-        timing["queue"] = decision.queue_ns
-        timing["load"] = decision.load_ns
-    return timing

@@ -3,8 +3,8 @@
 `ChildConnections` keeps keep-alive connections to each child (a llama-server
 instance, an audio engine), reused across requests. Every engine request goes
 through it: the pipeline's call (`blazar.serve.request.exchange` on
-`child_calls.ChildUpstream`, the answer copied back as it arrives), an answer's
-helper calls (`child_calls.Child`: `/apply-template`, `/tokenize`), the preflight's
+`child_calls.LeasedChild`, the answer copied back as it arrives), an answer's helper
+calls (the same `LeasedChild`: `/apply-template`, `/tokenize`), the preflight's
 counts (`prompts`) and the audio engines' calls (`blazar.serve.state.audio_engine`).
 Each connection is a `ChildConnection`, an `asyncio.Protocol` that parses the
 response in `data_received`: the status line and headers, then a body framed by
