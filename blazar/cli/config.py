@@ -146,6 +146,7 @@ def config_set(ctx: Context, pairs: tuple[str, ...], manifest_path: Path | None)
     _save(manifest)
     for each in resolved:
         click.echo(f"{each.arrow} = {json.dumps(manifest.lookup(each.parts))}  ({path})")
+    _restart_note(ctx, [r.key for r in resolved])
 
 
 @config.command("unset")
@@ -172,6 +173,29 @@ def config_unset(ctx: Context, keys: tuple[str, ...], manifest_path: Path | None
     for each, done in zip(resolved, removed, strict=True):
         what = "removed" if done else "was not set"
         click.echo(f"{each.arrow} {what}  ({path})")
+    _restart_note(ctx, [r.key for r, done in zip(resolved, removed, strict=True) if done])
+
+
+# What a running serve applies only when it starts again: where it listens, and TLS on or
+# off (a rotated certificate is reloaded in place). Everything else is applied at once.
+RESTART_KEYS = ("serving.host", "serving.port", "serving.tls_cert", "serving.tls_key")
+
+
+def _restart_note(ctx: Context, keys: list[str]) -> None:
+    """Say so when a running serve applies a change only once restarted (`blazar status`
+    shows it too, as serve's RestartNeeded condition)."""
+    needs = [k for k in keys if k in RESTART_KEYS]
+    if not needs:
+        return
+    try:
+        info = json.loads((ctx.paths.state / "serve.json").read_text())
+    except (OSError, ValueError):
+        return  # no serve runs: the next start reads it
+    click.echo(
+        f"{', '.join(needs)}: the running serve (pid {info.get('pid')}, {info.get('url')}) "
+        "applies this when it restarts: stop it and run `blazar serve` again",
+        err=True,
+    )
 
 
 def _once(resolved: list[Resolved]) -> None:

@@ -71,6 +71,7 @@ from blazar.serve.supervisor.scheduler import Scheduler
 from blazar.store.db import Store
 from reconcilers.ports import OfferView
 from specs.manifest import Manifest
+from specs.serving import Serving
 
 REAP_EVERY = 0.25
 logger = logging.getLogger("blazar.serve")
@@ -106,6 +107,27 @@ def read_timeout(manifest: Manifest) -> float | None:
 
 def daemon_file(paths: Paths) -> Path:
     return paths.state / "serve.json"
+
+
+def restart_needed(
+    bound: tuple[str, int, bool] | None, host: str | None, port: int | None, serving: Serving
+) -> str:
+    """Pure: what the manifest changed that only a restart applies, in words ("" when
+    nothing): the address serve listens on, and TLS on or off (a rotated certificate is
+    reloaded in place). `bound` is (host, port, tls) as serve listens; a `--host` or
+    `--port` given to serve wins over the manifest, so a change of that is no change."""
+    if bound is None:
+        return ""
+    was_host, was_port, was_tls = bound
+    changed = []
+    if host is None and serving.host != was_host:
+        changed.append(f"serving.host is {serving.host}, serve listens on {was_host}")
+    if port is None and serving.port != was_port:
+        changed.append(f"serving.port is {serving.port}, serve listens on {was_port}")
+    tls = serving.tls_cert is not None and serving.tls_key is not None
+    if tls != was_tls:
+        changed.append("TLS is " + ("on" if tls else "off") + " in the manifest, not in serve")
+    return "; ".join(changed)
 
 
 def operator_token_file(paths: Paths) -> Path:
@@ -156,6 +178,8 @@ class Daemon:
         self.services: Services | None = None
         self.limits = Limits.of(serving)
         self.tls: TLSFiles | None = None
+        self.bound: tuple[str, int, bool] | None = None  # (host, port, tls) as it listens
+        self.restart_pending = ""  # what the manifest changed that only a restart applies
         self.manifest_keys = self.manifest.keys  # the keys the access layer enforces
         self.fleet = Fleet()  # remotes and failover chains, probed by `Fleet.run`
         self.lock_waiter: asyncio.Task[None] | None = None  # `_after_lock`
@@ -232,6 +256,12 @@ class Daemon:
         self.limits.max_connections_per_client = serving.max_connections_per_client
         if self.tls is not None and (note := self.tls.reload_if_changed()) is not None:
             log(note)
+        pending = restart_needed(self.bound, self.options.host, self.options.port, serving)
+        if pending != self.restart_pending:
+            self.restart_pending = pending
+            if pending:
+                log(f"{pending}: restart `blazar serve` to apply it", logging.WARNING)
+        self.judge.restart = pending
 
     async def _record_key_use(self) -> None:
         """Write when keys were last used: in a worker thread, under the apply lock (an
@@ -416,6 +446,7 @@ class Daemon:
             if self.tls is not None:  # the CLI trusts it for this address (blazar.cli.serve)
                 info["tls_cert"] = str(self.tls.cert.resolve())
             daemon_file(self.paths).write_text(json.dumps(info))
+            self.bound = (host, port, self.tls is not None)
             self.access.allow_operator(write_operator_token(self.paths))
             tasks = [
                 asyncio.create_task(self._loop()),

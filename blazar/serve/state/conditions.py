@@ -241,11 +241,22 @@ class Judge:
     ) -> None:
         self.scheduler, self.remotes = scheduler, remotes
         self.apply: Status | None = None
+        self.restart = ""  # what the manifest changed that only a restart applies
         self._judged: dict[str, tuple[ModelRuntime, Status]] = {}
 
     def __call__(self) -> dict[Key, Status]:
         wanted, self._judged = observe(self.scheduler(), self.remotes(), self.apply, self._judged)
+        if self.restart:
+            status = restart_condition(self.restart)
+            wanted[status.key] = status
         return wanted
+
+
+def restart_condition(pending: str) -> Status:
+    """Pure: serve's RestartNeeded condition (`blazar status`): a setting the manifest
+    changed that serve applies only when it starts again."""
+    message = f"{pending}: restart `blazar serve` to apply it"
+    return Status("serve", "gateway", "RestartNeeded", "True", "RestartNeeded", message)
 
 
 class StatusWriter:
