@@ -3,7 +3,7 @@ their LoRA adapters; part of the manifest (`specs.manifest.Manifest`)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -209,6 +209,13 @@ class Model(Table):
     pin: bool = Field(
         default=False,
         description="Never evicted nor unloaded by keep_alive once loaded.",
+    )
+    devices: list[Annotated[int, Field(ge=0)]] | None = Field(
+        default=None,
+        min_length=1,
+        description="The GPUs (NVML indices) this model may be placed on; a model larger "
+        "than one of them is split across them (--tensor-split). Default: any device with "
+        "room.",
     )
     keep_alive: Duration | None = Field(
         default=None,

@@ -11,7 +11,7 @@ from pydantic import Field, model_validator
 from specs.durations import Duration
 from specs.fields import HttpUrl, NonEmpty
 from specs.problems import FieldError
-from specs.sizes import Size
+from specs.sizes import Size, SizeOrShare
 from specs.tables import CacheType, FlashAttn, LoadMode, Table
 
 
@@ -36,7 +36,22 @@ class Serving(Table):
     max_loaded_models: int = Field(
         default=3,
         ge=1,
-        description="Most models loaded at once; the least recently used is evicted.",
+        description="Most models loaded at once, a cap on top of serving.memory_budget: "
+        "loading one more evicts idle models (docs/serve.md, the scheduler).",
+    )
+    memory_budget: SizeOrShare | None = Field(
+        default=None,
+        description="Memory models may use on each device (every GPU, else host RAM): a "
+        "size ('12GiB') or a share of the device's total ('80%'). Loading a model that does "
+        "not fit evicts the idle models that free enough at the least cost. Default: the "
+        "device's free memory when serve starts, less a margin of 10% of its total (at "
+        "most 2 GiB).",
+    )
+    min_residency: Duration = Field(
+        default="5s",
+        validate_default=True,
+        description="A model loaded on demand stays at least this long before another "
+        "load may evict it, so that clients alternating between models do not thrash them.",
     )
     default_ctx: int = Field(
         default=4096, gt=0, description="Context size of a model that sets no ctx."

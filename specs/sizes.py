@@ -1,4 +1,5 @@
-"""Byte sizes in a manifest: `serving.max_upload`, `serving.max_buffered`.
+"""Byte sizes in a manifest: `serving.max_upload`, `serving.max_buffered`, and
+`serving.memory_budget` (a size or a share of a device's memory).
 
 Pure parsing, used by `specs.manifest` when a manifest loads.
 
@@ -76,3 +77,47 @@ Size = Annotated[
     ),
 ]
 """A size field: a whole number of bytes after validation."""
+
+
+SHARE_PATTERN = r"^[0-9]+(\.[0-9]+)?\s*%$"
+_SHARE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*%")
+
+
+def parse_share(value: object) -> int | str:
+    """Bytes for a size, or a share of a device's memory normalized to 'N%' (0 < N <= 100)."""
+    if isinstance(value, str):
+        match = _SHARE.fullmatch(value.strip())
+        if match is not None:
+            share = float(match.group(1))
+            if not 0 < share <= 100:
+                raise InvalidSize(f"a share of memory is above 0% and at most 100%, got {value!r}")
+            return f"{share:g}%"
+    try:
+        return parse_size(value)
+    except InvalidSize:
+        raise InvalidSize(
+            f"expected a size such as '12GiB' or a share of the device's memory such as "
+            f"'80%', got {value!r}"
+        ) from None
+
+
+def _serialize_share(value: int | str) -> str:
+    return value if isinstance(value, str) else format_size(value)
+
+
+SizeOrShare = Annotated[
+    int | str,
+    BeforeValidator(parse_share),
+    PlainSerializer(_serialize_share, return_type=str, when_used="json"),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "string", "pattern": PATTERN},
+                {"type": "string", "pattern": SHARE_PATTERN},
+                {"type": "integer", "minimum": 0},
+            ],
+            "examples": ["12GiB", "80%"],
+        }
+    ),
+]
+"""A size or a share: bytes (int) or 'N%' of a total (str) after validation."""

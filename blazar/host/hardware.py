@@ -1,4 +1,6 @@
-"""Memory this machine offers to a model: GPUs through NVML, else system RAM.
+"""Memory this machine offers to a model: GPUs through NVML, else system RAM; and the
+memory a running child uses (its resident set from /proc, its GPU memory from NVML), which
+the scheduler measures to replace `fit`'s estimate of a model's footprint.
 
 No GPU (no NVIDIA driver, no NVML library) is normal and never an error.
 """
@@ -68,3 +70,67 @@ def system_memory() -> Device:
 def memory_devices() -> list[Device]:
     """Where a model can live: every GPU, or system RAM when there is none."""
     return gpus() or [system_memory()]
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants (a launcher's engine), from /proc; [pid] where /proc has
+    no children lists."""
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        try:
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children") as fh:
+                    todo.extend(int(c) for c in fh.read().split())
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def resident_bytes(pid: int) -> int:
+    """Host memory a process and its descendants hold: the sum of their peak resident
+    sets (VmHWM, else VmRSS, from /proc/PID/status). The peak, not the current size: a
+    model's KV cache and compute buffers are resident only while it computes. 0 when
+    /proc cannot tell (the process is gone, or no /proc)."""
+    total = 0
+    for each in process_tree(pid):
+        fields: dict[str, int] = {}
+        try:
+            with open(f"/proc/{each}/status") as fh:
+                for line in fh:
+                    key, _, rest = line.partition(":")
+                    if key in ("VmHWM", "VmRSS"):
+                        fields[key] = int(rest.split()[0]) * 1024
+        except (OSError, ValueError, IndexError):
+            continue
+        total += fields.get("VmHWM") or fields.get("VmRSS") or 0
+    return total
+
+
+def gpu_bytes(pid: int) -> int:
+    """GPU memory a process and its descendants hold, summed over the GPUs, from NVML's
+    running compute processes; 0 without NVML or where it does not list them."""
+    try:
+        import pynvml
+    except ImportError:
+        return 0
+    pids = set(process_tree(pid))
+    try:
+        pynvml.nvmlInit()
+    except Exception:
+        return 0
+    try:
+        total = 0
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                used = getattr(proc, "usedGpuMemory", None)
+                if proc.pid in pids and isinstance(used, int):
+                    total += used
+        return total
+    except Exception:
+        return 0
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()

@@ -595,6 +595,23 @@ class Store:
                 [(kind, name, manifest) for kind, name in resources],
             )
 
+    # -- footprints: what a model's child used once loaded -------------------------------
+
+    def footprints(self) -> dict[tuple[str, str, str], int]:
+        """(model, sha256, device kind) -> the bytes one instance of it was measured at."""
+        rows = self.db.execute("SELECT model, sha256, device, bytes FROM footprints")
+        return {(str(m), str(s), str(d)): int(b) for m, s, d, b in rows.fetchall()}
+
+    def put_footprint(self, model: str, sha256: str, device: str, size: int) -> None:
+        """Record what one instance of a model used (the latest measure wins)."""
+        with self.db.atomic():
+            self.db.conn.execute(
+                "INSERT INTO footprints (model, sha256, device, bytes, measured_at) "
+                "VALUES (?, ?, ?, ?, ?) ON CONFLICT (model, sha256, device) DO UPDATE SET "
+                "bytes = excluded.bytes, measured_at = excluded.measured_at",
+                [model, sha256, device, size, utcnow()],
+            )
+
     # -- events ---------------------------------------------------------------
 
     def _event(self, kind: str, subject: str, action: str, message: str) -> None:

@@ -401,3 +401,21 @@ def m013_owners(db: sqlite_utils.Database) -> None:
         pk=("kind", "name"),
         not_null={"kind", "name", "manifest"},
     )
+
+
+@migration
+def m014_footprints(db: sqlite_utils.Database) -> None:
+    """What a model's child really used once loaded (one instance), per model file and
+    device kind: the scheduler's footprint for it from then on, instead of `fit`'s
+    estimate (docs/serve.md, the scheduler)."""
+    db["footprints"].create(  # type: ignore[union-attr]
+        {
+            "model": str,
+            "sha256": str,  # of the model file: another file is estimated again
+            "device": str,  # gpu | cpu
+            "bytes": int,
+            "measured_at": str,  # ISO 8601, UTC
+        },
+        pk=("model", "sha256", "device"),
+        not_null={"model", "sha256", "device", "bytes"},
+    )

@@ -46,6 +46,31 @@ class Waiter:
         return self.member is None or self.member is member
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where a model's bytes go: one device, or several (a split)."""
+
+    shares: tuple[tuple[str, int], ...]  # (device, bytes)
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        return tuple(d for d, _ in self.shares)
+
+    def on(self, device: str) -> int:
+        return sum(b for d, b in self.shares if d == device)
+
+    def flags(self) -> tuple[str, ...]:
+        """llama-server's flags for a placement on GPUs (nothing on host RAM): `--device`
+        with the GPUs, and `--tensor-split` with each one's share when there are several."""
+        gpus = [(d, b) for d, b in self.shares if d.startswith("gpu:")]
+        if not gpus:
+            return ()
+        names = ",".join(f"CUDA{d.split(':')[1]}" for d, _ in gpus)
+        if len(gpus) == 1:
+            return ("--device", names)
+        return ("--device", names, "--tensor-split", ",".join(str(b) for _, b in gpus))
+
+
 @dataclass(eq=False)
 class Pool:
     """The instances of one model (one per replica) and its queue."""
@@ -62,6 +87,8 @@ class Pool:
     claimed: bool = False  # being stopped to make room for a load that counts instead
     elder: Pool | None = None  # the model's previous pool, serving on (docs/lora.md)
     superseded: bool = False  # this pool is an elder: once unloaded, it is dropped
+    placement: Placement | None = None  # where its room was taken (memory.plan_memory)
+    loaded_at: float = 0.0  # when its load was decided: serving.min_residency counts from it
 
     @property
     def in_flight(self) -> int:
