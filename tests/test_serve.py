@@ -108,8 +108,10 @@ def test_embeddings_model(tmp_path: Path, blazar_home: Path, models: dict[str, P
 def test_max_loaded_models_evicts_lru_and_never_a_pin(
     tmp_path: Path, blazar_home: Path, models: dict[str, Path]
 ) -> None:
-    text = "[serving]\nmax_loaded_models = 1\n\n" + ENGINE
-    text += model_block("tiny", models["tiny"]) + model_block("other", models["other"])
+    # No min_residency (each load evicts the model loaded just before), and a short wait
+    # for room: the last load finds only a pin, waits for room, then gets its 503.
+    text = '[serving]\nmax_loaded_models = 1\nmin_residency = "0s"\nqueue_timeout = "2s"\n\n'
+    text += ENGINE + model_block("tiny", models["tiny"]) + model_block("other", models["other"])
     text += model_block("plain", models["plain"], pin=True)
     with Served(write_manifest(tmp_path, text), blazar_home) as served:
         oai = client(served)

@@ -46,6 +46,7 @@ from blazar.engines.catalog import CatalogError, load_catalog
 from blazar.engines.probe import ensure_probed
 from blazar.errors import BlazarError, InvalidManifest
 from blazar.host.children import owner_only
+from blazar.host.hardware import memory_devices
 from blazar.host.locking import LockTimeout, apply_lock
 from blazar.paths import Paths
 from blazar.reconcile.apply import load, reconcile
@@ -296,6 +297,8 @@ class Daemon:
         self.scheduler.max_loaded = manifest.serving.max_loaded_models
         self.scheduler.max_queue = manifest.serving.max_queue
         self.scheduler.queue_timeout = manifest.serving.queue_timeout
+        self.scheduler.memory_budget = manifest.serving.memory_budget
+        self.scheduler.min_residency = manifest.serving.min_residency
         self.children.timeout = read_timeout(manifest)
         self._observe(manifest)
         changes = await self.scheduler.update(runtimes)
@@ -394,6 +397,13 @@ class Daemon:
             queue_timeout=serving.queue_timeout,
             log_dir=self.paths.logs,
             on_event=self._on_instance,
+            devices=memory_devices(),  # free memory now: the default budget counts from it
+            memory_budget=serving.memory_budget,
+            min_residency=serving.min_residency,
+            measured=self.store.footprints(),
+            on_measured=lambda r, kind, size: self.store.put_footprint(
+                r.name, r.sha256, kind, size
+            ),
         )
         self.scheduler.starting = True  # until the first pass (below) has run
         scheduler = self.scheduler

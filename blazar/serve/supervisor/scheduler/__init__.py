@@ -25,6 +25,7 @@ from blazar.serve.supervisor.scheduler.errors import (
     Reloading,
     SchedulerError,
     Starting,
+    TooLarge,
     model_not_found,
 )
 from blazar.serve.supervisor.scheduler.pools import Decision, Lease, Member, Pool, Target, Waiter
@@ -49,6 +50,7 @@ __all__ = [
     "SchedulerError",
     "Starting",
     "Target",
+    "TooLarge",
     "Waiter",
     "adapters_added",
     "choose_eviction",

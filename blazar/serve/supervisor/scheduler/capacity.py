@@ -1,8 +1,16 @@
 """Loading, evicting and unloading: which models hold a place, and stopping the rest.
 
-Used by the scheduler (`core`) and by `reload`. `max_loaded_models` counts models;
-loading one more evicts the least recently used idle model (pins and warm replicas
-never). Decisions apart from effects: `plan_room` is a pure function of the pools,
+Used by the scheduler (`core`) and by `reload`. With a memory budget (the daemon's
+case: `memory.Memory`, from the devices and the footprints) loading a model places it
+on a device with room and evicts the idle models that free enough at the least cost
+(`memory.plan_memory`), `max_loaded_models` staying an extra cap; a model that can
+never fit is refused before anything is spawned (`TooLarge`, 400). Without one (tests
+of the count alone) `max_loaded_models` counts models and loading one more evicts the
+least recently used idle model (`plan_room`). Pins and warm replicas are never evicted.
+When no room can be made now (what holds it is busy, or loaded less than
+`serving.min_residency` ago), the load waits for room, up to `serving.queue_timeout`,
+woken whenever a model goes idle or stops (priority loads first); only then 503.
+Decisions apart from effects: the plans are pure functions of the pools,
 made and acted on without an await in between, so no other task can interleave (no
 lock is needed, and none is held while a child stops). The victims are marked at
 once (not loaded, `stopping`, `claimed`), so nothing leases them and no other load
@@ -22,11 +30,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from blazar.serve.supervisor.scheduler.errors import NoCapacity
+from blazar.serve.supervisor.scheduler.errors import NoCapacity, TooLarge
+from blazar.serve.supervisor.scheduler.memory import Memory, MemoryRoom, plan_memory, too_big
 from blazar.serve.supervisor.scheduler.pools import Pool
 
 logger = logging.getLogger("blazar.serve")
@@ -101,8 +112,13 @@ class Capacity:
         on_stopped: Callable[[Pool], None],
         before_stop: BeforeStop | None = None,
         before_stop_timeout: float = BEFORE_STOP_TIMEOUT,
+        memory: Callable[[], Memory | None] = lambda: None,
+        room_timeout: Callable[[], float] = lambda: 0.0,
     ) -> None:
         self.pools, self.max_loaded, self.clock = pools, max_loaded, clock
+        self.memory, self.room_timeout = memory, room_timeout
+        self.room_waiters: deque[asyncio.Future[None]] = deque()  # loads waiting for room
+        self.evicted_for: dict[str, int] = {}  # evictions by reason (memory | count)
         self.on_unload, self.on_stopped = on_unload, on_stopped
         self.before_stop, self.before_stop_timeout = before_stop, before_stop_timeout
         self.evictions: dict[str, int] = {}  # models evicted so far, for /metrics
@@ -115,22 +131,58 @@ class Capacity:
 
     # -- loading --------------------------------------------------------------------------
 
-    async def load(self, pool: Pool, evicted: list[str] | None = None) -> None:
-        """Reserve a place for `pool` (NoCapacity when none can be made) and wait for the
-        children stopped to make it. The caller checked that it is neither loaded,
-        loading nor stopping."""
-        room = plan_room(self.pools(), pool, self.max_loaded)
-        if room is None:
-            raise NoCapacity(
-                f"cannot load '{pool.runtime.name}': max_loaded_models "
-                f"({self.max_loaded}) models are loaded and all are pinned, kept "
-                "warm or busy; retry later, or raise serving.max_loaded_models",
-                retry_after=5,
-            )
+    def plan(self, pool: Pool) -> Room | MemoryRoom | None:
+        """Pure given the pools and the memory view: the room loading `pool` takes now."""
+        memory = self.memory()
+        if memory is None:
+            return plan_room(self.pools(), pool, self.max_loaded)
+        return plan_memory(self.pools(), pool, self.max_loaded, memory)
+
+    def refusal(self, pool: Pool) -> str | None:
+        """Why `pool` can never be loaded here (bigger than the budget), or None."""
+        memory = self.memory()
+        name = pool.runtime.name
+        if memory is None or name not in memory.footprints:
+            return None
+        return too_big(name, memory.footprints[name], memory.budgets, memory.pinned.get(name))
+
+    async def load(
+        self, pool: Pool, evicted: list[str] | None = None, *, priority: bool = False
+    ) -> float:
+        """Reserve a place for `pool` and wait for the children stopped to make it; the
+        seconds it waited for room. TooLarge (400) when it can never fit; when no room can
+        be made now it waits for some (a busy model going idle, one stopping, one passing
+        its min_residency) up to `room_timeout()`, then NoCapacity (503). The caller
+        checked that it is neither loaded, loading nor stopping; it looks again when this
+        returns 0 rooms (another request's load took it meanwhile)."""
+        why = self.refusal(pool)
+        if why is not None:
+            raise TooLarge(why)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        while True:
+            if pool.loaded or pool.loading is not None or pool.stopping is not None:
+                return loop.time() - began  # another request loaded it while this waited
+            room = self.plan(pool)
+            if room is not None:
+                break
+            left = began + self.room_timeout() - loop.time()
+            if left <= 0:
+                raise self.no_room(pool)
+            await self.wait_for_room(min(left, self.next_settled()), priority)
+        waited = loop.time() - began
+        reason = "memory" if isinstance(room, MemoryRoom) else "count"
+        if isinstance(room, MemoryRoom):
+            pool.placement = room.placement
+        pool.loaded_at = self.clock()
         for victim in room.evict:
+            logger.info(
+                "evicting '%s' to load '%s' (%s)", victim.runtime.name, pool.runtime.name, reason
+            )
             self.begin_unload(victim)
             name = victim.runtime.name
             self.evictions[name] = self.evictions.get(name, 0) + 1
+            self.evicted_for[reason] = self.evicted_for.get(reason, 0) + 1
             if evicted is not None and name not in evicted:
                 evicted.append(name)
         freed = [*room.evict, *room.claim]
@@ -139,7 +191,7 @@ class Capacity:
         pool.loaded, pool.expires_at = True, None
         stops = [p.stopping for p in freed if p.stopping is not None]
         if not stops:
-            return
+            return waited
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         pool.loading = done
         try:
@@ -152,12 +204,67 @@ class Capacity:
         finally:
             pool.loading = None
             done.set_result(None)
+        return waited
+
+    def no_room(self, pool: Pool) -> NoCapacity:
+        memory = self.memory()
+        what = (
+            "the memory budget (serving.memory_budget) is held by models that are pinned, "
+            "kept warm, busy or loaded less than serving.min_residency ago"
+            if memory is not None
+            else f"max_loaded_models ({self.max_loaded}) models are loaded and all are "
+            "pinned, kept warm or busy"
+        )
+        return NoCapacity(
+            f"cannot load '{pool.runtime.name}': {what}, and no room was made within "
+            f"{self.room_timeout():g}s (serving.queue_timeout); retry later, or raise "
+            "serving.max_loaded_models or serving.memory_budget (`blazar ps` shows what is loaded)",
+            retry_after=5,
+        )
+
+    def next_settled(self) -> float:
+        """Seconds until the next loaded model passes its min_residency (inf: none)."""
+        memory = self.memory()
+        if memory is None or memory.min_residency <= 0:
+            return math.inf
+        ends = [
+            p.loaded_at + memory.min_residency - memory.now
+            for p in self.pools()
+            if p.loaded and p.loaded_at + memory.min_residency > memory.now
+        ]
+        return max(0.01, min(ends)) if ends else math.inf
+
+    async def wait_for_room(self, timeout: float, priority: bool) -> None:
+        """Until room may have been made (`room_changed`) or `timeout` seconds; a
+        priority load is woken first."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if priority:
+            self.room_waiters.appendleft(future)
+        else:
+            self.room_waiters.append(future)
+        try:
+            async with asyncio.timeout(timeout if math.isfinite(timeout) else None):
+                await future
+        except TimeoutError:
+            pass
+        finally:
+            if future in self.room_waiters:
+                self.room_waiters.remove(future)
+
+    def room_changed(self) -> None:
+        """A model went idle or stopped: the loads waiting for room plan again, in the
+        order they wait (each plans and marks its room without an await in between)."""
+        waiters, self.room_waiters = self.room_waiters, deque()
+        for future in waiters:
+            if not future.done():
+                future.set_result(None)
 
     # -- after a request ------------------------------------------------------------------
 
     def settle(self, pool: Pool, keep_alive: float | None) -> None:
         """An idle model: unload now, expire later, or keep (pins, replicas, -1)."""
         seconds = pool.runtime.keep_alive if keep_alive is None else keep_alive
+        self.room_changed()  # idle now: a load waiting for room may evict it
         if pool.retired or pool.draining:
             self.begin_unload(pool)
         elif pool.sticky or seconds < 0 or not seconds < FOREVER:  # not <: NaN, inf, huge
@@ -210,6 +317,7 @@ class Capacity:
             if not done.done():
                 done.set_result(None)
             self.on_stopped(pool)
+            self.room_changed()
 
     async def run_before_stop(self, pool: Pool) -> None:
         """The hook, bounded in time; its failure never keeps a model loaded."""

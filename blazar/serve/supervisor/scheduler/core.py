@@ -4,9 +4,13 @@ The daemon makes one `Scheduler` and hands it every pass's runtimes (`update`); 
 request path resolves a name once (`resolve`, to a `Target`: the pool, the adapters
 asked for, and the replica when `model#N` addressed one), leases a slot of it
 (`acquire`) and gives it back (`release`). It composes its parts: `queueing` (slots,
-the queue, priority, hand-off), `capacity` (load on demand, `max_loaded_models` and
-LRU eviction, keep_alive, drains and stops) and `reload` (hot reload: update, roll,
-retire, adapters added). A full queue or an expired wait is `Busy` (503
+the queue, priority, hand-off), `capacity` (load on demand, placement and eviction by
+memory with `max_loaded_models` as an extra cap, waiting for room, keep_alive, drains
+and stops), `memory` (the pure placement) and `reload` (hot reload: update, roll,
+retire, adapters added). It keeps each model's footprint: `fit`'s estimate until a
+child of it was measured (its peak resident set, or its GPU memory, when it is ready and
+again when it unloads), then the measure, which `on_measured` hands to the store so
+that the next serve starts from it. A full queue or an expired wait is `Busy` (503
 all_slots_busy with Retry-After); nothing is dropped silently. The instances are
 made by an injected factory (`make_instance`), so tests schedule stand-ins without
 processes.
@@ -16,12 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from blazar.errors import InvalidInput
+from blazar.host.hardware import Device, gpu_bytes, resident_bytes
 from blazar.serve.supervisor.dialects import OPENAI, adapters_refusal
 from blazar.serve.supervisor.instance import Instance, InstanceSpec, State
 from blazar.serve.supervisor.runtime import ModelRuntime, name_index, resolve
@@ -38,11 +44,21 @@ from blazar.serve.supervisor.scheduler.errors import (
     Starting,
     model_not_found,
 )
+from blazar.serve.supervisor.scheduler.memory import (
+    Budget,
+    Footprint,
+    Memory,
+    budgets,
+    estimate_footprint,
+    footprint_of,
+)
 from blazar.serve.supervisor.scheduler.pools import Decision, Lease, Member, Pool, Target
 from blazar.serve.supervisor.scheduler.reload import Reload
 from specs.names import AdapterChoice
 
 InstanceFactory = Callable[[InstanceSpec], Instance]
+# (model, sha256 of its file, device kind) -> bytes one instance was measured at
+Measured = Mapping[tuple[str, str, str], int]
 
 
 class Scheduler:
@@ -59,7 +75,21 @@ class Scheduler:
         make_instance: InstanceFactory | None = None,
         before_stop: BeforeStop | None = None,
         before_stop_timeout: float = BEFORE_STOP_TIMEOUT,
+        devices: Sequence[Device] | None = None,
+        memory_budget: int | str | None = None,
+        min_residency: float = 0.0,
+        measured: Measured | None = None,
+        on_measured: Callable[[ModelRuntime, str, int], None] | None = None,
     ) -> None:
+        """`devices`: where models live (the daemon's: every GPU, else host RAM); None
+        schedules by `max_loaded` alone (tests with stand-ins)."""
+        self.devices = tuple(devices) if devices is not None else None
+        self.budgets: tuple[Budget, ...] = ()
+        self.memory_budget = memory_budget
+        self.min_residency = min_residency
+        self.measured: dict[tuple[str, str, str], int] = dict(measured or {})
+        self.on_measured = on_measured
+        self.estimates: dict[str, Footprint] = {}
         self.max_queue = max_queue
         self.queue_timeout = queue_timeout
         self.log_dir = log_dir
@@ -79,10 +109,85 @@ class Scheduler:
             on_stopped=self._on_stopped,
             before_stop=before_stop,
             before_stop_timeout=before_stop_timeout,
+            memory=self.memory,
+            room_timeout=lambda: self.queue_timeout,
         )
         self.reload = Reload(self.pools, self.retired, self.capacity, self._pool)
         for runtime in runtimes.values():
             self.pools[runtime.name] = self._pool(runtime)
+        self._estimate()
+
+    # -- memory ---------------------------------------------------------------------------
+
+    @property
+    def memory_budget(self) -> int | str | None:
+        return self._memory_budget
+
+    @memory_budget.setter
+    def memory_budget(self, setting: int | str | None) -> None:
+        """`serving.memory_budget`: each device's budget from the devices seen at start."""
+        self._memory_budget = setting
+        self.budgets = budgets(self.devices, setting) if self.devices is not None else ()
+
+    @property
+    def device_kind(self) -> str:
+        return "gpu" if any(b.kind == "gpu" for b in self.budgets) else "cpu"
+
+    def _estimate(self) -> None:
+        """Each model's estimated footprint, from its files' sizes (the one effect)."""
+
+        def size(path: str | None) -> int:
+            try:
+                return os.stat(path).st_size if path else 0
+            except OSError:
+                return 0
+
+        on_gpu = self.device_kind == "gpu"
+        self.estimates = {
+            r.name: estimate_footprint(
+                r,
+                weights=size(r.path),
+                projector=size(r.projector),
+                draft=size(r.tuning.draft_path),
+                on_gpu=on_gpu,
+            )
+            for r in self.runtimes.values()
+        }
+
+    def footprint(self, runtime: ModelRuntime) -> Footprint:
+        """What the model takes: measured once a child of it ran, else estimated."""
+        estimated = self.estimates.get(runtime.name, Footprint(0))
+        measured = self.measured.get((runtime.name, runtime.sha256, self.device_kind))
+        return footprint_of(runtime, estimated, measured)
+
+    def memory(self) -> Memory | None:
+        """The memory view the room decisions take (None: by count alone)."""
+        if self.devices is None:
+            return None
+        pools = self.all_pools()
+        return Memory(
+            self.budgets,
+            {p.runtime.name: self.footprint(p.runtime) for p in pools},
+            now=self.clock(),
+            min_residency=self.min_residency,
+        )
+
+    def measure(self, pool: Pool) -> None:
+        """Record what one running instance of the pool uses (the largest of its
+        instances), when /proc or NVML can tell."""
+        kind = self.device_kind
+        sizes = [
+            gpu_bytes(pid) if kind == "gpu" else resident_bytes(pid)
+            for pid in (m.instance.pid for m in pool.members)
+            if pid is not None
+        ]
+        used = max(sizes, default=0)
+        if used <= 0 or self.devices is None:
+            return
+        runtime = pool.runtime
+        self.measured[(runtime.name, runtime.sha256, kind)] = used
+        if self.on_measured is not None:
+            self.on_measured(runtime, kind, used)
 
     # The settings the daemon changes on each pass, kept where they are used.
     @property
@@ -138,7 +243,9 @@ class Scheduler:
         return Instance(spec, on_event=self.on_event)
 
     def _on_unload(self, pool: Pool) -> None:
-        """An elder that unloads is dropped: the model converges to its current pool."""
+        """Its children still run: measure their peak once more. An elder that unloads
+        is dropped: the model converges to its current pool."""
+        self.measure(pool)
         for current in self.pools.values():
             if current.elder is pool:
                 current.elder = None
@@ -240,6 +347,7 @@ class Scheduler:
             )
         begin = time.perf_counter_ns()
         evicted: list[str] = []
+        room_s = 0.0
         while True:  # each check and the slot taken after it run without an await between
             target, pool = self._serving(target)
             if pool.stopping is not None:
@@ -247,7 +355,7 @@ class Scheduler:
             elif pool.loading is not None:
                 await asyncio.shield(pool.loading)
             elif not pool.loaded:
-                await self.capacity.load(pool, evicted)
+                room_s += await self.capacity.load(pool, evicted, priority=priority)
             else:
                 break
         if keep_alive is not None:
@@ -279,9 +387,16 @@ class Scheduler:
                 raise
         if starting:
             how = "spawned"
+            self.measure(pool)
         load_ns = (loaded - begin) + (time.perf_counter_ns() - waited if starting else 0)
         decision = Decision(
-            how, tuple(evicted), waited - loaded, load_ns, in_flight, len(pool.members)
+            how,
+            tuple(evicted),
+            waited - loaded,
+            load_ns,
+            in_flight,
+            len(pool.members),
+            room_ns=int(room_s * 1e9),
         )
         return Lease(pool, member, target.adapters, decision)
 
@@ -337,6 +452,7 @@ class Scheduler:
         changes = await self.reload.update(runtimes)
         self.runtimes = dict(runtimes)
         self._names = name_index(self.runtimes)  # every name and alias, for `resolve`
+        self._estimate()
         await self.warm_up()
         return changes
 
@@ -350,6 +466,7 @@ class Scheduler:
                 inst = member.instance
                 if inst.state == State.STOPPED:
                     continue
+                footprint = self.footprint(pool.runtime)
                 expires = pool.expires_at
                 remaining = None if expires is None else max(0.0, expires - now)
                 rows.append(
@@ -371,6 +488,9 @@ class Scheduler:
                         "retired": pool.retired,
                         "adapters": [a.name for a in pool.runtime.adapters],
                         "size": pool.runtime.facts.get("size"),
+                        "footprint": footprint.bytes,
+                        "footprint_source": footprint.source,
+                        "devices": list(pool.placement.devices) if pool.placement else [],
                         **pool.runtime.tuning.view(),  # spec mode, profile fields (tune.md)
                     }
                 )

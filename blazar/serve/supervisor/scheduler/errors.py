@@ -54,6 +54,15 @@ class NoCapacity(SchedulerError):
     code = "max_loaded_models"
 
 
+class TooLarge(SchedulerError):
+    """A model whose footprint is over the memory budget of every device, and of all of
+    them together: refused before anything is spawned (400); the message names the
+    footprint, the budget and what to change."""
+
+    status = 400
+    code = "model_too_large"
+
+
 class Misconfigured(SchedulerError):
     """The model's settings cannot serve its GGUF (`ModelRuntime.settings_problem`): it is
     never spawned, and requests for it say why."""

@@ -159,6 +159,7 @@ class Decision:
     load_ns: int = 0  # loading the model and starting the instance
     in_flight: int = 0  # requests already on the chosen instance
     replicas: int = 1
+    room_ns: int = 0  # waiting for room: busy or just-loaded models holding the memory
 
 
 @dataclass(frozen=True)
