@@ -96,6 +96,7 @@ def test_lru_eviction_spares_pins_and_busy_models() -> None:
             runtime("p", pin=True),
             max_loaded=2,
             clock=clock,
+            queue_timeout=0.2,  # the load that finds no room waits this long for one
         )
         for name in ("a", "b"):
             s.release(await s.acquire(s.resolve(name)))
