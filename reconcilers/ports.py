@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from reconcilers.desired import DesiredLora, DesiredModel, DesiredProjector
+if TYPE_CHECKING:  # named in the ports' bases as strings: `reconcilers.desired` reads the
+    # manifest (pydantic), which `blazar status`, importing the ports, must not pay for
+    from reconcilers.desired import DesiredLora, DesiredModel, DesiredProjector  # noqa: F401
 
 Progress = Callable[[int, int | None], None]
 Declared = TypeVar("Declared", contravariant=True)
@@ -145,15 +147,15 @@ class HeldPort(Protocol[Declared]):
     def remove(self, name: str) -> None: ...
 
 
-class ModelsPort(HeldPort[DesiredModel], Protocol):
+class ModelsPort(HeldPort["DesiredModel"], Protocol):
     def observe(self) -> list[ObservedModel]: ...
 
 
-class LorasPort(HeldPort[DesiredLora], Protocol):
+class LorasPort(HeldPort["DesiredLora"], Protocol):
     def observe(self) -> list[ObservedLora]: ...
 
 
-class ProjectorsPort(HeldPort[DesiredProjector], Protocol):
+class ProjectorsPort(HeldPort["DesiredProjector"], Protocol):
     """Named after their model: `remove` takes the model's name."""
 
     def observe(self) -> list[ObservedProjector]: ...
