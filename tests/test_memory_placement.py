@@ -319,6 +319,10 @@ def test_the_estimate_is_fits_as_serve_starts_the_model(tmp_path: Path) -> None:
     # the measure replaces it, per instance
     assert footprint_of(two, base, None) == base
     assert footprint_of(two, base, 10 * MIB) == Footprint(20 * MIB, measured=True)
+    # a speech model (whisper, piper) has no context: its file's size, and serve starts
+    # (fit refuses ctx 0: serve exited at start with a speech model declared)
+    speech = runtime("voice", path=str(path), facts={}, ctx=0, slots=1)
+    assert estimate_footprint(speech, weights=size, on_gpu=False) == Footprint(size)
 
 
 def test_a_childs_resident_memory_is_measured_from_proc() -> None:

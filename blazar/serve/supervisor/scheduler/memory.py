@@ -13,20 +13,24 @@ and choose (the cheapest). A victim costs its footprint (the bytes a reload read
 again) weighted up to twice by how recently it was used; pins, warm replicas, busy,
 draining and just-loaded models (`serving.min_residency`) are never chosen, and a
 model already being stopped is room to claim for nothing. `serving.max_loaded_models`
-stays an extra cap: the same choice also unloads enough models to stay under it.
+stays an extra cap: the same choice also unloads enough models to stay under it. A
+together group (`groups`) is one victim: all its loaded models or none, and never to
+load one of its own; an exclusive group's rivals that a load drains (`leaving`) are room
+it takes, not victims.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from blazar.host.hardware import Device
 from blazar.models import fit
 from blazar.serve.supervisor.runtime import ModelRuntime
+from blazar.serve.supervisor.scheduler.groups import Groups
 from blazar.serve.supervisor.scheduler.pools import Placement, Pool
 
 GIB = 1024**3
@@ -85,6 +89,8 @@ def estimate_footprint(
     """Pure: `fit`'s estimate of the model as serve starts it (weights, KV for ctx x slots
     at its cache type, compute, the prompt cache on host RAM, the projector) plus its
     draft model's weights, times its instances. The file sizes come from the caller."""
+    if runtime.ctx <= 0:  # a speech model (whisper, piper): no KV cache, its file's size
+        return Footprint((weights + projector + draft) * runtime.instances)
     device = Device("gpu" if on_gpu else "cpu", 0, "", 0, 0)
     report = fit.estimate(
         runtime.name,
@@ -159,13 +165,15 @@ def fmt(size: int) -> str:
 @dataclass(frozen=True)
 class Memory:
     """What the room decision knows of memory: the budgets, each model's footprint (by
-    name; a model with none counts 0), the clock and `serving.min_residency`."""
+    name; a model with none counts 0), the clock, `serving.min_residency` and the
+    manifest's groups."""
 
     budgets: tuple[Budget, ...]
     footprints: Mapping[str, Footprint] = field(default_factory=dict)
     now: float = 0.0
     min_residency: float = 0.0
     pinned: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    groups: Groups = field(default_factory=Groups)
 
     def bytes_of(self, name: str) -> int:
         found = self.footprints.get(name)
@@ -174,7 +182,8 @@ class Memory:
 
 @dataclass(frozen=True)
 class Unit:
-    """A model's pools that go together: evicted (idle) or claimed (being stopped)."""
+    """The pools that go together (a model's, or a together group's): evicted (idle) or
+    claimed (being stopped)."""
 
     pools: tuple[Pool, ...]
     claim: bool
@@ -189,12 +198,12 @@ def victim_cost(footprint: int, idle: float) -> float:
     return footprint * (1 + RECENT / (RECENT + max(0.0, idle)))
 
 
-def usage(pools: Sequence[Pool], skip: str) -> dict[str, int]:
+def usage(pools: Sequence[Pool], skip: Collection[str]) -> dict[str, int]:
     """Pure: bytes in use per device by the pools that hold room (loaded, or stopping
-    and claimed by no load), except model `skip`'s."""
+    and claimed by no load), except the models in `skip`."""
     used: dict[str, int] = {}
     for pool in pools:
-        if pool.runtime.name == skip or pool.placement is None:
+        if pool.runtime.name in skip or pool.placement is None:
             continue
         if pool.loaded or (pool.stopping is not None and not pool.claimed):
             for device, size in pool.placement.shares:
@@ -202,28 +211,35 @@ def usage(pools: Sequence[Pool], skip: str) -> dict[str, int]:
     return used
 
 
-def units(pools: Sequence[Pool], skip: str, memory: Memory) -> list[Unit]:
-    """Pure: the models that could give room, by name: being stopped and unclaimed
-    (free), or loaded with every pool evictable and past its min_residency."""
-    loaded: dict[str, list[Pool]] = {}
-    stopping: dict[str, list[Pool]] = {}
+def units(
+    pools: Sequence[Pool], skip: str, memory: Memory, leaving: Collection[str] = ()
+) -> list[Unit]:
+    """Pure: what could give room, by model (a together group's models as one): being
+    stopped and unclaimed (free), or loaded with every pool evictable and past its
+    min_residency. Not model `skip` nor its together group, nor the models `leaving`."""
+    own = memory.groups.unit(skip)
+    loaded: dict[frozenset[str], list[Pool]] = {}
+    stopping: dict[frozenset[str], list[Pool]] = {}
     for pool in pools:
-        if pool.runtime.name == skip:
+        name = pool.runtime.name
+        if name in own or name in leaving:
             continue
         if pool.loaded:
-            loaded.setdefault(pool.runtime.name, []).append(pool)
+            loaded.setdefault(memory.groups.unit(name), []).append(pool)
         elif pool.stopping is not None and not pool.claimed:
-            stopping.setdefault(pool.runtime.name, []).append(pool)
+            stopping.setdefault(memory.groups.unit(name), []).append(pool)
     out: list[Unit] = []
-    for name, ps in stopping.items():
-        if name not in loaded:
+    for key, ps in stopping.items():
+        if key not in loaded:
             out.append(Unit(tuple(ps), True, _freed(ps), 0.0, max(p.last_used for p in ps)))
-    for name, ps in loaded.items():
+    for ps in loaded.values():
         settled = all(memory.now - p.loaded_at >= memory.min_residency for p in ps)
         if all(p.evictable for p in ps) and settled:
             last = max(p.last_used for p in ps)
-            cost = victim_cost(memory.bytes_of(name), memory.now - last)
-            out.append(Unit(tuple(ps), False, _freed(ps), cost, last))
+            size = sum(memory.bytes_of(n) for n in {p.runtime.name for p in ps})
+            out.append(
+                Unit(tuple(ps), False, _freed(ps), victim_cost(size, memory.now - last), last)
+            )
     return out
 
 
@@ -293,19 +309,26 @@ class MemoryRoom:
 
 
 def plan_memory(
-    pools: Sequence[Pool], loading: Pool, max_loaded: int | None, memory: Memory
+    pools: Sequence[Pool],
+    loading: Pool,
+    max_loaded: int | None,
+    memory: Memory,
+    leaving: Collection[str] = (),
 ) -> MemoryRoom | None:
     """Pure: the placement of `loading` and the room it takes, by memory (and under the
     optional `max_loaded` models); None when no room can be made now (everything that
-    holds the room it needs is pinned, kept warm, busy, draining or just loaded)."""
+    holds the room it needs is pinned, kept warm, busy, draining or just loaded).
+    `leaving`: the models this load unloads anyway (its exclusive group's others)."""
     name = loading.runtime.name
     need = memory.bytes_of(name)
-    options = units(pools, name, memory)
-    used = usage(pools, name)
+    options = units(pools, name, memory, leaving)
+    used = usage(pools, {name, *leaving})
     holding = {
         p.runtime.name
         for p in pools
-        if p.runtime.name != name and (p.loaded or (p.stopping is not None and not p.claimed))
+        if p.runtime.name != name
+        and p.runtime.name not in leaving
+        and (p.loaded or (p.stopping is not None and not p.claimed))
     }
     count = 0 if max_loaded is None else max(0, len(holding) + 1 - max_loaded)
     by_budget = {b.device: b for b in memory.budgets}
@@ -329,7 +352,7 @@ def plan_memory(
 
 def view(budgets: Sequence[Budget], pools: Sequence[Pool]) -> list[dict[str, Any]]:
     """Pure: each device's budget and the bytes in use on it, for `blazar ps --json`."""
-    used = usage(pools, "")
+    used = usage(pools, ())
     return [
         {"device": b.device, "budget": b.bytes, "total": b.total, "used": used.get(b.device, 0)}
         for b in budgets
