@@ -182,6 +182,7 @@ LoraName = Annotated[
 KeyName = Annotated[str, _simple("key"), _doc(pattern=SIMPLE_NAME_PATTERN)]
 RemoteName = Annotated[str, _simple("remote"), _doc(pattern=SIMPLE_NAME_PATTERN)]
 McpName = Annotated[str, _simple("MCP server"), _doc(pattern=SIMPLE_NAME_PATTERN)]
+GroupName = Annotated[str, _simple("group"), _doc(pattern=SIMPLE_NAME_PATTERN)]
 LaneId = Annotated[str, _simple("fork lane"), _doc(pattern=SIMPLE_NAME_PATTERN)]
 SourceText = Annotated[str, AfterValidator(check_source), _doc(minLength=1)]
 Sha256 = Annotated[str, AfterValidator(check_sha256), _doc(pattern=SHA256_PATTERN)]

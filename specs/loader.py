@@ -9,7 +9,7 @@ models.other; did you mean 'ctx'?`.
 
 A directory is merged file by file in sorted name order: the `*.toml`,
 `*.yaml` and `*.yml` files directly in it, not hidden ones; the rest is
-ignored. Resources (`engines`, `models`, `loras`, `keys`, `remotes`, `mcp`) are
+ignored. Resources (`engines`, `models`, `loras`, `groups`, `keys`, `remotes`, `mcp`) are
 tables keyed by name, so one name declared in two files is an error naming
 both places; `keys` and `remotes` may also be written as the user guide writes
 them, arrays of tables whose entries name themselves (`[[keys]]` with
@@ -58,7 +58,7 @@ __all__ = [
 ]
 
 SUFFIXES = {".toml": "toml", ".yaml": "yaml", ".yml": "yaml"}
-RESOURCES = ("engines", "models", "loras", "keys", "remotes", "mcp")
+RESOURCES = ("engines", "models", "loras", "groups", "keys", "remotes", "mcp")
 MERGED_BY_FIELD = ("serving", "kubernetes")
 HOSTS = "hosts"  # the overlays' folder in a manifest directory
 _TOML_WHERE = re.compile(r"^(.*) \(at line (\d+), column (\d+)\)$", re.S)

@@ -16,8 +16,17 @@ from typing import Any, Literal
 from pydantic import Field, ModelWrapValidatorHandler, PrivateAttr, model_validator
 
 from specs.engines import Engine, EngineRouting
-from specs.fields import EngineName, KeyName, LoraName, McpName, ModelName, RemoteName
+from specs.fields import (
+    EngineName,
+    GroupName,
+    KeyName,
+    LoraName,
+    McpName,
+    ModelName,
+    RemoteName,
+)
 from specs.fleet import Kubernetes, Remote
+from specs.groups import Group
 from specs.keys import Key
 from specs.mcp import McpServer
 from specs.models import Lora, Model
@@ -59,6 +68,11 @@ class Manifest(Table):
     loras: dict[LoraName, Lora] = Field(
         default_factory=dict,
         description="LoRA adapters by name.",
+    )
+    groups: dict[GroupName, Group] = Field(
+        default_factory=dict,
+        description="Groups of models by name: one at a time (exclusive) or loaded as one "
+        "(together); `blazar coreside` shows what can be resident at once.",
     )
     keys: dict[KeyName, Key] = Field(
         default_factory=dict,
@@ -183,6 +197,15 @@ class Manifest(Table):
     def slots_for(self, model: str) -> int:
         """Parallel sequences per instance of `model`."""
         return self.models[model].slots or self.serving.default_slots
+
+    def groups_of(self, model: str) -> list[str]:
+        """The groups `model` (a declared name) is in, in declaration order."""
+        return [g for g, group in self.groups.items() if model in self.group_members(g)]
+
+    def group_members(self, group: str) -> list[str]:
+        """The declared names of a group's models (aliases resolved; the validator
+        refused a member that names no declared model)."""
+        return [n for ref in self.groups[group].models if (n := self.resolve_model(ref))]
 
     def keep_alive_for(self, model: str) -> float:
         """Seconds `model` stays loaded when idle (-1: forever)."""

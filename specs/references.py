@@ -1,8 +1,9 @@
 """Cross-references between a manifest's resources, checked over the whole document.
 
 A lora names a model, a model names an engine, its draft and the remotes it fails
-over to, a key names models, and a
-model's aliases must not collide with another model's name or aliases. These
+over to, a key and a group name models (a model is in one exclusive group at most, and
+not a pinned one), and a model's aliases must not collide with another model's name or
+aliases. These
 checks read plain data (the parsed document or `Manifest.model_dump()`) and
 tolerate values of the wrong type, so the loader can report dangling
 references in the same pass as type errors. `specs.manifest` runs them as the
@@ -192,6 +193,42 @@ def reference_findings(doc: Mapping[str, Any]) -> list[Finding]:
                         f"the draft of model {name!r} names model {ref!r}, a "
                         f"{model_kind(models[base])} model; a draft is a chat model",
                         "name a chat model of the same family",
+                    )
+                )
+    exclusive_of: dict[str, str] = {}  # declared model -> the exclusive group it is in
+    for name, body in _tables(doc, "groups").items():
+        members: set[str] = set()
+        for i, ref in _strings(body.get("models")):
+            path = ("groups", name, "models", i)
+            check(path, f"group {name!r}", ref)
+            model = owner.get(canonical(ref))
+            if model is None:
+                continue
+            if model in members:
+                found.append(Finding(path, f"group {name!r} names model {model!r} twice"))
+                continue
+            members.add(model)
+            if body.get("exclusive") is not True:
+                continue
+            first = exclusive_of.setdefault(model, name)
+            if first != name:
+                found.append(
+                    Finding(
+                        path,
+                        f"model {model!r} is in exclusive groups {first!r} and {name!r}: a "
+                        "model is in one exclusive group at most",
+                        "take it out of one of them",
+                    )
+                )
+            replicas = models[model].get("replicas")
+            if models[model].get("pin") is True or (isinstance(replicas, int) and replicas > 0):
+                why = "pinned (pin = true)" if models[model].get("pin") is True else "kept warm"
+                found.append(
+                    Finding(
+                        path,
+                        f"model {model!r} is {why} and in exclusive group {name!r}: loading "
+                        "another of the group would have to unload it",
+                        "take it out of the group, or unpin it",
                     )
                 )
     remotes = list(_tables(doc, "remotes"))

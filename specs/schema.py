@@ -33,6 +33,7 @@ SECTIONS = [
     ("engine_routing", "[engine_routing]", "EngineRouting"),
     ("models", "[models.NAME]", "Model"),
     ("loras", "[loras.NAME]", "Lora"),
+    ("groups", "[groups.NAME]", "Group"),
     ("keys", "[keys.NAME]", "Key"),
     ("remotes", "[remotes.NAME]", "Remote"),
     ("mcp", "[mcp.NAME]", "McpServer"),

@@ -216,7 +216,6 @@ def test_migrate_llama_swap_maps_what_it_can_and_lists_the_rest(
         "models.Tiny-Chat.env",
         "models.Tiny-Chat.filters",
         "models.whisper.cmd",
-        "groups.chat",
         "healthCheckTimeout",
         "startPort",
     ]
@@ -224,6 +223,7 @@ def test_migrate_llama_swap_maps_what_it_can_and_lists_the_rest(
         assert where in unmapped, where
         assert where in out.read_text()  # in the manifest's header too
     assert "not llama-server" in unmapped["models.whisper.cmd"]
+    assert not manifest.groups  # a group of one swaps with nothing: none declared
     # diff reads it; apply carries it out
     plan = blazar("diff", str(out), "--detailed-exitcode", ok=False)
     assert plan.exit_code == 2 and "+ models.tiny-chat" in plan.stdout
@@ -245,6 +245,66 @@ def test_migrate_llama_swap_refuses_what_is_not_a_config(blazar: Blazar, tmp_pat
     bad.write_text("logLevel: info\n")
     refused = blazar("migrate", "llama-swap", str(bad), ok=False)
     assert "has no `models:` mapping" in refused.output
+
+
+SWAP_GROUPS = """
+models:
+  A: {cmd: "llama-server -m a.gguf"}
+  b: {cmd: "llama-server -m b.gguf"}
+  c: {cmd: "llama-server -m c.gguf"}
+  d: {cmd: "llama-server -m d.gguf"}
+  e: {cmd: "llama-server -m e.gguf"}
+  f: {cmd: "llama-server -m f.gguf"}
+  g: {cmd: "llama-server -m g.gguf"}
+groups:
+  Big-Ones:
+    members: [A, b, gone]
+  side:
+    swap: false
+    exclusive: false
+    members: [c, d]
+  keep:
+    persistent: true
+    swap: false
+    members: [e]
+  keep-swap:
+    persistent: true
+    members: [f, g]
+    color: blue
+hooks:
+  on_startup:
+    preload: [A, c]
+"""
+
+
+def test_migrate_llama_swap_maps_its_groups_onto_blazar_groups(
+    blazar: Blazar, tmp_path: Path
+) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(SWAP_GROUPS)
+    out = tmp_path / "swap.toml"
+    data = json.loads(blazar("migrate", "llama-swap", str(config), "-o", str(out), "--json").stdout)
+    manifest = load_manifest(out)
+    # swap (the default): one at a time, an exclusive group; names to Blazar's rules
+    assert manifest.groups["big-ones"].models == ["a", "b"]
+    assert manifest.groups["big-ones"].exclusive
+    assert manifest.groups["keep-swap"].models == ["f", "g"]
+    assert "keep" not in manifest.groups and "side" not in manifest.groups  # swap: false
+    # persistent: pinned, unless the group swaps (a pin cannot be in an exclusive group)
+    pins = sorted(n for n, m in manifest.models.items() if m.pin)
+    assert pins == ["e"]
+    # preloaded: kept warm, unless it swaps
+    warm = sorted(n for n, m in manifest.models.items() if m.replicas)
+    assert warm == ["c"]
+    # the persistent groups (keep 1, keep-swap 1 at a time) + the most of side (2, swap
+    # false, not exclusive) or big-ones (1 at a time)
+    assert manifest.serving.max_loaded_models == 4
+    unmapped = {(u["where"], u["what"]) for u in data["unmapped"]}
+    assert ("groups.Big-Ones.members", "gone") in unmapped
+    assert ("groups.keep-swap.color", "blue") in unmapped
+    assert ("hooks.on_startup.preload", "A") in unmapped
+    assert not any(where in ("groups.Big-Ones", "groups.side") for where, _ in unmapped)
+    assert "persistent, but a pinned model cannot be in an exclusive group" in out.read_text()
 
 
 BASE = Path("/models")

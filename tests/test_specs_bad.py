@@ -143,7 +143,7 @@ def test_duplicate_top_level_keys_across_files() -> None:
         load_manifest_files([("a.toml", "version = 1\n"), ("b.yaml", "version: 1\nfoo: 2\n")])
     assert [str(p) for p in info.value.problems] == [
         "b.yaml:2: unknown section 'foo'; sections are $schema, version, serving, engines, "
-        "engine_routing, models, loras, keys, remotes, mcp, kubernetes"
+        "engine_routing, models, loras, groups, keys, remotes, mcp, kubernetes"
     ]
 
 

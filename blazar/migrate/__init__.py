@@ -127,7 +127,7 @@ def render(
         doc["serving"] = serving
     for key, value in migrated.sections.items():
         doc[key] = value
-    for section in ("engines", "models", "loras", "keys", "remotes", "mcp"):
+    for section in ("engines", "models", "loras", "groups", "keys", "remotes", "mcp"):
         named = migrated.resources.get(section)
         if not named:
             continue

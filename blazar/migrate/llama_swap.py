@@ -1,17 +1,17 @@
 """`blazar migrate llama-swap config.yaml`: llama-swap's models, as far as they map.
 
-Read: macros (global and per model, `${env.VAR}` from the environment,
-`${MODEL_ID}`), each model's `cmd` when it runs llama-server (its flags mapped by
-`blazar.migrate.server_flags`: the GGUF, ctx, slots, sampling, cache and loading
-flags become fields, other llama-server flags `args`, `--lora` always-on
-adapters), `ttl` (`keep_alive`; 0 is never), `aliases`, `globalTTL`,
-`hooks.on_startup.preload` (`replicas = 1`), `apiKeys` (`[keys]`, their sha256
-only), `peers` (`[remotes]`) and the legacy `groups`: llama-swap runs one model
-at a time unless groups say otherwise, so `serving.max_loaded_models` becomes the
-most models its groups would hold at once and a persistent group's models are
-pinned. Everything else (per-model env, cmdStop, filters, the matrix solver, a
-cmd that runs another server, ...) is listed with why (`blazar.migrate.Unmapped`).
-Pure apart from reading the one file.
+Read: macros (global and per model, `${env.VAR}` from the environment, `${MODEL_ID}`),
+each model's `cmd` when it runs llama-server (its flags mapped by
+`blazar.migrate.server_flags`: the GGUF, ctx, slots, sampling, cache and loading flags
+become fields, other llama-server flags `args`, `--lora` always-on adapters), `ttl`
+(`keep_alive`; 0 is never), `aliases`, `globalTTL`, `hooks.on_startup.preload`
+(`replicas = 1`), `apiKeys` (`[keys]`, their sha256 only), `peers` (`[remotes]`) and
+`groups`: a swap group becomes `[groups.NAME]` with `exclusive = true` (`_groups`), a
+persistent group's models are pinned, and since llama-swap runs one model at a time
+unless groups say otherwise, `serving.max_loaded_models` becomes the most models its
+groups would hold at once. Everything else (per-model env, cmdStop, filters, the
+matrix solver, a cmd that runs another server, ...) is listed with why
+(`blazar.migrate.Unmapped`). Pure apart from reading the one file.
 """
 
 from __future__ import annotations
@@ -231,7 +231,14 @@ def _globals(
     _groups(out, data, names)
     preload = ((data.get("hooks") or {}).get("on_startup") or {}).get("preload") or []
     for model_id in preload:
-        if str(model_id) in names:
+        if str(model_id) in names and (group := swapping(out, names[str(model_id)])):
+            out.skip(
+                "hooks.on_startup.preload",
+                model_id,
+                f"it swaps with the others of groups.{group}: a model kept warm "
+                "(replicas = 1) cannot be in an exclusive group; it loads on first use",
+            )
+        elif str(model_id) in names:
             out.resources["models"][names[str(model_id)]]["replicas"] = 1
         else:
             out.skip("hooks.on_startup.preload", model_id, "a model that was not migrated")
@@ -291,13 +298,21 @@ def _peer(out: Migrated, peer_id: str, peer: Any) -> None:
 
 
 def _groups(out: Migrated, data: dict[str, Any], names: dict[str, str]) -> None:
+    """llama-swap's groups: a `swap` group of two models or more (one at a time, the
+    default) becomes `[groups.NAME]` with `exclusive = true`; a persistent group's models
+    are pinned (when it also swaps, the group is declared and they are not: a pinned
+    model cannot be in an exclusive group); `swap: false` needs no group (Blazar's models
+    run together while memory allows). Across groups, llama-swap's `exclusive` (loading
+    one group unloads the others) has no equivalent: `serving.max_loaded_models` is set
+    to the most models its groups would hold at once."""
     groups = data.get("groups") or {}
     if data.get("matrix"):
         out.skip(
             "matrix",
             data["matrix"],
-            "Blazar has no swap solver: it keeps at most "
-            "serving.max_loaded_models loaded and evicts the least recently used",
+            "Blazar has no swap solver: it keeps what fits serving.memory_budget (at most "
+            "serving.max_loaded_models) and evicts the cheapest idle models; declare "
+            "[groups.NAME] for models that must swap",
         )
     if not isinstance(groups, dict) or not groups:
         if not data.get("matrix"):
@@ -305,34 +320,62 @@ def _groups(out: Migrated, data: dict[str, Any], names: dict[str, str]) -> None:
             out.notes.append("serving.max_loaded_models = 1: llama-swap runs one model at a time.")
         return
     grouped: set[str] = set()
+    taken: set[str] = set()
     persistent = exclusive = together = 0
     for group_id, group in groups.items():
+        where = f"groups.{group_id}"
         if not isinstance(group, dict):
-            out.skip(f"groups.{group_id}", group, "not a mapping")
+            out.skip(where, group, "not a mapping")
             continue
         members = [str(m) for m in group.get("members") or []]
         grouped.update(members)
-        holds = 1 if group.get("swap", True) else max(len(members), 1)
+        for member in members:
+            if member not in names:
+                out.skip(f"{where}.members", member, "a model that was not migrated")
+        declared = [names[m] for m in members if m in names]
+        swaps = bool(group.get("swap", True))
+        holds = 1 if swaps else max(len(members), 1)
         if group.get("persistent", False):
             persistent += holds
-            for member in members:
-                if member in names:
-                    out.resources["models"][names[member]]["pin"] = True
         elif group.get("exclusive", True):
             exclusive = max(exclusive, holds)
         else:
             together += holds
-        out.skip(
-            f"groups.{group_id}",
-            {k: v for k, v in group.items() if k != "members"} | {"members": members},
-            "Blazar has no groups: it keeps at most serving.max_loaded_models loaded (set "
-            "from the groups) and pins a persistent group's models",
-        )
+        for extra in sorted(set(group) - {"members", "swap", "exclusive", "persistent"}):
+            out.skip(f"{where}.{extra}", group[extra], "Blazar's groups have no such setting")
+        if swaps and len(declared) > 1:
+            name = unique(clean_name(str(group_id)).replace(":", "-"), taken)
+            out.declare(
+                "groups",
+                name,
+                {
+                    "models": declared,
+                    "exclusive": True,
+                    "description": f"llama-swap's group {group_id} (swap: one at a time)",
+                },
+            )
+            if group.get("persistent", False):
+                out.notes.append(
+                    f"groups.{name}: llama-swap's group {group_id} is persistent, but a "
+                    "pinned model cannot be in an exclusive group: its models are not pinned."
+                )
+        elif group.get("persistent", False):
+            for member in declared:
+                out.resources["models"][member]["pin"] = True
     if set(names) - grouped:  # llama-swap's default group: one at a time, exclusive
         exclusive = max(exclusive, 1)
     most = persistent + max(exclusive, together)
     out.serving["max_loaded_models"] = max(most, 1)
     out.notes.append(
         f"serving.max_loaded_models = {max(most, 1)}: the most models llama-swap's groups "
-        "hold loaded at once."
+        "hold loaded at once (a group's exclusive, unloading the other groups, has no "
+        "Blazar equivalent: this cap stands in for it)."
     )
+
+
+def swapping(out: Migrated, model: str) -> str | None:
+    """The exclusive group a migrated model is in, if any."""
+    for name, fields in out.resources.get("groups", {}).items():
+        if model in fields["models"]:
+            return name
+    return None

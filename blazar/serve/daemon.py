@@ -68,7 +68,7 @@ from blazar.serve.state.tracing import Observer, Settings
 from blazar.serve.supervisor.build import build_runtimes
 from blazar.serve.supervisor.child_http import ChildConnections
 from blazar.serve.supervisor.instance import Instance
-from blazar.serve.supervisor.scheduler import Scheduler
+from blazar.serve.supervisor.scheduler import Groups, Scheduler
 from blazar.store.db import Store
 from reconcilers.ports import OfferView
 from specs.manifest import Manifest
@@ -299,6 +299,7 @@ class Daemon:
         self.scheduler.queue_timeout = manifest.serving.queue_timeout
         self.scheduler.memory_budget = manifest.serving.memory_budget
         self.scheduler.min_residency = manifest.serving.min_residency
+        self.scheduler.groups = Groups.of(manifest)
         self.children.timeout = read_timeout(manifest)
         self._observe(manifest)
         changes = await self.scheduler.update(runtimes)

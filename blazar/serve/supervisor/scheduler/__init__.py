@@ -5,7 +5,8 @@ Importers (the daemon, the request path, the session bank, the metrics, tests) u
 module per concern, layered (pyproject's import contract): `core` (the `Scheduler`,
 composing the others) > `reload` (update, roll, retire, adapters added) > `capacity`
 (load, evict, keep_alive, drain and stop) | `queueing` (slots, the queue, priority,
-hand-off) > `pools` (Pool, Member, Waiter, Target, Lease, Decision) | `errors`.
+hand-off) > `memory` (placement, victims) > `groups` (co-residency) > `pools` (Pool,
+Member, Waiter, Target, Lease, Decision) | `errors`.
 """
 
 from blazar.serve.supervisor.scheduler.capacity import (
@@ -28,6 +29,7 @@ from blazar.serve.supervisor.scheduler.errors import (
     TooLarge,
     model_not_found,
 )
+from blazar.serve.supervisor.scheduler.groups import Groups
 from blazar.serve.supervisor.scheduler.pools import Decision, Lease, Member, Pool, Target, Waiter
 from blazar.serve.supervisor.scheduler.reload import adapters_added, reload_action
 
@@ -37,6 +39,7 @@ __all__ = [
     "BeforeStop",
     "Busy",
     "Decision",
+    "Groups",
     "InstanceFactory",
     "Lease",
     "Member",

@@ -10,6 +10,10 @@ least recently used idle model (`plan_room`). Pins and warm replicas are never e
 When no room can be made now (what holds it is busy, or loaded less than
 `serving.min_residency` ago), the load waits for room, up to `serving.queue_timeout`,
 woken whenever a model goes idle or stops (priority loads first); only then 503.
+The manifest's groups (`groups`): loading a model of an exclusive group drains the
+group's others that are loaded and waits for them to stop (their room is its own); a
+together group is evicted and expires as one, and `on_load` is told of every load so
+that the scheduler loads its companions.
 Decisions apart from effects: the plans are pure functions of the pools,
 made and acted on without an await in between, so no other task can interleave (no
 lock is needed, and none is held while a child stops). The victims are marked at
@@ -32,11 +36,12 @@ import contextlib
 import logging
 import math
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from blazar.serve.supervisor.scheduler.errors import NoCapacity, TooLarge
+from blazar.serve.supervisor.scheduler.groups import Groups, Swap, due, plan_swap
 from blazar.serve.supervisor.scheduler.memory import Memory, MemoryRoom, plan_memory, too_big
 from blazar.serve.supervisor.scheduler.pools import Pool
 
@@ -67,18 +72,21 @@ class Room:
     claim: tuple[Pool, ...] = ()
 
 
-def plan_room(pools: Sequence[Pool], loading: Pool, max_loaded: int) -> Room | None:
+def plan_room(
+    pools: Sequence[Pool], loading: Pool, max_loaded: int, leaving: Collection[str] = ()
+) -> Room | None:
     """Pure: the room `loading` needs under `max_loaded` models, None when there is none.
 
     Counted: models with a loaded pool, and models being stopped that no other load has
-    claimed. A model's pools (its pool and an elder) go together, and are evicted only
+    claimed, but not those `leaving` (the load unloads them anyway: its exclusive
+    group's). A model's pools (its pool and an elder) go together, and are evicted only
     when all of them may be, least recently used first.
     """
     name = loading.runtime.name
     loaded: dict[str, list[Pool]] = {}
     stopping: dict[str, list[Pool]] = {}
     for pool in pools:
-        if pool is loading or pool.runtime.name == name:
+        if pool is loading or pool.runtime.name == name or pool.runtime.name in leaving:
             continue
         if pool.loaded:
             loaded.setdefault(pool.runtime.name, []).append(pool)
@@ -99,8 +107,9 @@ def plan_room(pools: Sequence[Pool], loading: Pool, max_loaded: int) -> Room | N
 
 class Capacity:
     """The loads, keep-alives and stops of the scheduler's pools (`pools()`: all of them,
-    retired ones included); `on_unload(pool)` is told when a pool starts unloading, and
-    `on_stopped(pool)` once its children have stopped."""
+    retired ones included); `on_unload(pool)` is told when a pool starts unloading,
+    `on_stopped(pool)` once its children have stopped, and `on_load(pool)` when a load
+    is decided."""
 
     def __init__(
         self,
@@ -114,11 +123,14 @@ class Capacity:
         before_stop_timeout: float = BEFORE_STOP_TIMEOUT,
         memory: Callable[[], Memory | None] = lambda: None,
         room_timeout: Callable[[], float] = lambda: 0.0,
+        groups: Callable[[], Groups] = Groups,
+        on_load: Callable[[Pool], None] = lambda pool: None,
     ) -> None:
         self.pools, self.max_loaded, self.clock = pools, max_loaded, clock
         self.memory, self.room_timeout = memory, room_timeout
+        self.groups, self.on_load = groups, on_load
         self.room_waiters: deque[asyncio.Future[None]] = deque()  # loads waiting for room
-        self.evicted_for: dict[str, int] = {}  # evictions by reason (memory | count)
+        self.evicted_for: dict[str, int] = {}  # evictions by reason (memory | count | group)
         self.on_unload, self.on_stopped = on_unload, on_stopped
         self.before_stop, self.before_stop_timeout = before_stop, before_stop_timeout
         self.evictions: dict[str, int] = {}  # models evicted so far, for /metrics
@@ -131,12 +143,19 @@ class Capacity:
 
     # -- loading --------------------------------------------------------------------------
 
-    def plan(self, pool: Pool) -> Room | MemoryRoom | None:
-        """Pure given the pools and the memory view: the room loading `pool` takes now."""
+    def plan(self, pool: Pool, leaving: Collection[str] = ()) -> Room | MemoryRoom | None:
+        """Pure given the pools and the memory view: the room loading `pool` takes now
+        (`leaving`: the models it unloads anyway, its exclusive group's others)."""
         memory = self.memory()
         if memory is None:
-            return plan_room(self.pools(), pool, self.max_loaded)
-        return plan_memory(self.pools(), pool, self.max_loaded, memory)
+            return plan_room(self.pools(), pool, self.max_loaded, leaving)
+        return plan_memory(self.pools(), pool, self.max_loaded, memory, leaving)
+
+    def swap(self, pool: Pool) -> Swap | None:
+        """Pure given the pools: what loading `pool` asks of its exclusive groups."""
+        memory = self.memory()
+        residency = memory.min_residency if memory is not None else 0.0
+        return plan_swap(self.pools(), pool, self.groups(), self.clock(), residency)
 
     def refusal(self, pool: Pool) -> str | None:
         """Why `pool` can never be loaded here (bigger than the budget), or None."""
@@ -163,13 +182,15 @@ class Capacity:
         while True:
             if pool.loaded or pool.loading is not None or pool.stopping is not None:
                 return loop.time() - began  # another request loaded it while this waited
-            room = self.plan(pool)
-            if room is not None:
+            swap = self.swap(pool)
+            room = self.plan(pool, swap.names) if swap is not None else None
+            if swap is not None and room is not None:
                 break
             left = began + self.room_timeout() - loop.time()
             if left <= 0:
                 raise self.no_room(pool)
             await self.wait_for_room(min(left, self.next_settled()), priority)
+        assert swap is not None
         waited = loop.time() - began
         reason = "memory" if isinstance(room, MemoryRoom) else "count"
         if isinstance(room, MemoryRoom):
@@ -185,10 +206,23 @@ class Capacity:
             self.evicted_for[reason] = self.evicted_for.get(reason, 0) + 1
             if evicted is not None and name not in evicted:
                 evicted.append(name)
-        freed = [*room.evict, *room.claim]
+        for rival in swap.leave:
+            logger.info(
+                "unloading '%s' to load '%s' (exclusive group)",
+                rival.runtime.name,
+                pool.runtime.name,
+            )
+            self.drain(rival)
+            name = rival.runtime.name
+            self.evictions[name] = self.evictions.get(name, 0) + 1
+            self.evicted_for["group"] = self.evicted_for.get("group", 0) + 1
+            if evicted is not None and name not in evicted:
+                evicted.append(name)
+        freed = [*room.evict, *room.claim, *swap.leave, *swap.wait]
         for each in freed:
             each.claimed = True
         pool.loaded, pool.expires_at = True, None
+        self.on_load(pool)
         stops = [p.stopping for p in freed if p.stopping is not None]
         if not stops:
             return waited
@@ -276,12 +310,7 @@ class Capacity:
 
     async def reap(self) -> None:
         """Unload idle models whose keep_alive ran out, and wait for them to stop."""
-        now = self.clock()
-        expired = [
-            p
-            for p in self.pools()
-            if p.evictable and p.expires_at is not None and p.expires_at <= now
-        ]
+        expired = due(self.pools(), self.clock(), self.groups())
         await asyncio.gather(*(self.begin_unload(p) for p in expired))
 
     # -- stopping -------------------------------------------------------------------------

@@ -3,23 +3,25 @@
 The daemon makes one `Scheduler` and hands it every pass's runtimes (`update`); the
 request path resolves a name once (`resolve`, to a `Target`: the pool, the adapters
 asked for, and the replica when `model#N` addressed one), leases a slot of it
-(`acquire`) and gives it back (`release`). It composes its parts: `queueing` (slots,
-the queue, priority, hand-off), `capacity` (load on demand, placement and eviction by
-memory with `max_loaded_models` as an extra cap, waiting for room, keep_alive, drains
-and stops), `memory` (the pure placement) and `reload` (hot reload: update, roll,
-retire, adapters added). It keeps each model's footprint: `fit`'s estimate until a
-child of it was measured (its peak resident set, or its GPU memory, when it is ready and
-again when it unloads), then the measure, which `on_measured` hands to the store so
-that the next serve starts from it. A full queue or an expired wait is `Busy` (503
-all_slots_busy with Retry-After); nothing is dropped silently. The instances are
-made by an injected factory (`make_instance`), so tests schedule stand-ins without
-processes.
+(`acquire`) and gives it back (`release`). It composes its parts: `queueing` (slots, the
+queue, priority, hand-off), `capacity` (load on demand, placement and eviction by memory
+with `max_loaded_models` as an extra cap, waiting for room, keep_alive, drains and
+stops), `memory` (the pure placement) and `reload` (hot reload: update, roll, retire,
+adapters added), honouring the manifest's groups (`groups`: a together group's
+companions loaded beside a model and unloaded with it). It keeps each model's footprint:
+`fit`'s estimate until a child of it was measured (its peak resident set, or its GPU
+memory, when it is ready and again when it unloads), then the measure, which
+`on_measured` hands to the store so that the next serve starts from it. A full queue or
+an expired wait is `Busy` (503 all_slots_busy with Retry-After); nothing is dropped
+silently. The instances are made by an injected factory (`make_instance`), so tests
+schedule stand-ins without processes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -44,6 +46,7 @@ from blazar.serve.supervisor.scheduler.errors import (
     Starting,
     model_not_found,
 )
+from blazar.serve.supervisor.scheduler.groups import Groups
 from blazar.serve.supervisor.scheduler.memory import (
     Budget,
     Footprint,
@@ -56,6 +59,7 @@ from blazar.serve.supervisor.scheduler.pools import Decision, Lease, Member, Poo
 from blazar.serve.supervisor.scheduler.reload import Reload
 from specs.names import AdapterChoice
 
+logger = logging.getLogger("blazar.serve")
 InstanceFactory = Callable[[InstanceSpec], Instance]
 # (model, sha256 of its file, device kind) -> bytes one instance was measured at
 Measured = Mapping[tuple[str, str, str], int]
@@ -90,6 +94,7 @@ class Scheduler:
         self.measured: dict[tuple[str, str, str], int] = dict(measured or {})
         self.on_measured = on_measured
         self.estimates: dict[str, Footprint] = {}
+        self.groups = Groups()  # the manifest's [groups], set on each pass
         self.max_queue = max_queue
         self.queue_timeout = queue_timeout
         self.log_dir = log_dir
@@ -111,6 +116,8 @@ class Scheduler:
             before_stop_timeout=before_stop_timeout,
             memory=self.memory,
             room_timeout=lambda: self.queue_timeout,
+            groups=lambda: self.groups,
+            on_load=self._on_load,
         )
         self.reload = Reload(self.pools, self.retired, self.capacity, self._pool)
         for runtime in runtimes.values():
@@ -170,6 +177,7 @@ class Scheduler:
             {p.runtime.name: self.footprint(p.runtime) for p in pools},
             now=self.clock(),
             min_residency=self.min_residency,
+            groups=self.groups,
         )
 
     def measure(self, pool: Pool) -> None:
@@ -244,13 +252,53 @@ class Scheduler:
 
     def _on_unload(self, pool: Pool) -> None:
         """Its children still run: measure their peak once more. An elder that unloads
-        is dropped: the model converges to its current pool."""
+        is dropped: the model converges to its current pool. A model of a together group
+        that unloads (evicted, expired, stopped) takes its companions with it: they drain."""
         self.measure(pool)
         for current in self.pools.values():
             if current.elder is pool:
                 current.elder = None
                 pool.retired = True
                 self.retired.append(pool)
+        if pool.retired or self.pools.get(pool.runtime.name) is not pool:
+            return  # a reload replaces it: its group stays
+        for name in sorted(self.groups.companions(pool.runtime.name)):
+            mate = self.pools.get(name)
+            if mate is not None and mate.loaded and mate.stopping is None:
+                self.capacity.drain(mate)
+
+    def _on_load(self, pool: Pool) -> None:
+        """A load was decided: a together group's companions load beside it."""
+        for name in sorted(self.groups.companions(pool.runtime.name)):
+            mate = self.pools.get(name)
+            if mate is not None and not mate.loaded and mate.loading is None:
+                self.capacity.spawn(self._bring(mate, pool.runtime.name))
+
+    async def _bring(self, pool: Pool, beside: str) -> None:
+        """Load a companion and start its instances; its failure is logged, never the
+        failure of the request that loaded `beside`."""
+        name = pool.runtime.name
+        problem = pool.runtime.refusal or pool.runtime.settings_problem
+        try:
+            if problem is not None:
+                raise InvalidInput(problem)
+            if pool.stopping is not None:
+                await asyncio.shield(pool.stopping)
+            if not pool.loaded and pool.loading is None:
+                await self.capacity.load(pool)
+            elif pool.loading is not None:
+                await asyncio.shield(pool.loading)
+            await asyncio.gather(*(m.instance.ensure_ready() for m in pool.members))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.warning(
+                "'%s' was not loaded beside '%s' (together group): %s", name, beside, exc
+            )
+            return
+        self.measure(pool)
+        if pool.loaded and pool.in_flight == 0 and not pool.waiters and pool.expires_at is None:
+            self.capacity.settle(pool, None)  # its keep_alive counts from now
 
     def _on_stopped(self, pool: Pool) -> None:
         if pool.retired and pool in self.retired:
