@@ -36,6 +36,8 @@ BODIES: dict[str, dict[str, Any]] = {
     "/v1/chat/completions": {"model": NOPE, "messages": HI},
     "/v1/completions": {"model": NOPE, "prompt": "hi"},
     "/v1/embeddings": {"model": NOPE, "input": "hi"},
+    "/v1/rerank": {"model": NOPE, "query": "hi", "documents": ["hi"]},
+    "/rerank": {"model": NOPE, "query": "hi", "documents": ["hi"]},
     "/v1/responses": {"model": NOPE, "input": "hi"},
     "/v1/messages": {
         "model": NOPE,

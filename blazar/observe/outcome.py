@@ -3,7 +3,7 @@
 Pure: `from_response` reads one whole answer and `StreamOutcome` the events of a
 stream, for each engine endpoint the gateway calls (OpenAI chat, completions and
 responses, llama-server's native `/completion`, Anthropic's `/v1/messages`,
-embeddings and token counting). `blazar.serve.state.tracing` calls them when a request
+embeddings, rerank and token counting). `blazar.serve.state.tracing` calls them when a request
 is done, off the answer's way to the client; the sentinels (`blazar.observe.sentinels`)
 and the metrics read the `Outcome`.
 
@@ -144,7 +144,7 @@ def from_response(path: str, payload: Any) -> Outcome:
         out.finish = "limit" if body.get("stop_type") == "limit" else body.get("stop_type")
         out.prompt_tokens = _int(body.get("tokens_evaluated"))
         out.generated_tokens = _int(body.get("tokens_predicted"))  # cached: `NOT_CACHED`
-    elif "embeddings" in path:
+    elif "embeddings" in path or path.endswith("/rerank"):  # scores, not text
         read_usage(out, body.get("usage"))
         return out
     else:  # /v1/chat/completions, /v1/completions

@@ -16,6 +16,8 @@ read no clock: the gateway passes times, ids and durations in, sends the
   and chat logprob answers reshaped), `openai_responses` with `openai_responses_stream`
   (the Responses API onto `/v1/chat/completions`).
 - `model_lists`: `/v1/models` in OpenAI's shapes and Anthropic's.
+- `rerank`: `/v1/rerank` checked, and llama-server's scores shaped as Cohere and Jina
+  clients read them (best first, `top_n`, `return_documents`).
 - `capabilities`: tools and thinking, decided from a model's chat template.
 - `sse`: an incremental decoder of the engine's server-sent events.
 

@@ -1,4 +1,4 @@
-"""Tiny llama-architecture GGUF models and LoRA adapters, written for tests.
+"""Tiny llama-architecture GGUF models, LoRA adapters and a reranker, written for tests.
 
 Blazar's tests serve real models with the real engine (llama.cpp), offline, so
 they make their own: `write_tiny_model` writes a deterministic model of a few
@@ -6,7 +6,9 @@ hundred KB (n_embd 64, 2 layers, 4 heads, a SentencePiece-style vocabulary of
 control tokens, 256 byte tokens, single characters and English word pieces, a
 ChatML chat template) that loads in milliseconds; `write_tiny_lora` writes a
 LoRA adapter for it that makes one word dominate the output, so that "this
-request used that adapter" can be asserted. Test code and fixtures call them.
+request used that adapter" can be asserted; `write_tiny_reranker` writes a reranker
+(a `qwen3` model) with the same vocabulary whose scores follow the query's words
+(its docstring says how). Test code and fixtures call them.
 
 Random weights alone produce byte soup. The trick that makes the output
 readable: residual dimension 0 (`BIAS_DIM`) is held constant. Every token
@@ -50,6 +52,7 @@ __all__ = [
     "tiny_vocab",
     "write_tiny_lora",
     "write_tiny_model",
+    "write_tiny_reranker",
 ]
 
 ARCH = "llama"
@@ -333,3 +336,127 @@ def copy_with_architecture(
             raw_shape=tuple(int(n) for n in reversed(tensor.shape)),
         )
     return _finish(writer, dst)
+
+
+# --- a tiny reranker ------------------------------------------------------------------
+#
+# The residual stream of `write_tiny_reranker`, dimension by dimension.
+_RR_ONE, _RR_BOS, _RR_SEEN, _RR_POOL = 0, 1, 2, 3  # constant 1; BOS flag; outputs of layers
+_RR_CODE = 4  # first of the dimensions holding each token's identity code
+_RR_CODE_DIMS = 30  # a code and the query's constant fit one 32-wide head
+_RR_HEAD = 32  # head size: n_embd 64, 2 heads (the second one all zeros)
+_RR_SHARP = 4.0  # q_norm and k_norm weights: how sharply attention picks a match
+_RR_GAIN = 40.0  # the score's steepness in the pooled share of repeated tokens
+_RR_MARGIN = 0.01  # below the pooled value of all first occurrences: where the score is 1/2
+
+
+def write_tiny_reranker(path: str | os.PathLike[str], *, seed: int = 0) -> Path:
+    """Write a tiny reranker GGUF to `path` (the vocabulary of `write_tiny_model`).
+
+    Served with `--embeddings --pooling rank`, llama-server's `/v1/rerank` scores a
+    document higher the more of its tokens already occur earlier in the prompt, which
+    llama-server builds as `[BOS] query document`: a document repeating the query's
+    words outranks one that does not, for any query, deterministically.
+
+    It is a `qwen3` model because llama.cpp's rank pooling reads the last token there
+    (a llama-architecture model's rank pooling reads the first, which a causal model
+    computes from BOS alone, so every document would score the same), through
+    `cls.output.weight` and a softmax over its classes: two rows (yes, no), the score
+    being the first class's share. How the weights compute it:
+    - every token embedding holds a unit identity code (BOS none, a flag instead);
+    - layer 0, head 0 attends from each token to BOS and to every earlier copy of
+      itself, equally (query = code + constant, key = code, or the constant for BOS;
+      distinct codes are nearly orthogonal, and the sharpness makes them miss), and
+      copies BOS's flag: 1/2 for a first occurrence, 1/3 or less for a repeat;
+    - layer 1, head 0 averages that over every token but BOS (a constant query, BOS
+      alone has a key, pointing away), into the last token;
+    - the head's yes - no logit is `GAIN * (threshold - average)` times the final RMS
+      norm's positive factor, the threshold a little below the average of a prompt
+      without repeats: about 0.1 for a document sharing no token with the query, near
+      1 for one that repeats a few of its words.
+    Rotary embeddings are switched off in effect (linear scaling by 1e6, so a position
+    turns a pair of dimensions by a millionth of a radian), and the FFNs are zero.
+    """
+    pieces, scores, types = tiny_vocab()
+    n_vocab, n_embd, n_head, n_ff = len(pieces), N_EMBD, 2, N_FF
+    rng = np.random.default_rng(seed)
+    codes = rng.normal(0.0, 1.0, size=(n_vocab, _RR_CODE_DIMS))
+    codes /= np.linalg.norm(codes, axis=1, keepdims=True)
+    bos = _CONTROL.index("<s>")
+    embd = np.zeros((n_vocab, n_embd), dtype=np.float32)
+    embd[:, _RR_ONE] = 1.0
+    embd[:, _RR_CODE : _RR_CODE + _RR_CODE_DIMS] = codes
+    embd[bos, _RR_CODE : _RR_CODE + _RR_CODE_DIMS] = 0.0
+    embd[bos, _RR_BOS] = 1.0  # every embedding has norm sqrt(2): RMS norm scales all alike
+    scale = float(np.sqrt(n_embd / 2.0))  # what attn_norm multiplies a fresh embedding by
+
+    def zeros(*shape: int) -> F32Array:
+        return np.zeros(shape, dtype=np.float32)
+
+    code = slice(_RR_CODE, _RR_CODE + _RR_CODE_DIMS)
+    head_code = slice(0, _RR_CODE_DIMS)
+    # layer 0: a token's copies and BOS, equally
+    q0, k0, v0, o0 = (zeros(n_embd, n_embd) for _ in range(4))
+    q0[head_code, code] = np.eye(_RR_CODE_DIMS)
+    q0[_RR_CODE_DIMS, _RR_ONE] = 1.0
+    k0[head_code, code] = np.eye(_RR_CODE_DIMS)
+    k0[_RR_CODE_DIMS, _RR_BOS] = 1.0
+    v0[0, _RR_BOS] = 1.0
+    o0[_RR_SEEN, 0] = 1.0 / scale  # the share of attention on BOS
+    # layer 1: the average over every token but BOS
+    q1, k1, v1, o1 = (zeros(n_embd, n_embd) for _ in range(4))
+    q1[0, _RR_ONE] = 1.0
+    k1[0, _RR_BOS] = -1.0
+    v1[0, _RR_SEEN] = 1.0
+    o1[_RR_POOL, 0] = 1.0 / scale
+    # the head: (yes, no) = (GAIN * (threshold - pooled), 0), both through output_norm
+    cls_out = zeros(2, n_embd)
+    # layer 1's RMS norm scales a token's share s by sqrt(n_embd / (2 + s^2))
+    all_first = 0.5 * np.sqrt(n_embd / 2.25) / scale
+    cls_out[0, _RR_ONE] = _RR_GAIN * (all_first - _RR_MARGIN)
+    cls_out[0, _RR_POOL] = -_RR_GAIN
+    sharp = np.full(_RR_HEAD, _RR_SHARP, dtype=np.float32)
+
+    writer = gguf.GGUFWriter(path, "qwen3")
+    writer.add_name("blazar-tiny-reranker")
+    writer.add_file_type(int(gguf.LlamaFileType.ALL_F32))
+    writer.add_context_length(2048)
+    writer.add_embedding_length(n_embd)
+    writer.add_block_count(2)
+    writer.add_feed_forward_length(n_ff)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_head)
+    writer.add_rope_dimension_count(_RR_HEAD)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+    writer.add_rope_scaling_factor(1e6)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_pooling_type(gguf.PoolingType.RANK)
+    writer.add_classifier_output_labels(["yes", "no"])
+    writer.add_vocab_size(n_vocab)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(pieces)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_unk_token_id(0)
+    writer.add_bos_token_id(bos)
+    writer.add_eos_token_id(_CONTROL.index("</s>"))
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(False)
+
+    writer.add_tensor("token_embd.weight", embd)
+    for i, (q, k, v, o) in enumerate(((q0, k0, v0, o0), (q1, k1, v1, o1))):
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        writer.add_tensor(f"blk.{i}.attn_q.weight", q)
+        writer.add_tensor(f"blk.{i}.attn_k.weight", k)
+        writer.add_tensor(f"blk.{i}.attn_v.weight", v)
+        writer.add_tensor(f"blk.{i}.attn_output.weight", o)
+        writer.add_tensor(f"blk.{i}.attn_q_norm.weight", sharp)
+        writer.add_tensor(f"blk.{i}.attn_k_norm.weight", sharp)
+        writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        writer.add_tensor(f"blk.{i}.ffn_gate.weight", zeros(n_ff, n_embd))
+        writer.add_tensor(f"blk.{i}.ffn_up.weight", zeros(n_ff, n_embd))
+        writer.add_tensor(f"blk.{i}.ffn_down.weight", zeros(n_embd, n_ff))
+    writer.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
+    writer.add_tensor("cls.output.weight", cls_out)
+    return _finish(writer, path)

@@ -206,6 +206,13 @@ def _switch(attr: str, on: object = True) -> Apply:
     return _set(attr, lambda _value: on)
 
 
+def _reranking(params: Any, value: str) -> None:
+    """--reranking, as llama-server reads it: embeddings on, with rank pooling (the
+    model's classification head scores a query and a document together)."""
+    _switch("embedding")(params, value)
+    _set("pooling_type", _pooling)(params, "rank")
+
+
 def _extend(attr: str, convert: Callable[[str], object] = str) -> Apply:
     """Add the comma-separated items of the flag value to a list or set attribute."""
 
@@ -309,6 +316,7 @@ _TABLE: list[tuple[str, str | None, str, Apply]] = [
     ),
     ("--embeddings --embedding", None, "serve embeddings only", _switch("embedding")),
     ("--pooling", "|".join(POOLING_TYPES), "embedding pooling", _set("pooling_type", _pooling)),
+    ("--reranking --rerank", None, "serve /v1/rerank: embeddings, rank pooling", _reranking),
     ("--cache-type-k -ctk", "TYPE", "K cache type", _set("cache_type_k", _cache_type)),
     ("--cache-type-v -ctv", "TYPE", "V cache type", _set("cache_type_v", _cache_type)),
     ("--kv-unified -kvu", None, "one KV buffer for all slots", _switch("kv_unified")),

@@ -67,6 +67,8 @@ SCOPES: dict[tuple[str, str], str] = {
     ("POST", "/v1/chat/completions"): INFERENCE,
     ("POST", "/v1/completions"): INFERENCE,
     ("POST", "/v1/embeddings"): INFERENCE,
+    ("POST", "/v1/rerank"): INFERENCE,
+    ("POST", "/rerank"): INFERENCE,  # llama-server's spelling
     ("POST", "/v1/responses"): INFERENCE,
     ("GET", "/v1/responses/{id}"): INFERENCE,  # not stored: a 404 in OpenAI's shape
     ("POST", "/v1/responses/{id}"): INFERENCE,  # metadata only

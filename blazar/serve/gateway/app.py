@@ -40,6 +40,7 @@ from blazar.serve.routes import (
     ollama_pull,
     openai_api,
     realtime_api,
+    rerank_api,
     responses_api,
     sessions_api,
     ui_admin,
@@ -142,6 +143,7 @@ def build_app(services: Services, access: Access | None = None) -> web.Applicati
     observe_api.register(app, services)
     openai_api.register(app, services)
     responses_api.register(app, services)
+    rerank_api.register(app, services)
     ollama_api.register(app, services)
     ollama_admin.register(app, services)
     ollama_pull.register(app, services)

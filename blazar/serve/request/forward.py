@@ -79,6 +79,8 @@ FORWARDABLE = frozenset(
         "/api/embed",
         "/api/embeddings",
         "/api/show",
+        "/v1/rerank",
+        "/rerank",
     }
 )
 

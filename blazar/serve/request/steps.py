@@ -4,8 +4,9 @@
 route; each is small enough to read at once and to test with a table:
 
 - `require`: the model can do what the request needs (a chat template for chat,
-  embeddings for embeddings, tools and thinking from its template, the kind of model a
-  route serves), or one 400 that says how to fix it. One call per request.
+  embeddings for embeddings, rank pooling for rerank, tools and thinking from its
+  template, the kind of model a route serves), or one 400 that says how to fix it. One
+  call per request.
 - `keep_alive`: a request's keep_alive (body field or `x-blazar-keep-alive` header) in
   seconds for the scheduler. One parser for every protocol.
 - `engine_body`: the body with the adapters the request chose and the model's
@@ -36,7 +37,7 @@ from blazar.serve.supervisor.scheduler import Lease, Scheduler, SchedulerError, 
 from specs.names import InvalidName
 from specs.sources import InvalidSource
 
-CHAT, EMBEDDINGS, ANY = "chat", "embeddings", "any"
+CHAT, EMBEDDINGS, ANY, RERANK = "chat", "embeddings", "any", "rerank"
 TOOLS, THINKING = "tools", "thinking"  # what a chat template may or may not render
 TRANSCRIPTION, SPEECH = "transcription", "speech"  # the audio routes' kinds of model
 # Where each kind of model is served, for the 400 a request of another kind gets.
@@ -48,6 +49,7 @@ SERVED_ON = {
 KINDS = {
     CHAT: "chat",
     EMBEDDINGS: "chat",
+    RERANK: "chat",
     ANY: "chat",
     TOOLS: "chat",
     THINKING: "chat",
@@ -114,6 +116,20 @@ def require(
             400,
             f"model '{runtime.name}' is not served for embeddings: set embeddings = true for "
             "it in the manifest and apply",
+            "invalid_request_error",
+        )
+    reranker = runtime.pooling == "rank"  # its engine scores pairs; its "embeddings" are not
+    if need == RERANK and not reranker:
+        raise ProtocolError(
+            400,
+            f"model '{runtime.name}' is not a reranker: declare models.{runtime.name}.pooling "
+            '= "rank" (with embeddings = true) for a reranking model, apply, and send it here',
+            "invalid_request_error",
+        )
+    if need == EMBEDDINGS and reranker:
+        raise ProtocolError(
+            400,
+            f"model '{runtime.name}' is a reranker (pooling = \"rank\"): send it to /v1/rerank",
             "invalid_request_error",
         )
 

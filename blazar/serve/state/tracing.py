@@ -57,6 +57,8 @@ TRACED = {
     "/v1/chat/completions": "openai",
     "/v1/completions": "openai",
     "/v1/embeddings": "openai",
+    "/v1/rerank": "openai",
+    "/rerank": "openai",
     "/v1/responses": "openai",
     "/v1/messages": "anthropic",
     "/v1/messages/count_tokens": "anthropic",

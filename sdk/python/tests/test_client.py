@@ -26,7 +26,7 @@ from blazar_sdk import (
     PermissionDeniedError,
 )
 from blazar_sdk.chat import mean_logprob
-from conftest import GEMMA, Gateway
+from conftest import GEMMA, RERANKER, Gateway
 
 
 def test_url_and_key_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -116,7 +116,8 @@ def test_errors_are_typed_and_carry_the_body_and_the_trace_id(
     with pytest.raises(PermissionDeniedError) as scope:  # an inference key on an admin route
         Client(gateway.url, gateway.app_key).ps()
     assert scope.value.status == 403
-    assert [m["id"] for m in Client(gateway.url, gateway.app_key).models()] == [GEMMA, "tiny"]
+    listed = [m["id"] for m in Client(gateway.url, gateway.app_key).models()]
+    assert listed == [GEMMA, RERANKER, "tiny"]
 
     dead = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(APIConnectionError) as refused:
@@ -182,3 +183,27 @@ def test_sessions_are_saved_listed_restored_and_removed(client: Client) -> None:
     assert "river" not in [s["name"] for s in client.session_list()]
     with pytest.raises(NotFoundError):
         client.session_restore("river")
+
+
+def test_rerank_puts_the_document_repeating_the_query_first(client: Client) -> None:
+    documents = ["a small green bird", "the river has cold water", "the cat sat"]
+    ranked = client.rerank(RERANKER, "river water", documents)
+    assert ranked["results"][0]["index"] == 1, ranked
+    scores = [r["relevance_score"] for r in ranked["results"]]
+    assert len(scores) == 3 and scores == sorted(scores, reverse=True)
+    assert ranked["usage"]["prompt_tokens"] > 0 and client.last_trace_id
+    assert client.explain(client.last_trace_id)["model"] == RERANKER
+    top = client.rerank(RERANKER, "green bird", documents, top_n=1, return_documents=True)
+    assert top["results"] == [
+        {
+            "index": 0,
+            "relevance_score": top["results"][0]["relevance_score"],
+            "document": {"text": "a small green bird"},
+        }
+    ]
+    with pytest.raises(BadRequestError) as chat_model:
+        client.rerank("tiny", "river", documents)
+    assert 'pooling = "rank"' in chat_model.value.message
+    with pytest.raises(BadRequestError) as no_top:
+        client.rerank(RERANKER, "river", documents, top_n=0)
+    assert "'top_n' must be a positive integer" in no_top.value.message

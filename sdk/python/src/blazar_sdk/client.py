@@ -2,9 +2,9 @@
 
 One object per gateway. The URL and key come from the arguments, else from
 `BLAZAR_URL` and `BLAZAR_API_KEY`, else `http://127.0.0.1:11435` and no key.
-Inference (`chat`, `respond`) speaks the gateway's OpenAI routes; the operator's
-calls (`ps`, `explain`, `failover`, `drain`, sessions) its Blazar routes, which
-need an admin key once keys are declared. Every failure is a typed
+Inference (`chat`, `respond`, `rerank`) speaks the gateway's OpenAI routes (and
+`/v1/rerank`); the operator's calls (`ps`, `explain`, `failover`, `drain`, sessions)
+its Blazar routes, which need an admin key once keys are declared. Every failure is a typed
 `blazar_sdk.errors` exception with the gateway's body and trace id.
 """
 
@@ -180,6 +180,26 @@ class Client:
         values strings of at most 512); the response as it is now."""
         path = f"/v1/responses/{_quote(response_id)}"
         return dict(self.request("POST", path, {"metadata": dict(metadata)}))
+
+    def rerank(
+        self,
+        model: str,
+        query: str,
+        documents: Sequence[str],
+        top_n: int | None = None,
+        *,
+        return_documents: bool = False,
+    ) -> JSON:
+        """Documents ranked by relevance to `query` (`POST /v1/rerank`, for a model served
+        with `pooling = "rank"`): `results` best first, each with its `index` in
+        `documents` and its `relevance_score` (and `document` when `return_documents`),
+        at most `top_n` of them (default: all); `usage` counts the tokens."""
+        body: JSON = {"model": model, "query": query, "documents": list(documents)}
+        if top_n is not None:
+            body["top_n"] = top_n
+        if return_documents:
+            body["return_documents"] = True
+        return dict(self.request("POST", "/v1/rerank", body))
 
     def models(self) -> list[JSON]:
         """The models this gateway serves (`/v1/models`'s `data`: ids, owners, ...)."""
