@@ -101,6 +101,7 @@ ALIASES: tuple[Alias, ...] = (
     Alias("session_bank", "serving.session_bank"),
     Alias("singleflight", "serving.singleflight"),
     Alias("prompt_preflight", "serving.prompt_preflight"),
+    Alias("sentinel", "serving.sentinel"),
     Alias("sentinel_enforce", "serving.sentinel_enforce"),
     Alias("audit_log", "serving.audit_log"),
     Alias("pii_scrub", "serving.pii_scrub"),

@@ -82,6 +82,7 @@ _CHAT_ONLY = (
     "pooling",
     "system",
     "params",
+    "max_tokens",
     "session_bank",
     "cache_type",
     "kv_unified",
@@ -247,6 +248,13 @@ class Model(Table):
         "PARAMETER names: temperature, top_k, top_p, min_p, typical_p, seed, repeat_penalty, "
         "repeat_last_n, presence_penalty, frequency_penalty, mirostat, mirostat_tau, "
         "mirostat_eta, num_keep, num_predict, stop (a list).",
+    )
+    max_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="The output limit of a request that sets none; the answer says it was "
+        "capped. Default: serving.default_max_tokens for a model whose GGUF carries no chat "
+        "template (a base model), no limit for one whose GGUF does.",
     )
     # -- sessions and the prompt cache (docs/sessions.md); None: serving's default --
     session_bank: bool | None = Field(

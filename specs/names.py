@@ -16,8 +16,10 @@ are reserved, so no model name may contain them: a request's `model` may be
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 DEFAULT_TAG = "latest"
@@ -65,6 +67,13 @@ def _check_part(part: str, what: str, whole: str) -> None:
             f"invalid model name {whole!r}: {hint}a {what} is lowercase letters, digits, "
             "'.', '-' and '_', starting with a letter or digit"
         )
+
+
+def closest_name(name: str, names: Iterable[str]) -> str | None:
+    """The one of `names` a mistyped `name` may have meant (None when none is close): the
+    `did you mean` of every "model not found" (the gateway's 404, `blazar show`, `rm`)."""
+    found = difflib.get_close_matches(name, sorted(set(names)), n=1, cutoff=0.6)
+    return found[0] if found else None
 
 
 def parse_name(text: str) -> ModelName:

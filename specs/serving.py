@@ -105,6 +105,17 @@ class Serving(Table):
         "capped to what fits (the response header x-blazar-max-tokens-capped names the "
         'cap). "strict" refuses that one too; false turns the preflight off.',
     )
+    default_max_tokens: int = Field(
+        default=128,
+        ge=0,
+        description="The output limit of a request that sets none, for a model whose GGUF "
+        "carries no chat template (a base model, which rarely stops: without a limit it "
+        "writes until its context is full; a template declared in the manifest does not "
+        "teach it to stop). The answer says it was capped (finish reason length, the "
+        "x-blazar-max-tokens-capped header). 128 was ollama's default num_predict for years: "
+        "a paragraph, about 5 s on a CPU at 25 tokens/s; 0: no default. Per model: "
+        "models.NAME.max_tokens.",
+    )
     singleflight: bool = Field(
         default=False,
         description="Identical concurrent non-streamed deterministic requests (temperature 0 "
@@ -286,6 +297,12 @@ class Serving(Table):
         default=False,
         description="Request traces keep no message text, only the lengths and hashes of "
         "prompts and outputs.",
+    )
+    sentinel: bool = Field(
+        default=True,
+        description="Check each answer with the sentinels (empty, truncated, invalid_json, "
+        "schema_mismatch): found on its trace (`blazar why`) and counted. false: no check "
+        "runs, and sentinel_enforce has nothing to enforce.",
     )
     sentinel_enforce: bool = Field(
         default=False,

@@ -6,13 +6,19 @@ import json
 import os
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
+from blazar.cli.quickstart import MANIFEST, MODEL
 from blazar.testing.ports import free_port
+from specs.serving import Serving
 from tests.conftest import Blazar
+from tests.serving import Served
 
+QUICKSTART = MANIFEST / "blazar.toml"
 GEMMA_SHA = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 
 
@@ -60,6 +66,31 @@ def test_quickstart_serves_gemma_and_answers(blazar_home: Path) -> None:
     blob_dir = blazar_home / "data" / "models" / "blobs"
     assert [p.name for p in blob_dir.iterdir()] == [f"sha256-{GEMMA_SHA}"]
     assert not any((blazar_home / "cache" / "downloads").iterdir())  # the assembly was moved in
+    guides_curl_answers_within_seconds(blazar_home)
+
+
+def guides_curl_answers_within_seconds(home: Path) -> None:
+    """The user guide's Quickstart curl (a chat, no max_tokens) on the quickstart's Gemma:
+    a base model (no template in its GGUF) wrote 2,038 tokens over 83 s until its context
+    was full (issue 33, day one 3); now it stops at serving.default_max_tokens, and says so.
+    """
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}]}
+    with Served(QUICKSTART, home, extra=("--no-apply",)) as served:
+        request = urllib.request.Request(
+            f"{served.url}/v1/chat/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        began = time.monotonic()
+        with urllib.request.urlopen(request, timeout=300) as resp:
+            answer = json.load(resp)
+            capped = resp.headers.get("x-blazar-max-tokens-capped")
+        took = time.monotonic() - began
+    default = Serving().default_max_tokens
+    assert answer["usage"]["completion_tokens"] <= default, answer
+    if answer["choices"][0]["finish_reason"] == "length":
+        assert capped == str(default)
+    assert took < 60, f"the guide's curl took {took:.0f} s"
 
 
 def test_importing_250mb_without_copy_adds_no_second_copy(

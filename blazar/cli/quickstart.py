@@ -19,7 +19,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-MANIFEST = Path(__file__).resolve().parent.parent / "examples" / "quickstart"
+MANIFEST = Path(__file__).resolve().parents[2] / "examples" / "quickstart"  # blazar/cli/..
 MODEL = "gemma3-270m"
 PROMPT = "The three most useful things to pack for a day of hiking are"
 

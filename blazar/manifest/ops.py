@@ -33,7 +33,7 @@ from reconcilers.desired import desired_from_manifest
 from reconcilers.plan import Action
 from reconcilers.ports import Progress
 from specs.loader import load_manifest_text
-from specs.names import InvalidName, parse_name
+from specs.names import InvalidName, closest_name, parse_name
 from specs.sources import (
     PULL_FORMS,
     InvalidSource,
@@ -371,9 +371,12 @@ def _remove_model(paths: Paths, manifest_path: Path, name: str) -> Removed:
     with Store(paths.db) as store:
         held = store.find_model(ref)
         if key is None and held is None:
+            known = [*_models(manifest), *(r.ref.short for r in store.list_models())]
+            close = closest_name(ref.short, known)
+            meant = f"did you mean '{close}'? " if close else ""
             raise NotFound(
                 f"model '{ref.short}' not found: it is neither declared nor in the store "
-                "(`blazar list` shows models)"
+                f"({meant}`blazar list` shows models)"
             )
         if key is not None:
             manifest.remove_resource("models", key)

@@ -11,7 +11,8 @@ reached) and `check` tells what is wrong with an `Outcome`:
 - `invalid_json`: JSON was asked for and the text does not parse;
 - `schema_mismatch`: it parses, and does not match the schema asked for.
 
-`blazar.serve.state.tracing` records the detections on the trace and counts them; with
+`blazar.serve.state.tracing` records the detections on the trace and counts them
+(unless serving.sentinel is false: then no check runs); with
 `serving.sentinel_enforce` a non-streamed answer that fails is replaced by a 422
 that names them (`gate_message`).
 """

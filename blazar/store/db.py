@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from blazar.errors import NotFound
 from blazar.store.schema import migrate
-from specs.names import ModelName
+from specs.names import ModelName, closest_name
 
 if TYPE_CHECKING:
     import sqlite_utils
@@ -391,8 +391,10 @@ class Store:
     def get_model(self, ref: ModelName) -> ModelRecord:
         rows = list(self.db["models"].rows_where("name = ? AND tag = ?", [ref.name, ref.tag]))
         if not rows:
+            close = closest_name(ref.short, (r.ref.short for r in self.list_models()))
+            meant = f" (did you mean '{close}'?)" if close else ""
             raise NotFound(
-                f"model '{ref.short}' is not in the store: run `blazar list` to see models"
+                f"model '{ref.short}' is not in the store{meant}: run `blazar list` to see models"
             )
         return ModelRecord.from_row(rows[0])
 

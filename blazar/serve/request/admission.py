@@ -1,8 +1,10 @@
 """Step 6 of the request path: a leased request admitted, and its bytes made.
 
-`admitted` runs the prompt preflight (`prompts.Prompts.preflight`: a prompt that cannot
-fit its slot is a 400; an output that cannot is capped, said in
-`x-blazar-max-tokens-capped`), the sessions' slot routing (`id_slot`, restoring a banked
+`admitted` gives a request that sets no output limit the model's default
+(`steps.with_output_limit`: a base model's), runs the prompt preflight
+(`prompts.Prompts.preflight`: a prompt that cannot fit its slot is a 400; an output
+that cannot is capped), both caps said in `x-blazar-max-tokens-capped`; then the
+sessions' slot routing (`id_slot`, restoring a banked
 session into it first), and puts the adapters' `lora` list and the model's defaults in
 the body (`steps.engine_body`). A body nothing changed goes as the client's bytes.
 `blazar.serve.request.pipeline` calls it after the lease.
@@ -27,15 +29,18 @@ async def admitted(
     prompts: Prompts, sessions: Sessions | None, lease: Lease, ask: Ask, engine: EngineRequest
 ) -> Sent:
     """The preflight, the sessions' slot, the adapters and defaults: what to send."""
-    body = engine.body
-    slot = cap = None
-    kind = KINDS.get(engine.path)
     runtime = lease.runtime
+    body = steps.with_output_limit(engine.body, engine.path, runtime.max_tokens)
+    # A default limit is a cap the request did not ask for: the answer says so.
+    cap = None if body is engine.body else runtime.max_tokens
+    slot = None
+    kind = KINDS.get(engine.path)
     routed = kind is not None and sessions is not None and sessions.wants_tokens(lease)
     if kind is not None and (routed or runtime.preflight != "off"):
-        slot, cap = await _admit(
+        slot, fitted = await _admit(
             prompts, sessions, lease, kind, body, ask.size or len(dumps(body)), routed
         )
+        cap = fitted if fitted is not None else cap
     sent = steps.engine_body(lease, body, engine.path)
     if cap is None and slot is None:
         if sent is ask.body and ask.raw is not None:
@@ -76,7 +81,7 @@ async def _admit(
             lease.member.instance,
             lease.url,
             model=runtime.name,
-            ctx=runtime.ctx,
+            ctx=runtime.slot_ctx,
             kind=kind,
             body=body,
             size=size,

@@ -6,7 +6,8 @@ top-down):
 
 1. resolve: the requested name -> this host's model (`Target`: pool, adapters,
    replica) or a remote's (`Forward`); a model the request's API key may not use is
-   answered as an unknown one (404, naming only what the key sees).
+   answered as an unknown one (404, naming only what the key sees, with the closest of
+   them for a typo: `steps.closest`).
 2. plan: the `Ask`'s plan for the engine that will answer (`native` for llama-server,
    `openai` for an engine that speaks only OpenAI's API).
 3. require: the model can do what the plan needs (`steps.require`, once).
@@ -15,8 +16,9 @@ top-down):
 5. lease: a slot from the scheduler, with the load time measured (`Leased`); a start
    failure is a 502, and with a `failover` chain a full queue, a failed load or a child
    failing before any byte goes to the chain's next member.
-6. admit: the prompt preflight (a prompt that cannot fit is a 400; an output that
-   cannot is capped, said in `x-blazar-max-tokens-capped`), the sessions' slot routing
+6. admit: the model's default output limit for a request that sets none (a base
+   model's), the prompt preflight (a prompt that cannot fit is a 400; an output that
+   cannot is capped; either cap said in `x-blazar-max-tokens-capped`), the sessions' slot routing
    (`id_slot`), and the adapters and model defaults (`steps.engine_body`); a body
    nothing changed travels as the client's bytes. The result is a `Call`.
 7. trace: what was sent and what came back, on the request's trace
@@ -250,10 +252,16 @@ class Pipeline:
             visible = lambda r: sees(r.name, r.aliases)  # noqa: E731
         try:
             target = self.scheduler.resolve(requested, visible)
-        except ModelNotFound:
+        except ModelNotFound as exc:
             remote = self.fleet.remote_for(requested) if not forward.forwarded(request) else None
             if remote is None or (grant is not None and not grant.sees(requested, ())):
-                raise
+                names = (
+                    name
+                    for r in self.scheduler.runtimes.values()
+                    if visible is None or visible(r)
+                    for name in (r.name, *r.aliases)
+                )
+                raise steps.did_you_mean(exc, requested, names) from None
             if trace is not None:
                 trace.resolved(requested)
             return Forward(remote, "a remote model: this host does not serve it", requested)

@@ -47,10 +47,9 @@ SPECIALS = 2  # BOS and EOS a tokenizer may add without text
 
 @dataclass(frozen=True)
 class Probe:
-    """What one instance's template adds to a conversation (bytes), and its slot context."""
+    """What one instance's template adds to a conversation (bytes)."""
 
     overhead: int | None  # bytes of the empty probe conversation; None: its template refused it
-    slot_ctx: int
 
 
 def requested_output(body: Mapping[str, Any]) -> int:
@@ -148,27 +147,18 @@ class Prompts:
         self.children = children
         self._probes: dict[InstanceId, Probe] = {}
 
-    async def probe(self, instance: Instance, url: str, ctx: int) -> Probe:
-        """The instance's template overhead and slot context, measured on first use."""
+    async def probe(self, instance: Instance, url: str) -> Probe:
+        """The instance's template overhead, measured on first use."""
         key = instance_id(instance)
         found = self._probes.get(key)
         if found is None:
             status, data = await self.children.json(url, "/apply-template", {"messages": PROBE})
             prompt = data.get("prompt") if status == 200 and isinstance(data, dict) else None
             overhead = len(prompt.encode()) if isinstance(prompt, str) else None
-            slot_ctx = await self._slot_ctx(url, ctx)
-            found = self._probes[key] = Probe(overhead, slot_ctx)
+            found = self._probes[key] = Probe(overhead)
             for stale in [k for k in self._probes if k[0] == key[0] and k != key]:
                 del self._probes[stale]  # an earlier child of this instance
         return found
-
-    async def _slot_ctx(self, url: str, ctx: int) -> int:
-        status, slots = await self.children.json(url, "/slots")
-        if status == 200 and isinstance(slots, list) and slots and isinstance(slots[0], dict):
-            n_ctx = slots[0].get("n_ctx")
-            if isinstance(n_ctx, int) and n_ctx > 0:
-                return n_ctx
-        return ctx
 
     async def token_ids(self, url: str, kind: str, body: Mapping[str, Any]) -> list[int] | None:
         """The prompt's token ids as the engine sees them (None when it cannot tell)."""
@@ -230,7 +220,8 @@ class Prompts:
         strict: bool = False,
     ) -> int | None:
         """Raise `too_long` for a prompt that cannot fit; count only when the bound says
-        it might not. `tokens`: the prompt's ids when the caller has them already.
+        it might not. `ctx`: the context one request can use (`ModelRuntime.slot_ctx`, the
+        figure `blazar ps` shows); `tokens`: the prompt's ids when the caller has them.
 
         A prompt that fits with room to spare but not with the output the request asks
         for is served with the output capped: the limit to send is returned (None: the
@@ -238,16 +229,16 @@ class Prompts:
         "strict"): agent clients ask for tens of thousands of output tokens by default."""
         output = requested_output(body)
         try:
-            probe = self._probes.get(instance_id(instance)) or await self.probe(instance, url, ctx)
+            probe = self._probes.get(instance_id(instance)) or await self.probe(instance, url)
             n = messages_of(kind, body)
             bounded = tokens is None and n is not None and (n == 0 or probe.overhead is not None)
-            if bounded and fits(bound(size, n or 0, probe.overhead or 0), output, probe.slot_ctx):
+            if bounded and fits(bound(size, n or 0, probe.overhead or 0), output, ctx):
                 return None
             exact = tokens is not None and kind != MESSAGES  # Anthropic's ids are approximate
             if exact and tokens is not None:
                 prompt: int | None = len(tokens)
             else:
-                prompt = await self.count(url, kind, body, output=output, ctx=probe.slot_ctx)
+                prompt = await self.count(url, kind, body, output=output, ctx=ctx)
         except UpstreamError:
             return None  # the call will meet the same failure and answer it
-        return output_cap(model, prompt, output, probe.slot_ctx, strict=strict)
+        return output_cap(model, prompt, output, ctx, strict=strict)

@@ -11,13 +11,17 @@ route; each is small enough to read at once and to test with a table:
   seconds for the scheduler. One parser for every protocol.
 - `engine_body`: the body with the adapters the request chose and the model's
   `system` prompt and `params` where the request sets none.
+- `with_output_limit`: the model's default output limit for a request that sets none
+  (a base model's, which would write until its context is full).
+- `closest`: the served name a mistyped one may have meant, for the 404's
+  `did you mean`.
 - `failure`: every exception a route may raise -> (status, message, code, Retry-After),
   which the gateway answers in the route's envelope (`blazar.serve.request.envelopes`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,8 +37,14 @@ from blazar.protocols import ProtocolError
 from blazar.protocols.ollama import keep_alive_seconds
 from blazar.protocols.ollama_options import SAMPLING_OPTIONS
 from blazar.serve.supervisor.runtime import ModelRuntime
-from blazar.serve.supervisor.scheduler import Lease, Scheduler, SchedulerError, Target
-from specs.names import InvalidName
+from blazar.serve.supervisor.scheduler import (
+    Lease,
+    ModelNotFound,
+    Scheduler,
+    SchedulerError,
+    Target,
+)
+from specs.names import InvalidName, closest_name, parse_requested
 from specs.sources import InvalidSource
 
 CHAT, EMBEDDINGS, ANY, RERANK = "chat", "embeddings", "any", "rerank"
@@ -84,6 +94,28 @@ def failure(exc: BaseException) -> Failure | None:
     if isinstance(exc, BlazarError):
         return Failure(500, str(exc))
     return None
+
+
+def closest(requested: str, names: Iterable[str]) -> str | None:
+    """The served name (or alias) `requested` may have meant, for the 404 of an unknown
+    model; None when none is close, or when its model part is served (an unknown adapter
+    or replica, which the 404 names itself)."""
+    try:
+        model = parse_requested(requested).model
+    except InvalidName:
+        model = requested
+    known = set(names)
+    if model in known or model.removesuffix(":latest") in known:
+        return None
+    return closest_name(model, known)
+
+
+def did_you_mean(exc: ModelNotFound, requested: str, names: Iterable[str]) -> ModelNotFound:
+    """The scheduler's 404 for an unknown model, with the closest served name if any."""
+    close = closest(requested, names)
+    if close is None:
+        return exc
+    return ModelNotFound(f"{exc} Did you mean '{close}'?")
 
 
 def require(
@@ -232,6 +264,15 @@ PARAM_FIELDS = {**SAMPLING_OPTIONS, "num_predict": "n_predict", "stop": "stop"}
 # body that sets several is read (the preflight's count, the cap it writes, a default's
 # `num_predict` that yields to the request's own limit).
 OUTPUT_LIMITS = ("max_completion_tokens", "max_tokens", "max_output_tokens", "n_predict")
+# The engine endpoints that generate, each with the field a default output limit is
+# written in (`with_output_limit`).
+LIMIT_FIELD = {
+    "/v1/chat/completions": "max_tokens",
+    "/v1/completions": "max_tokens",
+    "/v1/messages": "max_tokens",
+    "/completion": "n_predict",
+    "/infill": "n_predict",
+}
 # What llama-server's /v1/messages keeps of a request: any other default needs its chat
 # endpoint (`anthropic_chat`), as adapters do.
 MESSAGES_PARAMS = {
@@ -240,6 +281,16 @@ MESSAGES_PARAMS = {
     "top_k": "top_k",
     "stop": "stop_sequences",
 }
+
+
+def with_output_limit(body: dict[str, Any], path: str, limit: int | None) -> dict[str, Any]:
+    """The body to `path` with the model's default output limit (`ModelRuntime.max_tokens`)
+    when the request sets none of `OUTPUT_LIMITS` (any value: ollama's -1 asks for no
+    limit, and gets none); else `body` itself."""
+    key = LIMIT_FIELD.get(path)
+    if limit is None or key is None or any(field in body for field in OUTPUT_LIMITS):
+        return body
+    return {**body, key: limit}
 
 
 def with_defaults(

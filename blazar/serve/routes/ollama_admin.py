@@ -137,7 +137,7 @@ class OllamaAdmin:
             info = replace(info, chat_template=runtime.chat_template)
         body = ollama.show(
             info,
-            context_length=runtime.ctx,
+            context_length=runtime.slot_ctx,
             embedding=runtime.embeddings,
             has_vision=runtime.has_vision,
         )

@@ -200,7 +200,7 @@ class GenerateAsk(Ask):
         await images.ollama_images(serving, runtime.has_vision, self.body)
 
     def native(self, runtime: ModelRuntime, target: Target) -> Plan | LoadOnly:
-        req = self._translate(runtime.ctx, has_vision=runtime.has_vision)
+        req = self._translate(runtime.slot_ctx, has_vision=runtime.has_vision)
         if isinstance(req, LoadOnly):
             return req
         templated = "messages" in req.hints or req.path == "/v1/chat/completions"
@@ -266,10 +266,10 @@ class EmbedAsk(Ask):
     extra: dict[str, Any] = field(default_factory=dict)
 
     def native(self, runtime: ModelRuntime, target: Target) -> Plan | LoadOnly:
-        return self._plan(runtime.ctx)
+        return self._plan(runtime.slot_ctx)
 
     def openai(self, runtime: ModelRuntime | None) -> Plan | LoadOnly:
-        return self._plan(runtime.ctx if runtime is not None else BIG_CTX)
+        return self._plan(runtime.slot_ctx if runtime is not None else BIG_CTX)
 
     def _plan(self, model_ctx: int) -> Plan | LoadOnly:
         translate = ollama.embeddings_request if self.legacy else ollama.embed_request

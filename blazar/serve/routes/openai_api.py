@@ -58,7 +58,8 @@ NO_TEMPLATE_HINT = "use /v1/completions, or "
 
 
 def own_id(payload: bytes) -> bytes:
-    """An answer shared by singleflight, under a new id of the same kind (chatcmpl-...)."""
+    """An answer shared by singleflight, under a new id of the same kind (chatcmpl-...,
+    cmpl-... for a legacy completion)."""
     try:
         data = json.loads(payload)
     except ValueError:
@@ -87,10 +88,10 @@ class OpenAIAnswer(Answer):
         self.renamer = model_renamer(served, answering.model) if self.rename else None
 
     async def whole(self, payload: bytes) -> bytes:
-        if self.answering.shared:
-            payload = own_id(payload)
         if self.reply is not None:
             payload = reshape_body(payload, self.reply)
+        if self.answering.shared:  # once reshaped: a legacy completion's id is cmpl- by then
+            payload = own_id(payload)
         if self.renamer is not None:
             payload = self.renamer.feed(payload) + self.renamer.close()
         return payload
@@ -167,7 +168,7 @@ class OpenAIAPI:
     def _names(self, request: web.Request) -> list[model_lists.ServedName]:
         runtimes = self.services.scheduler.runtimes
         names = [
-            model_lists.ServedName(name, runtime.ctx)
+            model_lists.ServedName(name, runtime.slot_ctx)
             for runtime in runtimes.values()
             if sees(request, runtime.name, runtime.aliases)  # a key lists only its models
             for name in (runtime.name, *runtime.aliases, *runtime.variants)

@@ -85,7 +85,7 @@ def models_view(
                 engine=runtime.engine_tag,
                 lane=runtime.engine_lane,
                 slots=runtime.slots,
-                ctx=runtime.ctx,
+                ctx=runtime.slot_ctx,
                 replicas=runtime.replicas,
                 pin=runtime.pin,
                 keep_alive=runtime.keep_alive,

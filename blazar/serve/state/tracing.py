@@ -85,6 +85,7 @@ class Settings:
     """The `[serving]` fields the observer follows (reloaded with the manifest)."""
 
     pii_scrub: bool = False
+    sentinel: bool = True
     sentinel_enforce: bool = False
     retention_age: float = 7 * 86400.0  # seconds; < 0: any age
     retention_count: int = 100_000
@@ -95,6 +96,7 @@ class Settings:
     def from_serving(cls, serving: Serving) -> Settings:
         return cls(
             pii_scrub=serving.pii_scrub,
+            sentinel=serving.sentinel,
             sentinel_enforce=serving.sentinel_enforce,
             retention_age=float(serving.trace_retention.age),
             retention_count=serving.trace_retention.count,
@@ -177,7 +179,7 @@ class Observer:
         except Exception:  # observing must never break serving
             logger.exception("tracing %s failed", request.path)
             return None
-        trace.enforce = self.settings.sentinel_enforce
+        trace.checks, trace.enforce = self.settings.sentinel, self.settings.sentinel_enforce
         for listener in self.listeners:
             listener(trace, None)
         trace.token = CURRENT.set(trace)
@@ -192,7 +194,7 @@ class Observer:
     def started(self, trace: Trace) -> None:
         """A trace made off the middleware (each response of a realtime session) begins:
         the listeners hear of it as of the middleware's; the caller makes it current."""
-        trace.enforce = self.settings.sentinel_enforce
+        trace.checks, trace.enforce = self.settings.sentinel, self.settings.sentinel_enforce
         for listener in self.listeners:
             listener(trace, None)
 

@@ -236,12 +236,13 @@ def _runtime(
         for lo in loras
         if lo.model == name
     )
+    has_template = bool(facts.get("has_chat_template"))
     return ModelRuntime(
         name=name,
         path=path,
         ctx=ctx,
         **_declared(model, serving, engine),
-        has_template=bool(facts.get("has_chat_template")),
+        has_template=has_template,
         chat_template=template.text if template.declared else None,
         embeddings=model.embeddings if model else False,
         pooling=model.pooling if model else None,
@@ -250,10 +251,27 @@ def _runtime(
         template_problem=template.problem,
         system=model.system if model else None,
         params=dict(model.params or {}) if model else {},
+        max_tokens=output_default(model, serving, has_template=has_template),
         facts=dict(facts),
         engine_lane=engine.kind if engine else "",
         refusal=refusal,
     )
+
+
+def output_default(model: Model | None, serving: Serving, *, has_template: bool) -> int | None:
+    """Pure: the output limit of a request that sets none. The model's `max_tokens`; else
+    none where its `params` set `num_predict` (that default applies, `steps.with_defaults`);
+    else serving.default_max_tokens for a model whose GGUF carries no chat template. Such a
+    model is a base model, which rarely stops: the quickstart's Gemma 3 270M wrote 2,038
+    tokens over 83 s until its context was full. A template the manifest declares lets it
+    chat, not stop, so it is not what decides; 0 turns the default off."""
+    if model is not None and model.max_tokens is not None:
+        return model.max_tokens
+    if model is not None and model.params and "num_predict" in model.params:
+        return None
+    if has_template:
+        return None
+    return serving.default_max_tokens or None
 
 
 def _with_sessions(

@@ -62,6 +62,9 @@ class ModelRuntime:
     template_problem: str | None = None  # why the declared template cannot be used
     system: str | None = None  # a system prompt for chat requests that send none
     params: Mapping[str, Any] = field(default_factory=dict, hash=False)  # request defaults
+    # The output limit of a request that sets none (None: the engine's, no limit): a base
+    # model's (no GGUF template) never stops by itself (`build.output_default`).
+    max_tokens: int | None = None
     # Sessions and the prompt cache (docs/sessions.md).
     sha256: str = ""  # of the model file: a session saved from another file is refused
     cache: CacheSettings = field(default_factory=CacheSettings)
@@ -85,6 +88,14 @@ class ModelRuntime:
     def has_vision(self) -> bool:
         """Images reach it (a projector is loaded); without one they are refused (400)."""
         return self.projector is not None
+
+    @property
+    def slot_ctx(self) -> int:
+        """The context one request can use: `ctx`, or with kv_unified every slot's (one KV
+        buffer of ctx x slots that any slot may fill). `blazar ps`, the prompt preflight,
+        ollama's num_ctx and model listings all say this one figure (ps said 4096 where the
+        preflight's 400 said 8192 per slot)."""
+        return self.ctx * self.slots if self.cache.kv_unified else self.ctx
 
     @property
     def instances(self) -> int:

@@ -527,7 +527,7 @@ class Scheduler:
                         "pid": inst.pid,
                         "port": inst.port,
                         "slots": pool.runtime.slots,
-                        "ctx": pool.runtime.ctx,
+                        "ctx": pool.runtime.slot_ctx,
                         "in_flight": member.in_flight,
                         "queued": len(pool.waiters),
                         "keep_alive_remaining": remaining,
