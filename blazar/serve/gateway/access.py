@@ -113,6 +113,7 @@ SCOPES: dict[tuple[str, str], str] = {
     ("GET", "/api/blazar/ps"): ADMIN,  # pids and ports: an operator's view
     ("POST", "/api/blazar/stop"): ADMIN,
     ("GET", "/api/blazar/stats"): ADMIN,  # `blazar watch`: the operator's live view
+    ("GET", "/api/blazar/coreside"): ADMIN,  # `blazar coreside`: what memory holds
     ("GET", "/api/failover"): ADMIN,  # remotes' URLs and health: `blazar remotes`
     ("POST", "/api/failover"): ADMIN,  # drain or undrain a remote
     # The dashboard (ui_api, ui_admin): its files hold no data, and must load to ask for a key

@@ -1,8 +1,10 @@
-"""Blazar's own routes on the gateway: `/`, `/health`, `/api/blazar/ps`, `/api/blazar/stop`.
+"""Blazar's own routes on the gateway: `/`, `/health`, `/api/blazar/ps`, `/api/blazar/stop`,
+`/api/blazar/coreside`.
 
-`blazar ps` and `blazar stop` (`blazar.cli.serve`) call the last two (`ps` lists
-the models served from remotes too, marked with `remote`); load balancers,
-`blazar serve`'s callers and other Blazars' fleet probes read `/health`.
+`blazar ps`, `blazar stop` (`blazar.cli.serve`) and `blazar coreside`
+(`blazar.cli.coreside`) call the last three (`ps` lists the models served from remotes
+too, marked with `remote`); load balancers, `blazar serve`'s callers and other Blazars'
+fleet probes read `/health`.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ def register(app: web.Application, services: Services) -> None:
     app.router.add_get("/health", api.health)
     app.router.add_get("/api/blazar/ps", api.ps)
     app.router.add_post("/api/blazar/stop", api.stop)
+    app.router.add_get("/api/blazar/coreside", api.coreside)
 
 
 def _local(runtimes: dict[str, ModelRuntime], name: str) -> bool:
@@ -94,6 +97,13 @@ class BlazarAPI:
             if sees(request, name, ()):
                 rows.append(remote_row(name, remote))
         return web.json_response({"instances": rows})
+
+    async def coreside(self, request: web.Request) -> web.Response:
+        """Which models can be resident at once and where; with `?load=MODEL` (repeated),
+        whether those fit together and what loading each now would evict."""
+        asked = request.query.getall("load", [])
+        answer = self.services.scheduler.coreside(asked)  # 404 for an unknown model
+        return web.json_response(answer.to_json())
 
     async def stop(self, request: web.Request) -> web.Response:
         model = (await read_json(request)).get("model")

@@ -5,8 +5,9 @@ Importers (the daemon, the request path, the session bank, the metrics, tests) u
 module per concern, layered (pyproject's import contract): `core` (the `Scheduler`,
 composing the others) > `reload` (update, roll, retire, adapters added) > `capacity`
 (load, evict, keep_alive, drain and stop) | `queueing` (slots, the queue, priority,
-hand-off) > `memory` (placement, victims) > `groups` (co-residency) > `pools` (Pool,
-Member, Waiter, Target, Lease, Decision) | `errors`.
+hand-off) | `coreside` (what can be resident at once) > `memory` (placement, victims)
+> `groups` (co-residency) > `pools` (Pool, Member, Waiter, Target, Lease, Decision) |
+`errors`.
 """
 
 from blazar.serve.supervisor.scheduler.capacity import (
@@ -17,7 +18,13 @@ from blazar.serve.supervisor.scheduler.capacity import (
     choose_eviction,
     plan_room,
 )
-from blazar.serve.supervisor.scheduler.core import InstanceFactory, Scheduler
+from blazar.serve.supervisor.scheduler.core import (
+    InstanceFactory,
+    Scheduler,
+    estimate_footprints,
+    footprints,
+)
+from blazar.serve.supervisor.scheduler.coreside import Coreside, coreside
 from blazar.serve.supervisor.scheduler.errors import (
     Busy,
     Misconfigured,
@@ -30,6 +37,7 @@ from blazar.serve.supervisor.scheduler.errors import (
     model_not_found,
 )
 from blazar.serve.supervisor.scheduler.groups import Groups
+from blazar.serve.supervisor.scheduler.memory import Memory, budgets
 from blazar.serve.supervisor.scheduler.pools import Decision, Lease, Member, Pool, Target, Waiter
 from blazar.serve.supervisor.scheduler.reload import adapters_added, reload_action
 
@@ -38,11 +46,13 @@ __all__ = [
     "FOREVER",
     "BeforeStop",
     "Busy",
+    "Coreside",
     "Decision",
     "Groups",
     "InstanceFactory",
     "Lease",
     "Member",
+    "Memory",
     "Misconfigured",
     "ModelNotFound",
     "NoCapacity",
@@ -56,7 +66,11 @@ __all__ = [
     "TooLarge",
     "Waiter",
     "adapters_added",
+    "budgets",
     "choose_eviction",
+    "coreside",
+    "estimate_footprints",
+    "footprints",
     "model_not_found",
     "plan_room",
     "reload_action",

@@ -24,7 +24,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from blazar.serve.supervisor.scheduler.capacity import (
     BeforeStop,
     Capacity,
 )
+from blazar.serve.supervisor.scheduler.coreside import Coreside, coreside
 from blazar.serve.supervisor.scheduler.errors import (
     Busy,
     Misconfigured,
@@ -63,6 +64,41 @@ logger = logging.getLogger("blazar.serve")
 InstanceFactory = Callable[[InstanceSpec], Instance]
 # (model, sha256 of its file, device kind) -> bytes one instance was measured at
 Measured = Mapping[tuple[str, str, str], int]
+
+
+def estimate_footprints(runtimes: Iterable[ModelRuntime], device_kind: str) -> dict[str, Footprint]:
+    """Each model's estimated footprint on a device of `device_kind` (gpu | cpu), from its
+    files' sizes (the one effect: stat)."""
+
+    def size(path: str | None) -> int:
+        try:
+            return os.stat(path).st_size if path else 0
+        except OSError:
+            return 0
+
+    return {
+        r.name: estimate_footprint(
+            r,
+            weights=size(r.path),
+            projector=size(r.projector),
+            draft=size(r.tuning.draft_path),
+            on_gpu=device_kind == "gpu",
+        )
+        for r in runtimes
+    }
+
+
+def footprints(
+    runtimes: Iterable[ModelRuntime], measured: Measured, device_kind: str
+) -> dict[str, Footprint]:
+    """Each model's footprint: measured on this kind of device once a child of it ran
+    (the store keeps those), else estimated (`blazar coreside` with no serve running)."""
+    found = list(runtimes)
+    estimates = estimate_footprints(found, device_kind)
+    return {
+        r.name: footprint_of(r, estimates[r.name], measured.get((r.name, r.sha256, device_kind)))
+        for r in found
+    }
 
 
 class Scheduler:
@@ -141,31 +177,21 @@ class Scheduler:
         return "gpu" if any(b.kind == "gpu" for b in self.budgets) else "cpu"
 
     def _estimate(self) -> None:
-        """Each model's estimated footprint, from its files' sizes (the one effect)."""
-
-        def size(path: str | None) -> int:
-            try:
-                return os.stat(path).st_size if path else 0
-            except OSError:
-                return 0
-
-        on_gpu = self.device_kind == "gpu"
-        self.estimates = {
-            r.name: estimate_footprint(
-                r,
-                weights=size(r.path),
-                projector=size(r.projector),
-                draft=size(r.tuning.draft_path),
-                on_gpu=on_gpu,
-            )
-            for r in self.runtimes.values()
-        }
+        self.estimates = estimate_footprints(self.runtimes.values(), self.device_kind)
 
     def footprint(self, runtime: ModelRuntime) -> Footprint:
         """What the model takes: measured once a child of it ran, else estimated."""
         estimated = self.estimates.get(runtime.name, Footprint(0))
         measured = self.measured.get((runtime.name, runtime.sha256, self.device_kind))
         return footprint_of(runtime, estimated, measured)
+
+    def coreside(self, asked: Sequence[str] = ()) -> Coreside:
+        """`blazar coreside`'s answer from the pools as they are; `asked`: names or
+        aliases (ModelNotFound for an unknown one)."""
+        names = [self.resolve(a).runtime.name for a in asked]
+        memory = self.memory() or Memory(self.budgets, {}, groups=self.groups)
+        runtimes = sorted(self.runtimes.values(), key=lambda r: r.name)
+        return coreside(runtimes, self.all_pools(), memory, names, max_loaded=self.max_loaded)
 
     def memory(self) -> Memory | None:
         """The memory view the room decisions take (None: by count alone)."""
