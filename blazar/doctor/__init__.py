@@ -3,7 +3,8 @@
 Findings are grouped SYSTEM (Python, free disk under the store, the XDG fallback, a flat
 config.toml that is not read), GPU (NVML devices and driver, or none), ENGINES (each
 lane's active engine runs and reports the build the store recorded), MODELS (each
-declared model's file is there with its recorded size; `deep` re-hashes it), CHANNELS
+declared model's file is there with its recorded size; `deep` re-hashes it; none is
+over every device's memory budget), CHANNELS
 (the gateway's port is free or held by this daemon, TLS files readable, keys declared
 when bound beyond loopback) and RUNTIME (the daemon's live summary, `/api/blazar/stats`:
 failing or restarting instances, a low prompt-cache hit ratio, cache-busting clients,
@@ -22,7 +23,9 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from blazar.doctor.findings import ERROR, GROUPS, DaemonView, Finding, exit_code
 from blazar.doctor.host import config_findings, engine_findings, gpu_findings, system_findings
@@ -30,6 +33,7 @@ from blazar.doctor.serving import (
     channel_findings,
     condition_findings,
     failing_models,
+    fit_findings,
     model_findings,
     runtime_findings,
 )
@@ -44,9 +48,15 @@ __all__ = ["GROUPS", "DaemonView", "Finding", "examine", "exit_code"]
 
 
 def examine(
-    paths: Paths, manifest_path: Path, daemon: DaemonView, *, deep: bool = False
+    paths: Paths,
+    manifest_path: Path,
+    daemon: DaemonView,
+    *,
+    deep: bool = False,
+    coreside: Mapping[str, Any] | None = None,
 ) -> list[Finding]:
-    """Every finding about this host."""
+    """Every finding about this host; `coreside`: `blazar coreside`'s answer (the CLI
+    asks the daemon or the store for it: the scheduler is above this layer)."""
     findings = system_findings(
         python=sys.version_info[:3],
         free_bytes=shutil.disk_usage(_existing(paths.data)).free,
@@ -72,6 +82,7 @@ def examine(
         findings += engine_findings(EngineStore(store), manifest)
         findings += model_findings(store, manifest, deep=deep)
         conditions = store.conditions()
+    findings += fit_findings(coreside)
     findings += channel_findings(manifest, daemon)
     covered = failing_models(conditions) if daemon.up else set()
     findings += runtime_findings(daemon, covered)

@@ -4,15 +4,17 @@ by this daemon, TLS files readable, keys declared when bound beyond loopback) an
 (the daemon's live summary: failing or restarting instances, a low prompt-cache hit
 ratio, cache-busting clients, refused requests), and a finding for each False condition
 in the store (apply's Ready, serve's Serving, Reachable and Applied: docs/serve.md).
-`blazar.doctor.examine` calls them.
+MODELS also names a model that can never fit any device's memory budget, judged from
+`blazar coreside`'s answer (`fit_findings`). `blazar.doctor.examine` calls them.
 """
 
 from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 from blazar.doctor.findings import ERROR, INFO, OK, WARNING, DaemonView, Finding
 from blazar.models.hashing import sha256_file
@@ -26,6 +28,31 @@ LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
 
 
 # -- MODELS -------------------------------------------------------------------------------
+
+
+def fit_findings(coreside: Mapping[str, Any] | None) -> list[Finding]:
+    """Pure: an error for each model whose footprint is over every device's memory budget
+    (and all of them together), from `blazar coreside`'s answer (the daemon's, or one
+    computed from the store with none running); nothing when there is none."""
+    if not coreside:
+        return []
+    budget = ", ".join(f"{d['device']} {_gib(d['budget'])}" for d in coreside.get("devices", ()))
+    return [
+        Finding(
+            "MODELS",
+            ERROR,
+            f"model '{m['model']}' needs {_gib(m['footprint'])} ({m['footprint_source']}) and "
+            f"the memory budget is {budget or 'no device'}: it can never be loaded here",
+            f"use a smaller quantization, a smaller ctx or slots, a quantized cache_type "
+            f"(q8_0), or raise serving.memory_budget; `blazar fit {m['model']}` shows what fits",
+        )
+        for m in coreside.get("models", ())
+        if m.get("never_fits")
+    ]
+
+
+def _gib(size: int) -> str:
+    return f"{size / 1024**3:.2f} GiB" if size >= 1024**2 else f"{size} bytes"
 
 
 def model_findings(store: Store, manifest: Manifest, *, deep: bool) -> list[Finding]:

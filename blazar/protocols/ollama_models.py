@@ -84,8 +84,8 @@ class RunningModel:
     model: ModelInfo
     expires_at: str  # RFC 3339; the scheduler's idea of when it unloads
     context_length: int
-    size: int | None = None  # bytes in memory; the file size when unknown
-    size_vram: int = 0  # Blazar's CPU lane keeps nothing in VRAM
+    size: int | None = None  # bytes in memory (its footprint); the file size when unknown
+    size_vram: int = 0  # of those, the bytes on GPUs (0 on host RAM)
 
 
 def parameter_size(count: int | None) -> str:

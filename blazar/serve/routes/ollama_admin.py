@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import asdict, replace
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -61,6 +61,16 @@ def _ref(name: str) -> str:
 
 def _rfc3339(when: datetime) -> str:
     return when.isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def memory_sizes(row: dict[str, Any]) -> tuple[int | None, int]:
+    """Pure: `/api/ps`'s `size` and `size_vram` of a `Scheduler.snapshot()` row, as ollama
+    reports them: the bytes the model takes (its footprint: measured once a child of it
+    ran, else estimated; its file's size when there is none), and of those the ones on
+    GPUs (all of them when it was placed on GPUs, none on host RAM)."""
+    size = row.get("footprint") or row.get("size")
+    on_gpu = any(str(d).startswith("gpu:") for d in row.get("devices") or ())
+    return size, (size or 0) if on_gpu else 0
 
 
 class OllamaAdmin:
@@ -117,8 +127,11 @@ class OllamaAdmin:
                 remaining = runtime.keep_alive if runtime.keep_alive >= 0 else None
             kept = remaining is None or remaining >= FOREVER.total_seconds()  # no overflow
             expires = now + (FOREVER if kept else timedelta(seconds=remaining))
+            size, vram = memory_sizes(row)
             running.append(
-                ollama.RunningModel(info, _rfc3339(expires), int(row["ctx"]), size=row["size"])
+                ollama.RunningModel(
+                    info, _rfc3339(expires), int(row["ctx"]), size=size, size_vram=vram
+                )
             )
         return web.json_response(ollama.ps(running))
 

@@ -90,8 +90,9 @@ class StateCollector:
         )
         evictions = CounterMetricFamily(
             "blazar_evictions_total",
-            "Models unloaded to make room (serving.max_loaded_models).",
-            labels=["model"],
+            "Models unloaded for another's load, by reason: memory (serving.memory_budget), "
+            "count (serving.max_loaded_models), group (an exclusive group's other).",
+            labels=["model", "reason"],
         )
         info = GaugeMetricFamily(
             "blazar_build_info",
@@ -115,8 +116,8 @@ class StateCollector:
             queue.add_metric([name], n)
         for (name, state_name), n in sorted(counts.items()):
             instances.add_metric([name, state_name], n)
-        for name, n in sorted((scheduler.evictions if scheduler else {}).items()):
-            evictions.add_metric([name], n)
+        for (name, reason), n in sorted((scheduler.evictions if scheduler else {}).items()):
+            evictions.add_metric([name, reason], n)
         for engine in sorted(engines) or [""]:
             info.add_metric([__version__, engine], 1)
         yield from (queue, instances, evictions, info)

@@ -130,10 +130,11 @@ class Capacity:
         self.memory, self.room_timeout = memory, room_timeout
         self.groups, self.on_load = groups, on_load
         self.room_waiters: deque[asyncio.Future[None]] = deque()  # loads waiting for room
-        self.evicted_for: dict[str, int] = {}  # evictions by reason (memory | count | group)
         self.on_unload, self.on_stopped = on_unload, on_stopped
         self.before_stop, self.before_stop_timeout = before_stop, before_stop_timeout
-        self.evictions: dict[str, int] = {}  # models evicted so far, for /metrics
+        # models unloaded for another's load so far, by (model, reason: memory | count |
+        # group), for /metrics (blazar_evictions_total)
+        self.evictions: dict[tuple[str, str], int] = {}
         self.tasks: set[asyncio.Task[Any]] = set()
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
@@ -192,7 +193,7 @@ class Capacity:
             await self.wait_for_room(min(left, self.next_settled()), priority)
         assert swap is not None
         waited = loop.time() - began
-        reason = "memory" if isinstance(room, MemoryRoom) else "count"
+        reason = room.reason if isinstance(room, MemoryRoom) else "count"
         if isinstance(room, MemoryRoom):
             pool.placement = room.placement
         pool.loaded_at = self.clock()
@@ -202,8 +203,7 @@ class Capacity:
             )
             self.begin_unload(victim)
             name = victim.runtime.name
-            self.evictions[name] = self.evictions.get(name, 0) + 1
-            self.evicted_for[reason] = self.evicted_for.get(reason, 0) + 1
+            self.evictions[name, reason] = self.evictions.get((name, reason), 0) + 1
             if evicted is not None and name not in evicted:
                 evicted.append(name)
         for rival in swap.leave:
@@ -214,8 +214,7 @@ class Capacity:
             )
             self.drain(rival)
             name = rival.runtime.name
-            self.evictions[name] = self.evictions.get(name, 0) + 1
-            self.evicted_for["group"] = self.evicted_for.get("group", 0) + 1
+            self.evictions[name, "group"] = self.evictions.get((name, "group"), 0) + 1
             if evicted is not None and name not in evicted:
                 evicted.append(name)
         freed = [*room.evict, *room.claim, *swap.leave, *swap.wait]

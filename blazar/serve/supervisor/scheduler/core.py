@@ -241,7 +241,8 @@ class Scheduler:
         self.capacity.before_stop = hook
 
     @property
-    def evictions(self) -> dict[str, int]:
+    def evictions(self) -> dict[tuple[str, str], int]:
+        """Models unloaded for another's load, by (model, reason: memory | count | group)."""
         return self.capacity.evictions
 
     # -- pools ----------------------------------------------------------------------------

@@ -301,11 +301,13 @@ def cheapest(
 
 @dataclass(frozen=True)
 class MemoryRoom:
-    """Where a load goes and what it takes: units to evict and to claim."""
+    """Where a load goes and what it takes: units to evict and to claim, and why: memory
+    (its device was short of room) or count (only `max_loaded_models` asked for them)."""
 
     placement: Placement
     evict: tuple[Pool, ...] = ()
     claim: tuple[Pool, ...] = ()
+    reason: str = "memory"
 
 
 def plan_memory(
@@ -344,6 +346,7 @@ def plan_memory(
             placement,
             tuple(p for u in chosen if not u.claim for p in u.pools),
             tuple(p for u in chosen if u.claim for p in u.pools),
+            "memory" if any(v > 0 for v in short.values()) else "count",
         )
         if best is None or key < best[0]:
             best = (key, room)

@@ -1,0 +1,105 @@
+"""Memory-aware scheduling where users look (issue 31): ollama's `/api/ps` sizes, the
+evictions counted by reason on `/metrics`, and `blazar doctor` naming a model that can
+never fit. Real serves and tiny models; the judgments are also table-tested here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+from pathlib import Path
+
+import openai
+import pytest
+
+from blazar.doctor.serving import fit_findings
+from blazar.serve.routes.ollama_admin import memory_sizes
+from tests.conftest import Blazar
+from tests.fixtures import ENGINE, model_block, write_manifest, write_models
+from tests.serving import Served
+from tests.waiting import wait_until
+
+NAMES = ("tiny", "other", "made", "plain")
+
+
+@pytest.mark.parametrize(
+    ("row", "expected"),
+    [
+        ({"footprint": 900, "size": 300, "devices": ["cpu:0"]}, (900, 0)),  # host RAM
+        ({"footprint": 900, "size": 300, "devices": ["gpu:0"]}, (900, 900)),
+        ({"footprint": 900, "size": 300, "devices": ["gpu:0", "gpu:1"]}, (900, 900)),  # split
+        ({"footprint": 0, "size": 300, "devices": []}, (300, 0)),  # no footprint: the file's
+        ({"size": None}, (None, 0)),
+    ],
+)
+def test_ps_sizes_as_ollama_reports_them(row: dict[str, object], expected: object) -> None:
+    assert memory_sizes(row) == expected
+
+
+def test_doctor_judges_from_coreside() -> None:
+    assert fit_findings(None) == [] and fit_findings({"devices": [], "models": []}) == []
+    answer = {
+        "devices": [{"device": "cpu:0", "budget": 2 * 1024**3}],
+        "models": [
+            {"model": "ok", "footprint": 1024**3, "footprint_source": "measured"},
+            {
+                "model": "huge",
+                "footprint": 3 * 1024**3,
+                "footprint_source": "estimated",
+                "never_fits": True,
+            },
+        ],
+    }
+    (finding,) = fit_findings(answer)
+    assert finding.severity == "error" and finding.group == "MODELS"
+    assert "'huge' needs 3.00 GiB (estimated)" in finding.what
+    assert "cpu:0 2.00 GiB" in finding.what
+    assert finding.fix is not None and "blazar fit huge" in finding.fix
+
+
+def evictions(served: Served) -> dict[tuple[str, str], float]:
+    with urllib.request.urlopen(f"{served.url}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    found = re.findall(r'blazar_evictions_total\{model="([^"]+)",reason="([^"]+)"\} (\S+)', text)
+    return {(m, r): float(n) for m, r, n in found}
+
+
+def test_ps_sizes_and_evictions_by_reason_on_a_real_serve(
+    tmp_path: Path, blazar_home: Path
+) -> None:
+    models = write_models(tmp_path / "models", *NAMES)
+    text = (
+        '[serving]\nmax_loaded_models = 2\nmin_residency = "0s"\n\n'
+        + ENGINE
+        + "".join(model_block(n, models[n], ctx=512, slots=1) for n in NAMES)
+        + '[groups.swap]\nmodels = ["tiny", "other"]\nexclusive = true\n'
+    )
+    with Served(write_manifest(tmp_path, text), blazar_home) as served:
+        oai = openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_retries=0)
+        for name in ("tiny", "other", "made", "plain"):
+            oai.completions.create(model=name, prompt="a", max_tokens=2)
+        # other drained tiny (its group); plain took other's place (the count of 2)
+        wait_until(lambda: len(served.ps()) == 2, "two loaded")
+        assert evictions(served) == {("tiny", "group"): 1.0, ("other", "count"): 1.0}
+        rows = {r["model"]: r for r in served.ps()}
+        assert sorted(rows) == ["made", "plain"]
+        listed = {m["model"]: m for m in served.get("/api/ps")["models"]}
+        made = listed["made:latest"]
+        assert made["size"] == rows["made"]["footprint"] > models["made"].stat().st_size
+        assert made["size_vram"] == 0  # this host's models live in RAM
+
+
+def test_doctor_names_a_model_that_can_never_fit(tmp_path: Path, blazar: Blazar) -> None:
+    models = write_models(tmp_path / "models", "tiny")
+    manifest = write_manifest(
+        tmp_path,
+        "[serving]\nmemory_budget = 4096\n\n" + ENGINE + model_block("tiny", models["tiny"]),
+    )
+    blazar("apply", str(manifest))
+    result = blazar("doctor", "--json", str(manifest), ok=False)
+    findings = [json.loads(line) for line in result.stdout.splitlines()]
+    (found,) = [f for f in findings if "can never be loaded here" in f["what"]]
+    assert found["severity"] == "error" and "'tiny' needs" in found["what"]
+    assert "the memory budget is cpu:0 4096 bytes" in found["what"]
+    assert "serving.memory_budget" in found["fix"] and result.exit_code == 1
