@@ -17,6 +17,7 @@ import json
 import os
 import select
 import socket
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -157,7 +158,11 @@ def check_scopes(url: str) -> None:
     # An admin key may do what it needs: `blazar ps` reads /api/blazar/ps with it.
     shown = run_blazar("ps", "--url", url, env={"BLAZAR_API_KEY": SECRETS["ops"]})
     assert shown.returncode == 0 and "tiny" in shown.stdout
-    assert run_blazar("ps", "--url", url).returncode == 1  # no key
+    # With no key: the local operator (serve's token, tests/test_operator_token.py) gets
+    # in; a CLI elsewhere (another home: no serve.json, no token) is refused.
+    assert run_blazar("ps", "--url", url).returncode == 0
+    with tempfile.TemporaryDirectory() as elsewhere:
+        assert run_blazar("ps", "--url", url, env={"BLAZAR_HOME": elsewhere}).returncode == 1
 
 
 def check_rate_limit(url: str) -> None:
