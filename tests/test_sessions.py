@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from blazar.serve.state.session_files import read_tokens
-from blazar.testing.tiny import TINY_WORDS, write_tiny_model
+from blazar.testing.tiny import TINY_WORDS, write_tiny_lora, write_tiny_model
 from tests.conftest import Blazar
 from tests.fixtures import ENGINE, model_block
 from tests.serving import Served
@@ -395,3 +395,34 @@ def test_singleflight_makes_one_engine_call_for_identical_concurrent_requests(
         assert predicted == blocked.usage.completion_tokens + a.usage.completion_tokens
         assert a.choices[0].message.content == b.choices[0].message.content
         assert a.id != b.id and a.id.startswith("chatcmpl-") and b.id.startswith("chatcmpl-")
+
+
+def test_the_bank_keeps_every_slot_with_a_variant_beside(
+    tmp_path: Path, blazar_home: Path, blazar: Blazar, models: dict[str, Path]
+) -> None:
+    """Every slot of every instance is banked when serve stops, an adapter variant's beside
+    the dense conversation's: once, with `mymodel+rsmma` running beside `mymodel`, only
+    the variant's short slot was banked and the long dense conversation came back 29%
+    cached (issue 33, day one 9). Both are banked; the dense one comes back cached."""
+    fox = write_tiny_lora(tmp_path / "fox.gguf", models["tiny"])
+    serving = "[serving]\nsession_bank = true\n\n"
+    text = serving + ENGINE + model_block("tiny", models["tiny"], slots=2)
+    text += f'[loras.fox]\nmodel = "tiny"\nsource = "{fox.as_uri()}"\n'
+    manifest = write_manifest(tmp_path, text)
+    turn1 = [{"role": "user", "content": FIRST}]
+    with Served(manifest, blazar_home) as served:
+        oai = client(served)
+        first = chat(oai, "tiny", turn1)
+        variant = chat(oai, "tiny+fox", [{"role": "user", "content": "hello"}])
+        assert variant.usage.prompt_tokens < first.usage.prompt_tokens / 4
+    with Served(manifest, blazar_home) as served:
+        banked = sorted(s["n_tokens"] for s in sessions(blazar, served))
+        assert len(banked) == 2, banked  # the variant's slot and the dense conversation's
+        assert banked[-1] >= first.usage.prompt_tokens
+        turn2 = [
+            *turn1,
+            {"role": "assistant", "content": first.choices[0].message.content},
+            {"role": "user", "content": SECOND},
+        ]
+        again = chat(client(served), "tiny", turn2)
+        assert cached(again) >= 0.9 * first.usage.prompt_tokens, (cached(again), banked)

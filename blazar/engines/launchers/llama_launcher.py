@@ -323,6 +323,12 @@ _TABLE: list[tuple[str, str | None, str, Apply]] = [
     ("--no-kv-unified -no-kvu", None, "a KV buffer per slot", _switch("kv_unified", False)),
     ("--cache-reuse", "N", "min chunk to reuse by KV shifting", _set("n_cache_reuse", _int)),
     (
+        "--slot-prompt-similarity -sps",
+        "F",
+        "how much of a prompt a slot's cache must share for the prompt to take that slot",
+        _set("slot_prompt_similarity", lambda v: float(_parse(float, "a number", v))),
+    ),
+    (
         "--spec-type",
         "TYPE[,TYPE]",
         "speculative decoding: none, draft, ngram-simple, ...",

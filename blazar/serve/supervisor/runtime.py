@@ -28,6 +28,14 @@ from blazar.protocols.capabilities import TemplateCapabilities, template_capabil
 from blazar.serve.supervisor import dialects
 from specs.names import AdapterChoice, Requested, parse_requested
 
+# How much of a prompt a slot's cache must share for llama-server to give the prompt that
+# slot rather than an idle one: its default, 0.1, let a 33-token request sharing only the
+# chat template's first 4 tokens take the slot of a 263-token conversation (an adapter
+# variant's, beside the dense one: the conversation's cache was gone, and the session bank
+# had nothing of it to keep). llama.cpp's earlier default, 0.5, keeps a conversation's
+# slot for prompts that continue it or share most of it. `args` overrides it.
+SLOT_SIMILARITY = "0.5"
+
 
 @dataclass(frozen=True)
 class Adapter:
@@ -184,6 +192,10 @@ class ModelRuntime:
         if not any(a.split("=")[0] in ("--threads", "-t") for a in self.extra_args):
             threads = str(self.tuning.threads or default_threads())
             out += ["--threads", threads, "--threads-batch", threads]
+        if self.slots > 1 and not any(
+            a.split("=")[0] in ("--slot-prompt-similarity", "-sps") for a in self.extra_args
+        ):
+            out += ["--slot-prompt-similarity", SLOT_SIMILARITY]
         out += self.extra_args
         return tuple(out)
 
