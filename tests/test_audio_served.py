@@ -326,8 +326,8 @@ def test_both_lanes_show_in_ps_and_engine_list(
     assert rows["whisper-base"]["lane"] == "whisper"
     assert rows["whisper-base"]["engine"] == "faster-whisper-1.2.1"
     shown = blazar("ps", "--url", host.served.url).output
-    assert re.search(r"joe\s+0\s+piper\s+piper-tts-1\.8\.0", shown)
-    assert re.search(r"whisper-base\s+0\s+whisper\s+faster-whisper-1\.2\.1", shown)
+    assert re.search(r"joe\s+-\s+0\s+piper\s+piper-tts-1\.8\.0", shown)  # no adapters
+    assert re.search(r"whisper-base\s+-\s+0\s+whisper\s+faster-whisper-1\.2\.1", shown)
     monkeypatch.setenv("BLAZAR_HOME", str(host.home))
     listed = blazar("engine", "list").output
     assert re.search(r"piper\s+piper-tts-1\.8\.0\s+\*", listed)
