@@ -79,15 +79,21 @@ def test_ps_sizes_and_evictions_by_reason_on_a_real_serve(
         oai = openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_retries=0)
         for name in ("tiny", "other", "made", "plain"):
             oai.completions.create(model=name, prompt="a", max_tokens=2)
-        # other drained tiny (its group); plain took other's place (the count of 2)
+        # other drained tiny (its group); plain took the place of other or made (the count
+        # of 2): which one is the cheaper to reload, by their measured bytes and recency,
+        # which a loaded machine can tip either way
         wait_until(lambda: len(served.ps()) == 2, "two loaded")
-        assert evictions(served) == {("tiny", "group"): 1.0, ("other", "count"): 1.0}
+        found = evictions(served)
+        (gone,) = [m for (m, reason) in found if reason == "count"]
+        assert gone in ("other", "made")
+        assert found == {("tiny", "group"): 1.0, (gone, "count"): 1.0}
         rows = {r["model"]: r for r in served.ps()}
-        assert sorted(rows) == ["made", "plain"]
+        kept = ({"other", "made"} - {gone}).pop()
+        assert sorted(rows) == sorted([kept, "plain"])
         listed = {m["model"]: m for m in served.get("/api/ps")["models"]}
-        made = listed["made:latest"]
-        assert made["size"] == rows["made"]["footprint"] > models["made"].stat().st_size
-        assert made["size_vram"] == 0  # this host's models live in RAM
+        shown = listed[f"{kept}:latest"]
+        assert shown["size"] == rows[kept]["footprint"] > models[kept].stat().st_size
+        assert shown["size_vram"] == 0  # this host's models live in RAM
 
 
 def test_doctor_names_a_model_that_can_never_fit(tmp_path: Path, blazar: Blazar) -> None:
