@@ -524,6 +524,11 @@ def start_server(params: Any) -> Any:
     on success (or with a verbosity above 3) the captured log is passed on to stderr.
     """
     check_files(params)
+    # llama.cpp's server listens (and its own /health answers, and its log says "listening
+    # on") as soon as `xllamacpp.Server` returns, before this launcher announces itself: a
+    # supervisor may find it ready and stop it in that window, so a signal exits 0 from here
+    # on (it was the default action: exit code -15)
+    common.exit_on_signal()
     sys.stderr.flush()
     saved_stderr = os.dup(2)
     with tempfile.TemporaryFile() as log:
