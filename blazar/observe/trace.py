@@ -440,7 +440,8 @@ def prompt_text(body: Mapping[str, Any] | None) -> str | None:
         return None
     parts: list[str] = []
     for key in ("system", "instructions", "prompt", "input"):
-        _texts(body.get(key), parts)
+        if (value := body.get(key)) is not None:
+            _texts(value, parts)
     for message in body.get("messages") or []:
         if isinstance(message, dict):  # JSON: a dict, never another Mapping (a slow check)
             _texts(message.get("content"), parts)

@@ -106,6 +106,7 @@ class LeasedChild:
     never traced as the request's exchange (the bug they had: a templated
     /api/generate's trace showed /tokenize)."""
 
+    __slots__ = ("children", "model", "url")
     errors: tuple[type[BaseException], ...] = (UpstreamError, ConnectionError)
 
     def __init__(self, children: ChildConnections, url: str, model: str) -> None:

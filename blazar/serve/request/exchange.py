@@ -36,7 +36,7 @@ from blazar.serve.request.asks import Answer, Answering, Ask, Plan
 from blazar.serve.request.child_calls import Reply, Upstream, decode, gate, refused
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen, for its cost per request (`pipeline.Routed`)
 class Sent:
     """An engine request as it goes out: its bytes, the body they encode, added headers."""
 
@@ -45,7 +45,7 @@ class Sent:
     headers: dict[str, str]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen, for its cost per request (`pipeline.Routed`)
 class Call:
     """An engine call ready to go: the plan, the engine request and its bytes, the
     upstream it goes to, and what its answer is built with."""
@@ -98,7 +98,8 @@ async def fetch(call: Call) -> tuple[int, bytes]:
 
 async def exchange(request: web.Request, ask: Ask, call: Call) -> web.StreamResponse:
     """The call made for a client, and its answer: whole, or streamed as it arrives."""
-    headers = {**ask.envelope.headers(request), **call.sent.headers}
+    headers = ask.envelope.headers(request)  # a new dict: the answer's headers
+    headers.update(call.sent.headers)
     if not call.engine.stream:
         status, payload = await fetch(call)
         return await whole(call.answer(), status, payload, headers)
@@ -145,6 +146,8 @@ async def _opened(call: Call, trace: Trace | None) -> tuple[Reply, bytes | None]
 async def whole(
     answer: Answer, status: int, payload: bytes, headers: dict[str, str]
 ) -> web.Response:
+    """A whole answer (`headers`: the caller's new dict, completed here), or the engine's
+    refusal raised in the answer's words."""
     if status != 200:
         data = decode(payload)
         raise answer.refusal(status, data) or refused(status, data)
@@ -154,7 +157,8 @@ async def whole(
             headers[HEADER] = spec_header(mode, orjson.loads(payload).get("timings"))
     out = await answer.whole(payload)
     body = out if isinstance(out, bytes) else dumps(out)
-    return web.Response(body=body, headers={"Content-Type": "application/json", **headers})
+    headers["Content-Type"] = "application/json"
+    return web.Response(body=body, headers=headers)
 
 
 async def arrivals(
