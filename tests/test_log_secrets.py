@@ -310,3 +310,13 @@ def test_scrubbing_twice_changes_nothing_and_serve_log_is_owner_only(tmp_path: P
         logging.getLogger("blazar.serve").info("a line")
     path = tmp_path / "logs" / "serve.log"
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+
+
+def test_a_record_with_a_lone_surrogate_is_written_escaped_and_scrubbed(tmp_path: Path) -> None:
+    """Text a client sent can hold a lone surrogate: serve.log's strict UTF-8 lost the whole
+    record to an encoding error (found by the property above in a CI run)."""
+    logs = tmp_path / "logs"
+    with serve_logging(logs):
+        logging.getLogger("aiohttp.server").warning("\ud800Authorization: Bearer plm_0 after")
+    written = (logs / "serve.log").read_text(encoding="utf-8")
+    assert "\\ud800Authorization: ***" in written and "plm_0" not in written

@@ -95,7 +95,9 @@ class _OwnerOnlyFileHandler(logging.handlers.RotatingFileHandler):
     only."""
 
     def _open(self) -> io.TextIOWrapper:
-        return open(self.baseFilename, "a", encoding=self.encoding, opener=owner_only)
+        return open(
+            self.baseFilename, "a", encoding=self.encoding, errors=self.errors, opener=owner_only
+        )
 
 
 def serve_log(logs: Path) -> Path:
@@ -114,7 +116,15 @@ def configure(logs: Path, *, stream: object = None) -> Path:
         path.chmod(0o600)
     else:
         handlers.append(
-            _OwnerOnlyFileHandler(path, maxBytes=MAX_BYTES, backupCount=BACKUPS, encoding="utf-8")
+            # a lone surrogate (text a client sent) is written escaped: strict, the whole
+            # record was lost to an encoding error
+            _OwnerOnlyFileHandler(
+                path,
+                maxBytes=MAX_BYTES,
+                backupCount=BACKUPS,
+                encoding="utf-8",
+                errors="backslashreplace",
+            )
         )
     restrict_rotations(path, BACKUPS)
     root = logging.getLogger()
