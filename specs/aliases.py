@@ -210,7 +210,7 @@ def _walk(parts: Sequence[str]) -> tuple[int | None, Any]:
         return (None if len(parts) == 2 else 2), str
     current: Any = Manifest
     for index, part in enumerate(parts):
-        current = _unwrap(current)
+        current = unwrap(current)
         if isinstance(current, type) and issubclass(current, BaseModel):
             fields = {info.alias or name: info for name, info in current.model_fields.items()}
             if part not in fields:
@@ -222,7 +222,7 @@ def _walk(parts: Sequence[str]) -> tuple[int | None, Any]:
             return None, current  # free-form (a model's params): the validator checks it
         else:
             return index, current  # a value has no keys under it
-    return None, _unwrap(current)
+    return None, unwrap(current)
 
 
 @functools.cache
@@ -235,11 +235,11 @@ def manifest_keys() -> tuple[str, ...]:
             key = (*prefix, info.alias or name)
             if key == ("$schema",):
                 continue
-            inner = _unwrap(info.annotation)
+            inner = unwrap(info.annotation)
             if isinstance(inner, type) and issubclass(inner, BaseModel):
                 walk(inner, key)
             elif typing.get_origin(inner) is dict:
-                value = _unwrap(typing.get_args(inner)[-1])
+                value = unwrap(typing.get_args(inner)[-1])
                 if isinstance(value, type) and issubclass(value, BaseModel):
                     walk(value, (*key, SECTIONS_BY_NAME))
                 else:
@@ -323,7 +323,7 @@ def hint_for(name: str) -> str | None:
     )
 
 
-def _unwrap(annotation: Any) -> Any:
+def unwrap(annotation: Any) -> Any:
     """`X | None` and `Annotated[X, ...]` to X."""
     while True:
         origin = typing.get_origin(annotation)

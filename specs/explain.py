@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import datetime
 import difflib
-import types
 import typing
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from specs.aliases import ALIASES, hint_for
+from specs.aliases import ALIASES, hint_for, unwrap
 from specs.manifest import Manifest
 from specs.problems import Finding, FindingsError, Invalid, Location, Path, Problem, format_path
 
@@ -174,27 +173,12 @@ def model_at(path: Path) -> type[BaseModel] | None:
                 return None
             current = by_alias[step].annotation
             continue
-        current = _unwrap(current)
+        current = unwrap(current)
         origin = typing.get_origin(current)
         if origin in (dict, list):
             steps.pop(0)
             current = typing.get_args(current)[-1]
             continue
         return None
-    current = _unwrap(current)
+    current = unwrap(current)
     return current if isinstance(current, type) and issubclass(current, BaseModel) else None
-
-
-def _unwrap(annotation: Any) -> Any:
-    """`X | None` and `Annotated[X, ...]` to X."""
-    while True:
-        origin = typing.get_origin(annotation)
-        if origin is typing.Annotated:
-            annotation = typing.get_args(annotation)[0]
-        elif origin in (typing.Union, types.UnionType):
-            rest = [a for a in typing.get_args(annotation) if a is not type(None)]
-            if len(rest) != 1:
-                return annotation
-            annotation = rest[0]
-        else:
-            return annotation
