@@ -254,13 +254,16 @@ def record_owner(store: Store, desired: Desired, targets: Sequence[str] = ()) ->
     given): another manifest's `apply --prune` then leaves them alone
     (`reconcilers.apply.not_anothers`)."""
     only = {(_KINDS.get(t.partition(".")[0], ""), t.partition(".")[2]) for t in targets}
-    declared = [
-        (kind, name)
-        for kind, names in declared_names(desired).items()
-        for name in sorted(names)
-        if not targets or (kind, name) in only
-    ]
-    store.set_owners(desired.owner, declared)
+    changed = []
+    for kind, names in declared_names(desired).items():
+        recorded = store.owners(kind)
+        changed += [
+            (kind, name)
+            for name in sorted(names)
+            if (not targets or (kind, name) in only) and recorded.get(name) != desired.owner
+        ]
+    if changed:  # serve applies every pass: a write only when an owner changes
+        store.set_owners(desired.owner, changed)
 
 
 class LockMismatch(InvalidInput):
