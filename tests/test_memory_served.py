@@ -19,6 +19,7 @@ import openai
 
 from blazar.paths import resolve_paths
 from blazar.store.db import Store
+from tests.conftest import Blazar
 from tests.fixtures import ENGINE, model_block, write_manifest, write_models
 from tests.serving import Served
 from tests.waiting import wait_until
@@ -36,7 +37,7 @@ def loaded(served: Served) -> list[str]:
 
 
 def test_a_load_that_does_not_fit_evicts_by_memory_and_waits_for_busy_models(
-    tmp_path: Path, blazar_home: Path
+    tmp_path: Path, blazar_home: Path, blazar: Blazar
 ) -> None:
     models = write_models(tmp_path / "models", *NAMES)
     for each in ("first", "second"):
@@ -82,7 +83,10 @@ def test_a_load_that_does_not_fit_evicts_by_memory_and_waits_for_busy_models(
 
         def ask_other() -> None:
             try:
-                answered.append(oai.completions.create(model="other", prompt="a", max_tokens=2))
+                raw = oai.completions.with_raw_response.create(
+                    model="other", prompt="a", max_tokens=2
+                )
+                answered.append(raw.headers["x-request-id"])
             except Exception as exc:  # asserted below
                 answered.append(exc)
 
@@ -111,3 +115,9 @@ def test_a_load_that_does_not_fit_evicts_by_memory_and_waits_for_busy_models(
         asyncio.run(hold_made())
         assert len(answered) == 1 and not isinstance(answered[0], Exception), answered
         assert loaded(served) == ["other", "tiny"]
+        # `blazar why` names the wait: the seconds and the model evicted once room was made
+        record = served.get(f"/api/why/{answered[0]}?wait=10")
+        room = record["waited_for_room"]
+        assert room["evicted"] == ["made"] and room["seconds"] >= 1.0, room
+        trail = blazar("why", answered[0], "--url", served.url).output
+        assert "waited_for_room" in trail and "evicted made" in trail, trail

@@ -71,6 +71,9 @@ class Decision(Protocol):
     @property
     def replicas(self) -> int: ...
 
+    @property
+    def room_ns(self) -> int: ...  # waiting for room: models holding the memory it needed
+
 
 @dataclass(slots=True)
 class Asked:
@@ -372,6 +375,7 @@ class Trace:
             "replicas": decision.replicas if decision else None,
             "queue_ms": _ms(decision.queue_ns) if decision else None,
             "load_ms": _ms(decision.load_ns) if decision else None,
+            "waited_for_room": _room(decision),
             "ttft_ms": _ms(result.first_ns),
             "duration_ms": _ms(result.duration_ns),
             "prompt_tokens": out.prompt_tokens if out else None,
@@ -394,6 +398,14 @@ class Trace:
             "prompt": _text_facts(prompt_text(self._body), scrub),
             "output": _text_facts(out.text if out else None, scrub),
         }
+
+
+def _room(decision: Decision | None) -> dict[str, Any] | None:
+    """The wait for room, when the load had one: the seconds, and the models unloaded
+    to make it (`blazar why` names them)."""
+    if decision is None or decision.room_ns <= 0:
+        return None
+    return {"seconds": round(decision.room_ns / 1e9, 3), "evicted": list(decision.evicted)}
 
 
 def _sse(chunks: list[bytes], times: list[int]) -> Iterator[tuple[int, Any]]:

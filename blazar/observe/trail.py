@@ -52,8 +52,18 @@ def render(record: dict[str, Any]) -> list[str]:
         why = DECISIONS.get(r.get("decision") or "", r.get("decision") or "")
         why = why.format(replicas=r.get("replicas"), in_flight=r.get("in_flight"))
         step(f"routed to {r['instance']} (engine {r.get('engine')}): {why}")
-        if r.get("evicted"):
-            step(f"evicted {', '.join(r['evicted'])} to make room (serving.max_loaded_models)")
+        room = r.get("waited_for_room")
+        if room:
+            gone = ", ".join(room.get("evicted") or []) or "no model"
+            step(
+                f"waited_for_room {room['seconds']:.2f} s: the models holding the memory "
+                f"were busy or just loaded (serving.min_residency); then evicted {gone}"
+            )
+        elif r.get("evicted"):
+            step(
+                f"evicted {', '.join(r['evicted'])} to make room "
+                "(serving.memory_budget, serving.max_loaded_models)"
+            )
         step(f"queue wait {_ms(r.get('queue_ms'))}, load {_ms(r.get('load_ms'))}")
     if r.get("remote"):
         step(f"forwarded to remote {r['remote']}: {r.get('remote_reason') or '-'}")
