@@ -54,7 +54,7 @@ class Decision(Protocol):
     `Decision`, which this layer may not import: its fields, read-only)."""
 
     @property
-    def how(self) -> str: ...  # warm | least_loaded | spawned | queued
+    def how(self) -> str: ...  # warm | least_loaded | affinity | spawned | queued
 
     @property
     def evicted(self) -> tuple[str, ...]: ...

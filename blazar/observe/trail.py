@@ -16,6 +16,8 @@ from typing import Any
 DECISIONS = {
     "warm": "already loaded, a slot was free",
     "least_loaded": "the least loaded of {replicas} replicas ({in_flight} in flight there)",
+    "affinity": "the replica of {replicas} that served this prompt's prefix within the last "
+    "minute ({in_flight} in flight there): its cache holds it",
     "spawned": "the model was not running: started it",
     "queued": "every slot was busy: waited for one to free up",
 }

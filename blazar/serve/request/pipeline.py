@@ -13,7 +13,9 @@ top-down):
 3. require: the model can do what the plan needs (`steps.require`, once).
 4. keep_alive and priority: a client's from its request (the body field or the header,
    `steps.keep_alive`; `x-blazar-priority`, `http.wants_priority`), else the `Way`'s.
-5. lease: a slot from the scheduler, with the load time measured (`Leased`); a start
+5. lease: a slot from the scheduler, with the load time measured (`Leased`); with
+   several replicas, on the one that served the prompt's prefix within the last minute
+   when it has a free slot (its cache holds that prefix: `scheduler.affinity`); a start
    failure is a 502, and with a `failover` chain a full queue, a failed load or a child
    failing before any byte goes to the chain's next member.
 6. admit: the model's default output limit for a request that sets none (a base
@@ -52,7 +54,7 @@ from typing import Any
 from aiohttp import web
 
 from blazar.observe.speculation import HEADER
-from blazar.observe.trace import current
+from blazar.observe.trace import current, prompt_text
 from blazar.protocols import LoadOnly, ProtocolError
 from blazar.serve.http import wants_priority
 from blazar.serve.request import exchange, forward, steps
@@ -70,9 +72,11 @@ from blazar.serve.supervisor.instance import InstanceFailed
 from blazar.serve.supervisor.scheduler import (
     Lease,
     ModelNotFound,
+    PrefixAffinity,
     Scheduler,
     SchedulerError,
     Target,
+    prefix_keys,
 )
 from specs.serving import Serving
 
@@ -103,6 +107,7 @@ class Routed:
     plan: Plan | LoadOnly | None
     keep_alive: float | None
     priority: bool
+    prefix: tuple[bytes, ...] = ()  # the prompt's prefix keys, with several replicas
 
 
 class Leased(LeasedChild):
@@ -160,6 +165,7 @@ class Pipeline:
         self.fleet = fleet if fleet is not None else Fleet()
         self.singleflight = SingleFlight()
         self.serving = serving if serving is not None else Serving()
+        self.affinity = PrefixAffinity()  # which replica saw a prompt's prefix last
 
     # -- the entries --------------------------------------------------------------------
 
@@ -333,10 +339,13 @@ class Pipeline:
                     alternative=ask.hint,
                     requested=ask.model,
                 )
+        prefix: tuple[bytes, ...] = ()
+        if len(target.pool.members) > 1 and isinstance(plan, Plan):  # replicas: affinity
+            prefix = prefix_keys(target.runtime.name, prompt_text(ask.body))
         if request is None:
-            return Routed(target, plan, way.keep_alive, way.priority)
+            return Routed(target, plan, way.keep_alive, way.priority, prefix)
         keep_alive = steps.keep_alive(request.headers, ask.body)
-        return Routed(target, plan, keep_alive, wants_priority(request))
+        return Routed(target, plan, keep_alive, wants_priority(request), prefix)
 
     @asynccontextmanager
     async def _unattended(self, ask: Ask, way: Way) -> AsyncIterator[Call]:
@@ -374,9 +383,14 @@ class Pipeline:
             raise ProtocolError(400, runtime.refusal, "invalid_request_error")
         ready = target.ready
         begin = time.perf_counter_ns()
+        prefix = routed.prefix
+        now = time.monotonic()
         try:
             lease = await self.scheduler.acquire(
-                target, priority=routed.priority, keep_alive=keep_alive
+                target,
+                priority=routed.priority,
+                keep_alive=keep_alive,
+                prefer=self.affinity.choose(prefix, now) if prefix else None,
             )
         except InstanceFailed as exc:
             member = self._member(request, runtime.name, f"the model failed to start here ({exc})")
@@ -392,6 +406,8 @@ class Pipeline:
                     return member
             raise
         load_ns = 0 if ready else time.perf_counter_ns() - begin
+        if prefix:  # the prefix is on this replica now (a cancelled prefill keeps it too)
+            self.affinity.remember(prefix, lease.member.instance.spec.replica, now)
         leased_runtime = lease.runtime
         spec = leased_runtime.tuning.describe()
         if (trace := current()) is not None:  # observe: the instance and how it was chosen

@@ -7,9 +7,10 @@ composing the others) > `reload` (update, roll, retire, adapters added) > `capac
 (load, evict, keep_alive, drain and stop) | `queueing` (slots, the queue, priority,
 hand-off) | `coreside` (what can be resident at once) > `memory` (placement, victims)
 > `groups` (co-residency) > `pools` (Pool, Member, Waiter, Target, Lease, Decision) |
-`errors`.
+`errors` | `affinity` (which replica saw a prompt's prefix: the request path asks it).
 """
 
+from blazar.serve.supervisor.scheduler.affinity import PrefixAffinity, prefix_keys
 from blazar.serve.supervisor.scheduler.capacity import (
     BEFORE_STOP_TIMEOUT,
     FOREVER,
@@ -57,6 +58,7 @@ __all__ = [
     "ModelNotFound",
     "NoCapacity",
     "Pool",
+    "PrefixAffinity",
     "Reloading",
     "Room",
     "Scheduler",
@@ -73,5 +75,6 @@ __all__ = [
     "footprints",
     "model_not_found",
     "plan_room",
+    "prefix_keys",
     "reload_action",
 ]

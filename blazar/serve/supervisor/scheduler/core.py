@@ -411,10 +411,16 @@ class Scheduler:
         return target, target.pool.serving(target.adapters)
 
     async def acquire(
-        self, target: Target, *, priority: bool = False, keep_alive: float | None = None
+        self,
+        target: Target,
+        *,
+        priority: bool = False,
+        keep_alive: float | None = None,
+        prefer: int | None = None,
     ) -> Lease:
         """A slot on an instance of the target's model, loading it and waiting in its
-        queue as needed. Raises SchedulerError (Busy, NoCapacity) or InstanceFailed."""
+        queue as needed; on replica `prefer` when it has a free slot (prefix affinity:
+        `affinity`). Raises SchedulerError (Busy, NoCapacity) or InstanceFailed."""
         if target.runtime.settings_problem is not None:
             raise Misconfigured(
                 f"model '{target.runtime.name}' is not started: "
@@ -437,7 +443,10 @@ class Scheduler:
             pool.expires_at = None  # decided again when the request is done
         loaded = time.perf_counter_ns()
         wanted = pool.members[target.replica] if target.replica is not None else None
-        member = queueing.take(pool, wanted, priority)
+        preferred = None  # prefix affinity's replica, if this pool still has it
+        if prefer is not None and prefer < len(pool.members):
+            preferred = pool.members[prefer]
+        member = queueing.take(pool, wanted, priority, preferred)
         if member is None:
             member = await queueing.wait(
                 pool,
@@ -448,8 +457,10 @@ class Scheduler:
                 give_back=lambda m: self.release(Lease(pool, m)),
             )  # handed over, slot counted
             how = "queued"
+        elif len(pool.members) == 1:
+            how = "warm"
         else:
-            how = "least_loaded" if len(pool.members) > 1 else "warm"
+            how = "affinity" if member is preferred else "least_loaded"
         waited = time.perf_counter_ns()
         pool.last_used = self.clock()
         in_flight = member.in_flight - 1

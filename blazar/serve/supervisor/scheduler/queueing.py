@@ -17,17 +17,24 @@ from blazar.serve.supervisor.scheduler.errors import Busy, SchedulerError
 from blazar.serve.supervisor.scheduler.pools import Member, Pool, Waiter
 
 
-def free_member(pool: Pool, wanted: Member | None = None) -> Member | None:
-    """Pure: the least loaded member with a free slot (only `wanted`, when given)."""
+def free_member(
+    pool: Pool, wanted: Member | None = None, prefer: Member | None = None
+) -> Member | None:
+    """Pure: the least loaded member with a free slot (only `wanted`, when given);
+    `prefer` first when it has one (prefix affinity: `affinity`)."""
+    if wanted is None and prefer is not None and prefer.in_flight < pool.runtime.slots:
+        return prefer
     candidates = pool.members if wanted is None else [wanted]
     free = [m for m in candidates if m.in_flight < pool.runtime.slots]
     return min(free, key=lambda m: m.in_flight) if free else None
 
 
-def take(pool: Pool, wanted: Member | None, priority: bool) -> Member | None:
+def take(
+    pool: Pool, wanted: Member | None, priority: bool, prefer: Member | None = None
+) -> Member | None:
     """A free slot, counted, unless a request queued earlier could have it (a priority
     request takes it anyway: it would go to the front of the queue)."""
-    member = free_member(pool, wanted)
+    member = free_member(pool, wanted, prefer)
     if member is None or (not priority and any(w.accepts(member) for w in pool.waiters)):
         return None
     member.in_flight += 1

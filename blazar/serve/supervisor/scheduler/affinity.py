@@ -1,0 +1,91 @@
+"""Prefix affinity: a prompt goes back to the replica that saw its prefix a moment ago.
+
+A child keeps the prompt it last processed in its slot's KV cache, a request cancelled
+mid-prefill included (llama-server's `slot.release()` keeps `slot.prompt`, and this
+engine build only notices a client gone when it writes the first token, so the prefill
+runs to its end: docs/cache.md, "Retries after a cancel"). A retry sent to another
+replica recomputes all of it; sent to the same one it is served from that cache. With
+several replicas, least-in-flight routing ties go to the first replica, so a retry
+would land elsewhere whenever the cancelled request had gone to another.
+
+`prefix_keys` hashes a prompt's text at every whole `BLOCK` of bytes (a shared system
+prompt and a retried prompt share their first keys); `PrefixAffinity` remembers, per
+key, the replica that last served it and when, and `choose` answers the replica of the
+longest key seen within `window` seconds. Pure values: no clock (callers pass `now`),
+no I/O. The request path (`blazar.serve.request.pipeline`) asks before each lease of a
+model with several replicas and remembers the replica it got; the scheduler takes the
+answer as a preference (`Scheduler.acquire(prefer=)`): a replica with no free slot is
+passed over for the least loaded one, never waited for. A wrong answer costs only a
+cache miss, so the table is small and forgets the oldest keys first.
+
+Slots within one instance are llama-server's to choose (its prompt similarity picks the
+idle slot whose cache shares the most with the prompt).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from hashlib import blake2b
+
+BLOCK = 1024  # bytes of prompt text per key: short prompts have none (nothing to reuse)
+MAX_BLOCKS = 256  # keys per prompt: the first 256 KiB of text decide
+WINDOW = 60.0  # seconds a prefix stays where it was seen
+CAPACITY = 8192  # keys remembered, across every model
+
+
+def prefix_keys(
+    model: str, text: str | None, *, block: int = BLOCK, limit: int = MAX_BLOCKS
+) -> tuple[bytes, ...]:
+    """The keys of `text`'s prefixes for `model`, one per whole block, shortest first.
+    Each key names the model and everything before its block's end; () for no text or
+    one shorter than a block."""
+    if not text:
+        return ()
+    data = text.encode("utf-8", "surrogatepass")
+    count = min(len(data) // block, limit)
+    if count == 0:
+        return ()
+    digest = blake2b(model.encode(), digest_size=16)  # model name and prompt bytes apart
+    digest.update(b"\0")
+    keys = []
+    for i in range(count):
+        digest.update(data[i * block : (i + 1) * block])
+        keys.append(digest.digest())  # digest() leaves the running hash as it was
+    return tuple(keys)
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    replica: int
+    at: float
+
+
+@dataclass
+class PrefixAffinity:
+    """Which replica served a prompt prefix last, for `window` seconds; at most
+    `capacity` keys, the least recently seen forgotten first."""
+
+    window: float = WINDOW
+    capacity: int = CAPACITY
+    _seen: OrderedDict[bytes, Seen] = field(default_factory=OrderedDict)
+
+    def choose(self, keys: tuple[bytes, ...], now: float) -> int | None:
+        """The replica that served the longest of `keys` within the window, or None."""
+        for key in reversed(keys):
+            seen = self._seen.get(key)
+            if seen is not None and now - seen.at <= self.window:
+                return seen.replica
+        return None
+
+    def remember(self, keys: tuple[bytes, ...], replica: int, now: float) -> None:
+        """`replica` now holds every prefix in `keys`."""
+        seen = Seen(replica, now)
+        for key in keys:
+            self._seen[key] = seen
+            self._seen.move_to_end(key)
+        while len(self._seen) > self.capacity:
+            self._seen.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._seen)
