@@ -11,10 +11,9 @@ that is neither, `suggest` offers the closest manifest keys and aliases.
 
 Some names the guide gives have no serving-wide key: `ctx_extend`, `spec` and
 `warm_peg` are set per model, so their flat form is refused with the per-model
-command. Others name features this version does not have (`warm_peg`,
-`semantic_cache.*`): they map to the keys those features will use and are
-refused, saying so, rather than written into a manifest that would then be
-refused whole. Pure: no I/O.
+command. Others name features this version does not have (`warm_peg`): they map to
+the keys those features will use and are refused, saying so, rather than written
+into a manifest that would then be refused whole. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -80,7 +79,6 @@ def _bind(pattern: str, target: str, parts: Sequence[str]) -> tuple[str, ...] | 
 
 
 _WARM_PEG = "to keep a model loaded, set models.MODEL.pin = true or models.MODEL.keep_alive = -1"
-_SEMANTIC = "identical prompts already reuse the engine's prompt cache (docs/sessions.md)"
 
 ALIASES: tuple[Alias, ...] = (
     # Serving
@@ -106,10 +104,10 @@ ALIASES: tuple[Alias, ...] = (
     Alias("audit_log", "serving.audit_log"),
     Alias("pii_scrub", "serving.pii_scrub"),
     Alias("warm_peg", "models.<model>.warm_peg", missing=_WARM_PEG),
-    Alias("semantic_cache.enabled", "serving.cache.enabled", missing=_SEMANTIC),
-    Alias("semantic_cache.threshold", "serving.cache.threshold", missing=_SEMANTIC),
-    Alias("semantic_cache.ttl", "serving.cache.ttl", missing=_SEMANTIC),
-    Alias("semantic_cache.model", "serving.cache.model", missing=_SEMANTIC),
+    Alias("semantic_cache.enabled", "serving.cache.enabled"),
+    Alias("semantic_cache.threshold", "serving.cache.threshold"),
+    Alias("semantic_cache.ttl", "serving.cache.ttl"),
+    Alias("semantic_cache.model", "serving.cache.model"),
     # Access
     Alias("tls_cert", "serving.tls_cert", "set with tls_key, in one call"),
     Alias("tls_key", "serving.tls_key", "set with tls_cert, in one call"),

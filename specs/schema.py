@@ -29,6 +29,7 @@ DOCS_FILE = Path(__file__).resolve().parent.parent / "docs" / "manifest.md"
 SECTIONS = [
     ("serving", "[serving]", "Serving"),
     ("serving.trace_retention", "[serving.trace_retention]", "TraceRetention"),
+    ("serving.cache", "[serving.cache]", "ResponseCache"),
     ("engines", "[engines.NAME]", "Engine"),
     ("engine_routing", "[engine_routing]", "EngineRouting"),
     ("models", "[models.NAME]", "Model"),

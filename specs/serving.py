@@ -28,6 +28,54 @@ class TraceRetention(Table):
     )
 
 
+CacheTier = Literal["exact", "semantic"]
+
+
+class ResponseCache(Table):
+    """The response cache (docs/cache.md): answers replayed without calling a model."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Answer a reproducible request (temperature 0, or a seed on a "
+        "deterministic model) from an earlier identical one's answer; off by default.",
+    )
+    tiers: list[CacheTier] = Field(
+        default_factory=lambda: list[CacheTier](["exact", "semantic"]),
+        description="The tiers used when enabled: exact (the same model, settings and "
+        "request) and semantic (the same conversation but for a last user message whose "
+        "embedding is within `threshold`; needs `model`).",
+    )
+    scope: Literal["key", "global"] = Field(
+        default="key",
+        description="key: an API key's entries answer only that key's requests; global: "
+        "any key's (only for callers who share everything anyway).",
+    )
+    threshold: float = Field(
+        default=0.95,
+        gt=0,
+        le=1,
+        description="The cosine similarity a semantic hit needs between the last user "
+        "messages' embeddings.",
+    )
+    ttl: Duration = Field(
+        default="24h",
+        validate_default=True,
+        description="Entries older than this are not answered from, and are deleted "
+        "(-1: no age limit).",
+    )
+    max_bytes: Size = Field(
+        default="256MiB",
+        validate_default=True,
+        description="The store's cache entries are kept under this size, the least "
+        "recently used deleted first.",
+    )
+    model: NonEmpty | None = Field(
+        default=None,
+        description="The embeddings model of the semantic tier, a model declared in this "
+        "manifest (loaded and evicted like any model). None: exact tier only.",
+    )
+
+
 class Serving(Table):
     """How the gateway listens and how loaded models are scheduled."""
 
@@ -52,6 +100,21 @@ class Serving(Table):
         validate_default=True,
         description="A model loaded on demand stays at least this long before another "
         "load may evict it, so that clients alternating between models do not thrash them.",
+    )
+    fairness_window: Duration = Field(
+        default="10s",
+        validate_default=True,
+        description="While a load waits for room that busy models hold, their new requests "
+        "keep taking slots only this long; then they wait their turn (requests in flight "
+        "and queued finish), the waiting model loads, and they follow once it is idle. "
+        "x-blazar-priority: high is never held. 0: no bound (the resident model keeps its "
+        "place as long as its requests keep coming).",
+    )
+    warm_peg_budget: SizeOrShare = Field(
+        default="25%",
+        description="Host memory kept for the weight files of unloaded warm_peg models (their "
+        "pages held resident, so the next load reads no disk): a size ('4GiB') or a share "
+        "of host RAM ('25%'). Beyond it, the least recently used pegs are released.",
     )
     default_ctx: int = Field(
         default=4096, gt=0, description="Context size of a model that sets no ctx."
@@ -211,6 +274,13 @@ class Serving(Table):
         description="/metrics answers without a key; otherwise it needs an admin key once "
         "keys are declared.",
     )
+    relay: bool = Field(
+        default=True,
+        description="Carry a request that needs no rewrite (a chat, completion or embeddings "
+        "request for a model as it is served) as bytes below the gateway's HTTP framework, "
+        "the child's answer copied to the client as it arrives (docs/performance.md); false: "
+        "every request takes the interpreted path.",
+    )
     header_timeout: Duration = Field(
         default="30s",
         validate_default=True,
@@ -313,6 +383,10 @@ class Serving(Table):
     trace_retention: TraceRetention = Field(
         default_factory=TraceRetention,
         description="How long and how many request traces the store keeps.",
+    )
+    cache: ResponseCache = Field(
+        default_factory=ResponseCache,
+        description="The response cache, exact and semantic (docs/cache.md).",
     )
     otlp_endpoint: HttpUrl | None = Field(
         default=None,

@@ -70,15 +70,13 @@ SETTABLE = [
     ("model_overrides.tiny.engine", "llamacpp", "models.tiny.engine", "llamacpp"),
     ("model_overrides.tiny.pin", "true", "models.tiny.pin", True),
     ("model_overrides.tiny.replicas", "1", "models.tiny.replicas", 1),
+    ("semantic_cache.enabled", "true", "serving.cache.enabled", True),
+    ("semantic_cache.threshold", "0.9", "serving.cache.threshold", 0.9),
+    ("semantic_cache.ttl", "1h", "serving.cache.ttl", "1h"),
+    ("semantic_cache.model", "tiny", "serving.cache.model", "tiny"),
 ]
 PER_MODEL = ["ctx_extend", "spec"]
-NOT_IN_THIS_VERSION = [
-    "warm_peg",
-    "semantic_cache.enabled",
-    "semantic_cache.threshold",
-    "semantic_cache.ttl",
-    "semantic_cache.model",
-]
+NOT_IN_THIS_VERSION = ["warm_peg"]
 
 
 @pytest.fixture
@@ -161,10 +159,6 @@ def test_names_the_server_cannot_take_are_refused_saying_what_to_do(
         assert refused.exit_code == 1
         assert "is not in this version of Blazar" in refused.output
         assert "Traceback" not in refused.output and "validation" not in refused.output
-    assert (
-        "serving.cache.enabled"
-        in blazar("config", "set", "semantic_cache.enabled", "1", ok=False).output
-    )
     assert manifest.read_text() == before
 
 
@@ -346,7 +340,7 @@ def test_migrate_config_writes_a_manifest_diff_accepts(
     migrated = load_manifest(out)  # validates
     assert migrated.serving.port == 11434 and migrated.serving.default_slots == 2
     assert migrated.serving.cache_type == "q8_0" and migrated.serving.prompt_preflight == "strict"
-    assert migrated.engine_routing.policy == "fastest"
+    assert migrated.engine_routing.policy == "fastest" and migrated.serving.cache.enabled
     assert migrated.models["tiny"].pin and migrated.models["tiny"].replicas == 1
     assert migrated.models["tiny"].source == load_manifest(manifest).models["tiny"].source
     assert migrated.keys["alice"].sha256 == hashlib.sha256(b"plm_secret").hexdigest()
@@ -356,7 +350,6 @@ def test_migrate_config_writes_a_manifest_diff_accepts(
     for unmapped in (
         "ctx_extend: 2.0 -- ctx_extend is set per model",
         "warm_peg: True -- warm_peg (models.MODEL.warm_peg) is not in this version",
-        "semantic_cache.enabled: True -- semantic_cache.enabled (serving.cache.enabled) is not",
         "portt: 1 -- unknown key 'portt'; did you mean 'port' (serving.port)?",
         "models.ghost: {'pin': True} -- model 'ghost' is not declared in the manifest",
     ):

@@ -252,6 +252,7 @@ class Daemon:
             self.access.audit = None
         if self.services is not None:
             self.services.configure(serving)
+            self.services.pipeline.cache.keep_keys(set(keys))  # a key removed: its entries go
         self.fleet.configure(manifest)
         self.limits.header_timeout = serving.header_timeout
         self.limits.max_connections_per_client = serving.max_connections_per_client

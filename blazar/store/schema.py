@@ -419,3 +419,31 @@ def m014_footprints(db: sqlite_utils.Database) -> None:
         pk=("model", "sha256", "device"),
         not_null={"model", "sha256", "device", "bytes"},
     )
+
+
+@migration
+def m015_response_cache(db: sqlite_utils.Database) -> None:
+    """The response cache's entries (docs/cache.md): one answer per exact key (a hash of
+    the scope, the model's identity and the canonical request), with the semantic tier's
+    prefix bucket and the last user message's embedding (float32) where it has one."""
+    db["cache_entries"].create(  # type: ignore[union-attr]
+        {
+            "key": str,  # sha256 hex of (scope, identity, canonical request)
+            "scope": str,  # the API key's name ("" without keys), or "*" when global
+            "model": str,  # the model's served name: cleared with it
+            "identity": str,  # sha256 hex of everything about the model that changes output
+            "bucket": str,  # sha256 hex of the request but its last user message; "" none
+            "request": str,  # the canonical request, JSON
+            "answer": str,  # protocol-neutral: text, tool_calls, finish, usage (JSON)
+            "vector": bytes,  # the last user message's embedding, float32; NULL: exact only
+            "created": float,  # unix seconds
+            "used": float,  # unix seconds, for least recently used
+            "bytes": int,
+            "trace_id": str,  # the request that produced the answer
+        },
+        pk="key",
+        not_null={"key", "scope", "model", "identity", "request", "answer", "created"},
+    )
+    db["cache_entries"].create_index(["bucket"])  # type: ignore[union-attr]
+    db["cache_entries"].create_index(["model"])  # type: ignore[union-attr]
+    db["cache_entries"].create_index(["used"])  # type: ignore[union-attr]

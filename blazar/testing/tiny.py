@@ -32,6 +32,7 @@ model is the base model, where `LORA_WORDS` never win.
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 from collections.abc import Sequence
@@ -459,4 +460,62 @@ def write_tiny_reranker(path: str | os.PathLike[str], *, seed: int = 0) -> Path:
         writer.add_tensor(f"blk.{i}.ffn_down.weight", zeros(n_embd, n_ff))
     writer.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
     writer.add_tensor("cls.output.weight", cls_out)
+    return _finish(writer, path)
+
+
+# --- a tiny embedder --------------------------------------------------------------------
+
+
+def write_tiny_embedder(path: str | os.PathLike[str], *, seed: int = 0) -> Path:
+    """Write a tiny embeddings GGUF to `path` (the vocabulary of `write_tiny_model`): a bag
+    of tokens. Served with `--embeddings --pooling mean`, a text's embedding is the mean
+    of its tokens' random unit codes (the layers add nothing: attention outputs and FFN
+    down projections are zero, so the residual stream is the token's embedding, which
+    the final RMS norm keeps at one length), so texts sharing most of their words have a
+    cosine near 1 and texts sharing none near 0: similar enough to test a semantic cache
+    with, for any text, deterministically. BOS has a zero code (it adds nothing)."""
+    pieces, scores, types = tiny_vocab()
+    n_vocab = len(pieces)
+    rng = np.random.default_rng(seed)
+    embd = rng.normal(0.0, 1.0, size=(n_vocab, N_EMBD)).astype(np.float32)
+    embd /= np.linalg.norm(embd, axis=1, keepdims=True)
+    embd *= np.float32(np.sqrt(N_EMBD))
+    embd[_CONTROL.index("<s>")] = 0.0
+    zeros = functools.partial(np.zeros, dtype=np.float32)
+    ones = np.ones(N_EMBD, dtype=np.float32)
+
+    writer = gguf.GGUFWriter(path, ARCH)
+    writer.add_name("blazar-tiny-embedder")
+    writer.add_file_type(int(gguf.LlamaFileType.ALL_F32))
+    writer.add_context_length(2048)
+    writer.add_embedding_length(N_EMBD)
+    writer.add_block_count(N_LAYER)
+    writer.add_feed_forward_length(N_FF)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(4)
+    writer.add_rope_dimension_count(N_EMBD // 4)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_pooling_type(gguf.PoolingType.MEAN)
+    writer.add_vocab_size(n_vocab)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(pieces)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_unk_token_id(0)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(False)
+    writer.add_tensor("token_embd.weight", embd)
+    for i in range(N_LAYER):
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", ones)
+        for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            writer.add_tensor(f"blk.{i}.{name}.weight", zeros((N_EMBD, N_EMBD)))
+        writer.add_tensor(f"blk.{i}.ffn_norm.weight", ones)
+        writer.add_tensor(f"blk.{i}.ffn_gate.weight", zeros((N_FF, N_EMBD)))
+        writer.add_tensor(f"blk.{i}.ffn_up.weight", zeros((N_FF, N_EMBD)))
+        writer.add_tensor(f"blk.{i}.ffn_down.weight", zeros((N_EMBD, N_FF)))
+    writer.add_tensor("output_norm.weight", ones)
+    writer.add_tensor("output.weight", embd)
     return _finish(writer, path)

@@ -49,6 +49,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -57,7 +58,7 @@ from blazar.observe.speculation import HEADER
 from blazar.observe.trace import current, prompt_text
 from blazar.protocols import LoadOnly, ProtocolError
 from blazar.serve.http import wants_priority
-from blazar.serve.request import exchange, forward, steps
+from blazar.serve.request import cache, exchange, forward, steps
 from blazar.serve.request.admission import admitted
 from blazar.serve.request.asks import OPENAI_DIALECT, Answering, Ask, Plan
 from blazar.serve.request.child_calls import LeasedChild, decode, gate, refused
@@ -157,6 +158,7 @@ class Pipeline:
         sessions: Sessions | None = None,
         fleet: Fleet | None = None,
         serving: Serving | None = None,
+        store: Path | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.children = children
@@ -165,6 +167,7 @@ class Pipeline:
         self.fleet = fleet if fleet is not None else Fleet()
         self.singleflight = SingleFlight()
         self.serving = serving if serving is not None else Serving()
+        self.cache = cache.ResponseCache(store, self._embed)  # docs/cache.md
         self.affinity = PrefixAffinity()  # which replica saw a prompt's prefix last
 
     # -- the entries --------------------------------------------------------------------
@@ -178,14 +181,26 @@ class Pipeline:
         if isinstance(plan, LoadOnly):
             return await self._load_only(request, ask, plan, routed)
         assert plan is not None  # a client's way has a plan
+        looked: cache.Lookup | None = None
+        settings = self.serving.cache
+        if settings.enabled:  # 4b: the response cache (a hit needs no slot)
+            looked = await self.cache.lookup(request, ask, target, plan, settings)
+            if looked.hit:
+                return await cache.replay(
+                    request, ask, plan, looked, Answering(ask.model, ask.started)
+                )
+            if looked.stores:
+                plan = cache.recording(plan, self.cache, looked, settings, request)
         if ask.shareable and target.runtime.singleflight and deterministic(ask.body):
-            return await self._shared(request, ask, plan, routed)
+            return await self._shared(request, ask, plan, routed, looked)
         leased = await self.lease(request, routed, ask.started)
         if isinstance(leased, Forward):
             return await self.forward(request, ask, leased)
         try:
             with leased:
                 call = await self.admit(ask, plan, leased)
+                if looked is not None:
+                    call.sent.headers[cache.HEADER] = looked.header
                 return await exchange.exchange(request, ask, call)  # 7 and 8
         except ProtocolError as exc:  # the slot is back; the chain's next member may answer
             if not forward.spills(exc):
@@ -246,6 +261,11 @@ class Pipeline:
         if target.runtime.refusal is not None:
             raise ProtocolError(400, target.runtime.refusal, "invalid_request_error")
         return target
+
+    async def _embed(self, model: str, text: str) -> list[float]:
+        """The response cache's semantic tier: `text`'s embedding by `model`, through the
+        one path (loaded and evicted like any model)."""
+        return cache.embedding_of(await self.complete(cache.embed_ask(model, text)))
 
     # -- 1. resolve ---------------------------------------------------------------------
 
@@ -458,7 +478,12 @@ class Pipeline:
         )
 
     async def _shared(
-        self, request: web.Request, ask: Ask, plan: Plan, routed: Routed
+        self,
+        request: web.Request,
+        ask: Ask,
+        plan: Plan,
+        routed: Routed,
+        looked: cache.Lookup | None = None,
     ) -> web.StreamResponse:
         """Singleflight: one engine call for identical concurrent deterministic requests;
         each client's trace notes the answer, and each after the first gets its own id."""
@@ -485,6 +510,8 @@ class Pipeline:
             gate(status)
         answering = Answering(ask.model, ask.started, shared=not leader)
         headers = {**ask.envelope.headers(request), **sent_headers}
+        if looked is not None:
+            headers[cache.HEADER] = looked.header
         return await whole(plan.answer(answering), status, payload, headers)
 
     async def forward(

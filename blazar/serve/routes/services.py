@@ -116,6 +116,7 @@ class Services:
             sessions=self.sessions,
             fleet=self.fleet,
             serving=self.serving,
+            store=self.control.paths.db if self.control is not None else None,
         )
         self.tools = ToolLoop(self.pipeline, self.mcp)
 
