@@ -14,15 +14,18 @@ from __future__ import annotations
 
 import hashlib
 import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anthropic
+import httpx
 import ollama
 import openai
 import pytest
 
+from blazar.paths import DB_NAME
 from blazar.testing.tiny import write_tiny_embedder, write_tiny_model
 from tests.fixtures import ENGINE, WHEELS, model_block
 from tests.serving import Served
@@ -66,7 +69,7 @@ class Host:
         return raw.headers.get("x-blazar-cache", ""), raw.parse().model_dump()
 
     def entries(self, where: str = "1 = 1", args: tuple[Any, ...] = ()) -> int:
-        with sqlite3.connect(self.home / "blazar.db") as db:
+        with sqlite3.connect(next(self.home.rglob(DB_NAME))) as db:
             return int(
                 db.execute(f"SELECT count(*) FROM cache_entries WHERE {where}", args).fetchone()[0]
             )
@@ -81,7 +84,7 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
         "[serving]\nmax_loaded_models = 3\n\n"
         '[serving.cache]\nenabled = true\nmodel = "emb"\nthreshold = 0.9\n\n'
     )
-    text += model_block("tiny", tiny, ctx=512)
+    text += model_block("tiny", tiny, ctx=2048, chat_template="chatml")
     text += model_block("emb", emb, embeddings=True, pooling="mean", ctx=512)
     text += _key("app") + _key("other") + _key("gone")
     (root / "manifest").mkdir()
@@ -115,3 +118,154 @@ def test_openai_exact_hit_whole_and_streamed(host: Host) -> None:
     chunks = list(stream.parse())
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+
+
+def test_semantic_hit_for_a_reworded_question_and_none_for_another_meaning(host: Host) -> None:
+    first, answer = host.chat("the old man can see the green field near the city")
+    assert first == "miss", first
+    close, replayed = host.chat("the old man can see the green field near city")
+    assert close.startswith("hit-semantic; similarity=0.9"), close
+    assert (
+        replayed["choices"][0]["message"]["content"] == answer["choices"][0]["message"]["content"]
+    )
+    other, _ = host.chat("a quiet bird can sing a song in the morning rain")
+    assert other == "miss", other
+    # only the exact tier when the request says so
+    exact_only, _ = host.chat(
+        "the old man can see green field near the city", headers={"x-blazar-cache": "exact"}
+    )
+    assert exact_only == "miss", exact_only
+
+
+def test_bypass_headers_and_unreproducible_requests(host: Host) -> None:
+    host.chat("a small red door")
+    assert host.chat("a small red door")[0] == "hit-exact"
+    assert host.chat("a small red door", headers={"x-blazar-cache": "off"})[0] == "bypass (off)"
+    no_cache = host.chat("a small red door", headers={"Cache-Control": "no-cache"})[0]
+    assert no_cache == "bypass (no-cache)"
+    sampled = host.chat("a small red door", temperature=0.8)[0]
+    assert sampled.startswith("bypass (not reproducible"), sampled
+
+
+def test_entries_never_cross_api_keys(host: Host) -> None:
+    host.chat("the blue moon and the star", key="app")
+    assert host.chat("the blue moon and the star", key="app")[0] == "hit-exact"
+    assert host.chat("the blue moon and the star", key="other")[0] == "miss"
+    assert host.chat("the blue moon and the star", key="other")[0] == "hit-exact"
+
+
+def test_anthropic_exact_hit_whole_and_streamed(host: Host) -> None:
+    client = host.anthropic()
+    ask = {
+        "model": "tiny",
+        "max_tokens": 6,
+        "messages": [{"role": "user", "content": "the cat sat on a warm stone"}],
+        "extra_body": {"temperature": 0},
+    }
+    first = client.messages.with_raw_response.create(**ask)
+    assert first.headers["x-blazar-cache"] == "miss"
+    second = client.messages.with_raw_response.create(**ask)
+    assert second.headers["x-blazar-cache"] == "hit-exact"
+    a, b = first.parse(), second.parse()
+    assert b.content[0].text == a.content[0].text and b.stop_reason == a.stop_reason
+    assert b.usage.cache_read_input_tokens and b.usage.cache_read_input_tokens > 0
+    with client.messages.stream(**ask) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == a.content[0].text and final.stop_reason == a.stop_reason
+
+
+def test_ollama_chat_and_generate_hit_whole_and_streamed(host: Host) -> None:
+    client = host.ollama()
+    messages = [{"role": "user", "content": "the horse can run on the long road"}]
+    options = {"temperature": 0, "num_predict": 6}
+    first = client.chat(model="tiny", messages=messages, options=options)
+    second = client.chat(model="tiny", messages=messages, options=options)
+    assert second.message.content == first.message.content
+    assert second.done_reason == first.done_reason
+    streamed = list(client.chat(model="tiny", messages=messages, options=options, stream=True))
+    assert "".join(part.message.content or "" for part in streamed) == first.message.content
+    assert streamed[-1].done
+    made = client.generate(model="tiny", prompt="the apple tree", options=options)
+    again = client.generate(model="tiny", prompt="the apple tree", options=options)
+    assert again.response == made.response and again.done
+    headers = {"Authorization": f"Bearer {SECRETS['app']}"}
+    body = {"model": "tiny", "prompt": "the apple tree", "options": options, "stream": False}
+    raw = httpx.post(host.served.url + "/api/generate", json=body, headers=headers, timeout=60)
+    assert raw.headers["x-blazar-cache"] == "hit-exact" and raw.json()["response"] == made.response
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "weather",
+            "description": "the weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
+
+
+def _agent(turn: str) -> list[dict[str, Any]]:
+    return [
+        {"role": "user", "content": "what is the weather in the city"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "weather", "arguments": '{"city": "paris"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": turn},
+        {"role": "user", "content": "so is it a good day for a walk near the river"},
+    ]
+
+
+def test_agent_conversation_with_a_changed_earlier_turn_never_hits(host: Host) -> None:
+    client = host.openai()
+
+    def ask(turn: str) -> str:
+        raw = client.chat.completions.with_raw_response.create(
+            model="tiny", messages=_agent(turn), tools=TOOLS, **GREEDY
+        )
+        return raw.headers["x-blazar-cache"]
+
+    assert ask("rain and cold wind") == "miss"
+    assert ask("rain and cold wind") == "hit-exact"
+    # the tool's answer changed, the last message did not: another bucket, no hit
+    assert ask("warm sun and no rain") == "miss"
+
+
+def test_a_changed_model_and_a_removed_key_drop_their_entries(host: Host) -> None:
+    host.chat("the little bird in the garden", key="gone")
+    assert host.chat("the little bird in the garden", key="gone")[0] == "hit-exact"
+    assert host.entries("scope = ?", ("gone",)) >= 1
+    before = host.entries("model = 'tiny'")
+    assert before >= 2
+    # a changed setting (a default system prompt) is a new identity: the old answers go
+    text = host.text.replace(
+        'chatml"\n\n[models."emb"]', 'chatml"\nsystem = "be brief"\n\n[models."emb"]'
+    )
+    text = text.replace(_key("gone"), "")
+    host.manifest.write_text(text)
+    deadline = time.monotonic() + 30
+    while host.entries("scope = ?", ("gone",)):  # the key removed: its entries gone
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    while True:  # the reload reaches the gateway: the next request sees the new identity
+        if host.chat("the blue moon and the star")[0] == "miss":
+            break
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert (
+        host.entries(
+            "model = 'tiny' AND identity != (SELECT identity FROM cache_entries "
+            "ORDER BY created DESC LIMIT 1)"
+        )
+        == 0
+    )
