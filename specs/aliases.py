@@ -11,8 +11,8 @@ that is neither, `suggest` offers the closest manifest keys and aliases.
 
 Some names the guide gives have no serving-wide key: `ctx_extend`, `spec` and
 `warm_peg` are set per model, so their flat form is refused with the per-model
-command. Others name features this version does not have (`warm_peg`): they map to
-the keys those features will use and are refused, saying so, rather than written
+command. A name of a feature this version does not have (none today) maps to the key
+that feature will use and is refused (`Alias.missing`), saying so, rather than written
 into a manifest that would then be refused whole. Pure: no I/O.
 """
 
@@ -78,8 +78,6 @@ def _bind(pattern: str, target: str, parts: Sequence[str]) -> tuple[str, ...] | 
     return tuple(bound.get(p, p) for p in target.split("."))
 
 
-_WARM_PEG = "to keep a model loaded, set models.MODEL.pin = true or models.MODEL.keep_alive = -1"
-
 ALIASES: tuple[Alias, ...] = (
     # Serving
     Alias("host", "serving.host"),
@@ -103,7 +101,7 @@ ALIASES: tuple[Alias, ...] = (
     Alias("sentinel_enforce", "serving.sentinel_enforce"),
     Alias("audit_log", "serving.audit_log"),
     Alias("pii_scrub", "serving.pii_scrub"),
-    Alias("warm_peg", "models.<model>.warm_peg", missing=_WARM_PEG),
+    Alias("warm_peg", "models.<model>.warm_peg", "its weights kept in memory after it unloads"),
     Alias("semantic_cache.enabled", "serving.cache.enabled"),
     Alias("semantic_cache.threshold", "serving.cache.threshold"),
     Alias("semantic_cache.ttl", "serving.cache.ttl"),

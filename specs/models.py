@@ -218,6 +218,12 @@ class Model(Table):
         "than one of them is split across them (--tensor-split). Default: any device with "
         "room.",
     )
+    warm_peg: bool = Field(
+        default=False,
+        description="When it unloads, keep its weight file's pages in host memory (within "
+        "serving.warm_peg_budget), so that its next load reads no disk: a fast first token "
+        "after idle without keeping the model loaded.",
+    )
     keep_alive: Duration | None = Field(
         default=None,
         description="How long it stays loaded when idle (0: unload after each request, -1: "

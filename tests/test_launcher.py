@@ -314,6 +314,12 @@ def test_flags_map_onto_common_params(tiny_model: Path, tmp_path: Path) -> None:
     assert params.verbosity > 3
     assert (params.hostnames, params.port) == (["127.0.0.1"], 8080)
 
+    params = launcher.parse_args(["-m", "m.gguf", "-sm", "none", "-mg", "1"])
+    assert params.split_mode == xllamacpp.llama_split_mode.LLAMA_SPLIT_MODE_NONE
+    assert params.main_gpu == 1
+    params = launcher.parse_args(["-m", "m.gguf", "--tensor-split", "0,3,1"])
+    assert params.tensor_split[:4] == [0.0, 3.0, 1.0, 0.0]
+
     params = launcher.parse_args(["-m", "m.gguf", "--no-mmap", "-ctk", "q4_0", "-ctv", "bf16"])
     assert params.load_mode == xllamacpp.llama_load_mode.LLAMA_LOAD_MODE_NONE
     assert params.cache_type_k == xllamacpp.ggml_type.GGML_TYPE_Q4_0
@@ -363,6 +369,8 @@ def test_help_lists_the_flags() -> None:
         (["-m", "{model}", "--lora", "{tmp}/nofox.gguf"], 1, "LoRA adapter not found"),
         (["-m", "{tmp}/junk.gguf"], 1, "failed to load model {tmp}/junk.gguf: "),
         (["-m", "{model}", "-ctk", "q8_0"], 1, "failed to load model {model}: "),
+        (["-m", "{model}", "--device", "CUDA0"], 2, "the wheel engine (xllamacpp) has no device"),
+        (["-m", "{model}", "-ts", "1,-2"], 2, "--tensor-split: expected at most 128 shares"),
     ],
 )
 def test_bad_input_gives_one_clear_line(

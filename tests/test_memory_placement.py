@@ -122,6 +122,31 @@ def test_a_split_takes_every_byte_and_names_its_devices() -> None:
     assert Placement((("cpu:0", 5),)).flags() == ()  # host RAM: nothing to say
 
 
+@pytest.mark.parametrize(
+    ("shares", "device_list", "flags"),
+    [
+        ((("cpu:0", 5),), False, ()),
+        ((("gpu:1", 5),), True, ("--device", "CUDA1")),
+        ((("gpu:1", 5),), False, ("--split-mode", "none", "--main-gpu", "1")),
+        (
+            (("gpu:2", 1), ("gpu:0", 3)),
+            True,
+            ("--device", "CUDA0,CUDA2", "--tensor-split", "3,1"),
+        ),
+        # the wheel's launcher has no device list: shares by device index, 0 for gpu:1
+        (
+            (("gpu:2", 1), ("gpu:0", 3)),
+            False,
+            ("--split-mode", "layer", "--tensor-split", "3,0,1"),
+        ),
+    ],
+)
+def test_placement_flags_for_llama_server_and_the_wheel(
+    shares: tuple[tuple[str, int], ...], device_list: bool, flags: tuple[str, ...]
+) -> None:
+    assert Placement(shares).flags(device_list=device_list) == flags
+
+
 def test_too_big_names_footprint_budget_and_what_to_change() -> None:
     ram = budgets([RAM], 4 * GIB)
     assert too_big("small", Footprint(GIB), ram, None) is None

@@ -109,3 +109,32 @@ def test_doctor_names_a_model_that_can_never_fit(tmp_path: Path, blazar: Blazar)
     assert found["severity"] == "error" and "'tiny' needs" in found["what"]
     assert "the memory budget is cpu:0 4096 bytes" in found["what"]
     assert "serving.memory_budget" in found["fix"] and result.exit_code == 1
+
+
+def test_why_names_the_wait_for_room_and_hints_warm_peg_after_a_cold_load() -> None:
+    from blazar.observe import trail
+
+    record = {
+        "id": "t1",
+        "time": 1_796_000_000.0,
+        "protocol": "openai",
+        "route": "/v1/completions",
+        "requested": "big",
+        "model": "big",
+        "instance": "big/0",
+        "engine": "b1-cpu",
+        "decision": "spawned",
+        "evicted": ["small", "other"],
+        "waited_for_room": {"seconds": 2.5, "evicted": ["small", "other"]},
+        "queue_ms": 0.0,
+        "load_ms": 3200.0,
+        "status": 200,
+        "duration_ms": 3500.0,
+    }
+    text = "\n".join(trail.render(record))
+    assert "waited_for_room 2.50 s" in text and "then evicted small, other" in text
+    assert "! cold load: 3.20 s to start 'big'" in text
+    assert "models.big.warm_peg = true" in text  # the guide's hint names the real field
+    quick = "\n".join(trail.render({**record, "load_ms": 80.0, "waited_for_room": None}))
+    assert "warm_peg" not in quick and "waited_for_room" not in quick
+    assert "evicted small, other to make room" in quick

@@ -66,7 +66,7 @@ def local(ctx: Context, manifest_path: Path, models: tuple[str, ...]) -> dict[st
     from blazar.reconcile.apply import load_or_empty
     from blazar.serve.supervisor.build import build_runtimes
     from blazar.serve.supervisor.runtime import resolve
-    from blazar.serve.supervisor.scheduler import Groups, Memory, budgets, footprints
+    from blazar.serve.supervisor.scheduler import Declared, Groups, Memory, budgets, footprints
     from blazar.serve.supervisor.scheduler import coreside as answer
 
     manifest = load_or_empty(manifest_path)
@@ -87,6 +87,7 @@ def local(ctx: Context, manifest_path: Path, models: tuple[str, ...]) -> dict[st
         budgets(devices, manifest.serving.memory_budget),
         footprints(runtimes.values(), ctx.store.footprints(), kind),
         min_residency=manifest.serving.min_residency,
+        pinned=Declared.of(manifest).devices,
         groups=Groups.of(manifest),
     )
     found = answer(
@@ -134,11 +135,20 @@ def render(answer: dict[str, Any]) -> str:
             "loaded" if m["loaded"] else None,
             ", ".join(f"{g['name']} ({g['kind']})" for g in m["groups"]) or None,
             "yes" if m["pinned"] else None,
+            _size(m["pegged"]) if m.get("pegged") else None,
         ]
         for m in answer["models"]
     ]
     if rows:
-        lines.append(table(["MODEL", "FOOTPRINT", "DEVICES", "STATE", "GROUPS", "PINNED"], rows))
+        headers = ["MODEL", "FOOTPRINT", "DEVICES", "STATE", "GROUPS", "PINNED", "PEGGED"]
+        lines.append(table(headers, rows))
+    pegs = answer.get("pegs") or {}
+    if pegs.get("models"):
+        held = ", ".join(f"{m} {_size(b)}" for m, b in pegs["models"].items())
+        lines.append(
+            f"Warm pegs: {held}; {_size(pegs['used'])} of {_size(pegs['budget'])} "
+            "(serving.warm_peg_budget)"
+        )
     else:
         lines.append("No model is served here.")
     for group in answer["groups"]:

@@ -26,7 +26,7 @@ from typing import Any
 import click
 
 from blazar.cli.context import Context, pass_context
-from blazar.cli.format import echo_json, table
+from blazar.cli.format import echo_json, human_bytes, table
 from blazar.errors import BlazarError
 from blazar.host.children import owner_only
 from blazar.paths import Paths, resolve_paths, unread_config_warning
@@ -226,13 +226,25 @@ def ps(ctx: Context, url: str | None, as_json: bool) -> None:
     """The running instances: model, replica, engine lane and tag, pid, port, slots, load,
     speculative decoding mode and the fields the model's profile set (`blazar tune`);
     and the models served from remotes (lane `remote NAME`, state its health)."""
-    rows = call(daemon_url(ctx.paths, url), "/api/blazar/ps")["instances"]
+    answer = call(daemon_url(ctx.paths, url), "/api/blazar/ps")
+    rows, pegged = answer["instances"], answer.get("pegs") or {}
     if as_json:
         for row in rows:
             echo_json(row)
+        for model, size in pegged.items():  # an unloaded warm_peg model: no instance
+            if not any(r["model"] == model for r in rows):
+                echo_json({"model": model, "state": "pegged", "pegged": size})
         return
+    pegs_line = (
+        "Warm pegs (files held in memory): "
+        + ", ".join(f"{m} {human_bytes(b)}" for m, b in pegged.items())
+        if pegged
+        else None
+    )
     if not rows:
         click.echo("No model is loaded.")
+        if pegs_line:
+            click.echo(pegs_line)
         return
     headers = [
         "MODEL",
@@ -276,6 +288,8 @@ def ps(ctx: Context, url: str | None, as_json: bool) -> None:
             ],
         )
     )
+    if pegs_line:
+        click.echo(pegs_line)
 
 
 @click.command("stop")

@@ -11,8 +11,8 @@ entry `[keys.NAME]` (a plaintext `key` replaced by its sha256, never written dow
 each `[[remotes]]` entry `[remotes.NAME]`. Keys already spelled as the manifest
 spells them (`[serving]`, `[models.x]`) are taken as they are. What cannot be
 carried over is listed with why and what to do instead (`blazar.migrate.Unmapped`):
-a per-model name given for the whole server (`ctx_extend`), a feature not in this
-version (`warm_peg`, `semantic_cache.*`), an unknown name (with the closest keys),
+a per-model name given for the whole server (`ctx_extend`, `warm_peg`), a feature not
+in this version, an unknown name (with the closest keys),
 an override of a model the manifest does not declare.
 
 `read_flat_config` reads the file into a `FlatConfig` (settings by manifest key);

@@ -23,6 +23,9 @@ DECISIONS = {
 }
 
 
+COLD_LOAD_MS = 1000.0  # a load this slow gets the guide's "slow after idle" hint
+
+
 def _ms(value: Any) -> str:
     if value is None:
         return "-"
@@ -99,6 +102,14 @@ def render(record: dict[str, Any]) -> list[str]:
     if r.get("rejected"):
         status += f" (rejected: {r['rejected']})"
     step(status)
+    if r.get("decision") == "spawned" and (r.get("load_ms") or 0) >= COLD_LOAD_MS:
+        model = r.get("model")
+        lines.append(f"  ! cold load: {_ms(r.get('load_ms'))} to start '{model}' before its answer")
+        lines.append(
+            f"    fix: models.{model}.warm_peg = true keeps its weights in memory after it "
+            f"unloads (the next load reads no disk); keep_alive = -1 keeps it loaded; "
+            f"serving.session_bank restores its conversations"
+        )
     for found in r.get("sentinels") or []:
         lines.append(f"  ! sentinel {found['check']}: {found['detail']}")
     cache = r.get("cache")

@@ -68,7 +68,7 @@ from blazar.serve.state.tracing import Observer, Settings
 from blazar.serve.supervisor.build import build_runtimes
 from blazar.serve.supervisor.child_http import ChildConnections
 from blazar.serve.supervisor.instance import Instance
-from blazar.serve.supervisor.scheduler import Groups, Scheduler
+from blazar.serve.supervisor.scheduler import Declared, Groups, Scheduler
 from blazar.store.db import Store
 from reconcilers.ports import OfferView
 from specs.manifest import Manifest
@@ -301,6 +301,7 @@ class Daemon:
         self.scheduler.memory_budget = manifest.serving.memory_budget
         self.scheduler.min_residency = manifest.serving.min_residency
         self.scheduler.groups = Groups.of(manifest)
+        self.scheduler.declared = Declared.of(manifest)  # devices, warm pegs, fairness
         self.children.timeout = read_timeout(manifest)
         self._observe(manifest)
         changes = await self.scheduler.update(runtimes)

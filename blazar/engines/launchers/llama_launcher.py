@@ -58,6 +58,7 @@ LOAD_MODES = {
     "mmap+mlock": "MMAP_MLOCK",
     "dio": "DIRECT_IO",
 }
+SPLIT_MODES = {"none": "NONE", "layer": "LAYER", "row": "ROW"}
 FLASH_ATTN = {"on": "ENABLED", "off": "DISABLED", "auto": "AUTO"}
 ROPE_SCALING = {"none": "NONE", "linear": "LINEAR", "yarn": "YARN"}
 
@@ -116,6 +117,31 @@ def _gpu_layers(value: str) -> int:
 _cache_type = _enum("ggml_type", "GGML_TYPE_", {t: t.upper() for t in CACHE_TYPES})
 _pooling = _enum("llama_pooling_type", "LLAMA_POOLING_TYPE_", {p: p.upper() for p in POOLING_TYPES})
 _load_mode = _enum("llama_load_mode", "LLAMA_LOAD_MODE_", LOAD_MODES)
+_split_mode = _enum("llama_split_mode", "LLAMA_SPLIT_MODE_", SPLIT_MODES)
+TENSOR_SPLIT_LENGTH = 128  # xllamacpp's tensor_split is a fixed array of this many devices
+
+
+def _tensor_split(params: Any, value: str) -> None:
+    """--tensor-split 0,3,1: each GPU's share, by device index (zeros: GPUs not used)."""
+    shares = [float(_parse(float, "comma-separated numbers", v)) for v in value.split(",")]
+    if len(shares) > TENSOR_SPLIT_LENGTH or any(s < 0 for s in shares):
+        raise common.UsageError(
+            f"--tensor-split: expected at most {TENSOR_SPLIT_LENGTH} shares, none negative"
+        )
+    params.tensor_split = shares + [0.0] * (TENSOR_SPLIT_LENGTH - len(shares))
+
+
+def _no_device_list(params: Any, value: str) -> NoReturn:
+    """xllamacpp's CommonParams has no device list (llama-server's --device): refused, not
+    ignored. Blazar places a wheel lane's model with --split-mode/--main-gpu and a
+    --tensor-split by device index instead (docs/serve.md, devices)."""
+    raise common.UsageError(
+        f"--device {value}: the wheel engine (xllamacpp) has no device list; use "
+        "--main-gpu N --split-mode none for one GPU, or --tensor-split with a share per "
+        "device index (0 for a GPU not used), or the release or source install of llama.cpp"
+    )
+
+
 _flash_attn = _enum("llama_flash_attn_type", "LLAMA_FLASH_ATTN_TYPE_", FLASH_ATTN)
 _rope_scaling = _enum("llama_rope_scaling_type", "LLAMA_ROPE_SCALING_TYPE_", ROPE_SCALING)
 
@@ -282,6 +308,15 @@ _TABLE: list[tuple[str, str | None, str, Apply]] = [
         "layers to offload",
         _set("n_gpu_layers", _gpu_layers),
     ),
+    (
+        "--split-mode -sm",
+        "|".join(SPLIT_MODES),
+        "how to split across GPUs",
+        _set("split_mode", _split_mode),
+    ),
+    ("--main-gpu -mg", "N", "the GPU of a model not split", _set("main_gpu", _int)),
+    ("--tensor-split -ts", "N0,N1,...", "each GPU's share, by device index", _tensor_split),
+    ("--device -dev", "DEV", "refused: no device list in xllamacpp", _no_device_list),
     ("--batch-size -b", "N", "logical batch size", _set("n_batch", _int)),
     ("--ubatch-size -ub", "N", "physical batch size", _set("n_ubatch", _int)),
     ("--n-predict -n", "N", "default token limit of a request", _set("n_predict", _int)),

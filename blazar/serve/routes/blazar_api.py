@@ -96,7 +96,12 @@ class BlazarAPI:
         for name, remote in self.services.fleet.listing(lambda n: _local(local, n)):
             if sees(request, name, ()):
                 rows.append(remote_row(name, remote))
-        return web.json_response({"instances": rows})
+        pegged = {  # warm pegs held (models.NAME.warm_peg): their files' bytes
+            model: size
+            for model, size in scheduler.pegs.sizes().items()
+            if sees(request, model, getattr(scheduler.runtimes.get(model), "aliases", ()))
+        }
+        return web.json_response({"instances": rows, "pegs": pegged})
 
     async def coreside(self, request: web.Request) -> web.Response:
         """Which models can be resident at once and where; with `?load=MODEL` (repeated),

@@ -5,9 +5,11 @@ Importers (the daemon, the request path, the session bank, the metrics, tests) u
 module per concern, layered (pyproject's import contract): `core` (the `Scheduler`,
 composing the others) > `reload` (update, roll, retire, adapters added) > `capacity`
 (load, evict, keep_alive, drain and stop) | `queueing` (slots, the queue, priority,
-hand-off) | `coreside` (what can be resident at once) > `memory` (placement, victims)
-> `groups` (co-residency) > `pools` (Pool, Member, Waiter, Target, Lease, Decision) |
-`errors` | `affinity` (which replica saw a prompt's prefix: the request path asks it).
+hand-off) | `coreside` (what can be resident at once) | `fairness` (a busy model's
+bound while another waits for room) > `memory` (placement, victims) > `groups`
+(co-residency) > `pools` (Pool, Member, Waiter, Target, Lease, Decision) | `errors` |
+`affinity` (which replica saw a prompt's prefix: the request path asks it) | `pegs`
+(warm pegs: files held resident) | `declared` (the manifest's devices, pegs, fairness).
 """
 
 from blazar.serve.supervisor.scheduler.affinity import PrefixAffinity, prefix_keys
@@ -26,6 +28,7 @@ from blazar.serve.supervisor.scheduler.core import (
     footprints,
 )
 from blazar.serve.supervisor.scheduler.coreside import Coreside, coreside
+from blazar.serve.supervisor.scheduler.declared import Declared
 from blazar.serve.supervisor.scheduler.errors import (
     Busy,
     Misconfigured,
@@ -49,6 +52,7 @@ __all__ = [
     "Busy",
     "Coreside",
     "Decision",
+    "Declared",
     "Groups",
     "InstanceFactory",
     "Lease",

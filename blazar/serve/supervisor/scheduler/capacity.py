@@ -130,6 +130,7 @@ class Capacity:
         self.memory, self.room_timeout = memory, room_timeout
         self.groups, self.on_load = groups, on_load
         self.room_waiters: deque[asyncio.Future[None]] = deque()  # loads waiting for room
+        self.waiting: dict[Pool, float] = {}  # the loads waiting for room, since (clock)
         self.on_unload, self.on_stopped = on_unload, on_stopped
         self.before_stop, self.before_stop_timeout = before_stop, before_stop_timeout
         # models unloaded for another's load so far, by (model, reason: memory | count |
@@ -180,17 +181,21 @@ class Capacity:
             raise TooLarge(why)
         loop = asyncio.get_running_loop()
         began = loop.time()
-        while True:
-            if pool.loaded or pool.loading is not None or pool.stopping is not None:
-                return loop.time() - began  # another request loaded it while this waited
-            swap = self.swap(pool)
-            room = self.plan(pool, swap.names) if swap is not None else None
-            if swap is not None and room is not None:
-                break
-            left = began + self.room_timeout() - loop.time()
-            if left <= 0:
-                raise self.no_room(pool)
-            await self.wait_for_room(min(left, self.next_settled()), priority)
+        try:
+            while True:
+                if pool.loaded or pool.loading is not None or pool.stopping is not None:
+                    return loop.time() - began  # another request loaded it meanwhile
+                swap = self.swap(pool)
+                room = self.plan(pool, swap.names) if swap is not None else None
+                if swap is not None and room is not None:
+                    break
+                left = began + self.room_timeout() - loop.time()
+                if left <= 0:
+                    raise self.no_room(pool)
+                self.waiting.setdefault(pool, self.clock())  # the fairness bound counts it
+                await self.wait_for_room(min(left, self.next_settled()), priority)
+        finally:
+            self.waiting.pop(pool, None)
         assert swap is not None
         waited = loop.time() - began
         reason = room.reason if isinstance(room, MemoryRoom) else "count"

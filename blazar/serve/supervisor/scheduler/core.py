@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -29,17 +30,18 @@ from pathlib import Path
 from typing import Any
 
 from blazar.errors import InvalidInput
-from blazar.host.hardware import Device, gpu_bytes, resident_bytes
+from blazar.host.hardware import Device, gpu_bytes, resident_bytes, system_memory
 from blazar.serve.supervisor.dialects import OPENAI, adapters_refusal
 from blazar.serve.supervisor.instance import Instance, InstanceSpec, State
 from blazar.serve.supervisor.runtime import ModelRuntime, name_index, resolve
-from blazar.serve.supervisor.scheduler import queueing
+from blazar.serve.supervisor.scheduler import fairness, pegs, queueing
 from blazar.serve.supervisor.scheduler.capacity import (
     BEFORE_STOP_TIMEOUT,
     BeforeStop,
     Capacity,
 )
 from blazar.serve.supervisor.scheduler.coreside import Coreside, coreside
+from blazar.serve.supervisor.scheduler.declared import Declared
 from blazar.serve.supervisor.scheduler.errors import (
     Busy,
     Misconfigured,
@@ -131,6 +133,8 @@ class Scheduler:
         self.on_measured = on_measured
         self.estimates: dict[str, Footprint] = {}
         self.groups = Groups()  # the manifest's [groups], set on each pass
+        self._declared = Declared()  # devices, warm pegs, fairness: set on each pass
+        self.pegs = pegs.Pegs()  # the files of unloaded warm_peg models, held resident
         self.max_queue = max_queue
         self.queue_timeout = queue_timeout
         self.log_dir = log_dir
@@ -191,7 +195,8 @@ class Scheduler:
         names = [self.resolve(a).runtime.name for a in asked]
         memory = self.memory() or Memory(self.budgets, {}, groups=self.groups)
         runtimes = sorted(self.runtimes.values(), key=lambda r: r.name)
-        return coreside(runtimes, self.all_pools(), memory, names, max_loaded=self.max_loaded)
+        answer = coreside(runtimes, self.all_pools(), memory, names, max_loaded=self.max_loaded)
+        return dataclasses.replace(answer, pegged=self.pegs.sizes(), peg_budget=self.peg_budget)
 
     def memory(self) -> Memory | None:
         """The memory view the room decisions take (None: by count alone)."""
@@ -203,8 +208,46 @@ class Scheduler:
             {p.runtime.name: self.footprint(p.runtime) for p in pools},
             now=self.clock(),
             min_residency=self.min_residency,
+            pinned=self.declared.devices,
             groups=self.groups,
         )
+
+    @property
+    def declared(self) -> Declared:
+        return self._declared
+
+    @declared.setter
+    def declared(self, declared: Declared) -> None:
+        """What the manifest declares beyond the runtimes (set on each pass): pegs of
+        models no longer pegged are released, the rest fit the (new) budget."""
+        self._declared = declared
+        self.pegs.sync(declared.pegs)
+        self.pegs.fit(self.peg_budget)
+
+    @property
+    def peg_budget(self) -> int:
+        """`serving.warm_peg_budget` in bytes (a share is of host RAM)."""
+        setting = self.declared.peg_budget
+        host = None if isinstance(setting, int) else system_memory()
+        return pegs.budget_bytes(setting, host)
+
+    def peg(self, pool: Pool) -> None:
+        """A warm_peg model unloads: hold its files' pages resident (weights, projector,
+        draft), within the peg budget."""
+        runtime = pool.runtime
+        if runtime.name not in self.declared.pegs:
+            return
+        files = [f for f in (runtime.path, runtime.projector, runtime.tuning.draft_path) if f]
+        self.pegs.peg(runtime.name, files, pool.last_used)
+        self.pegs.fit(self.peg_budget)
+
+    def placement_args(self, pool: Pool) -> tuple[str, ...]:
+        """The child's flags for where its load was placed (GPUs: `Placement.flags`);
+        the wheel's launcher takes no --device list, so it gets the spelling it has."""
+        if pool.placement is None:
+            return ()
+        launcher = bool(pool.runtime.command) and pool.runtime.command[-1].endswith(".py")
+        return pool.placement.flags(device_list=not launcher)
 
     def measure(self, pool: Pool) -> None:
         """Record what one running instance of the pool uses (the largest of its
@@ -278,10 +321,12 @@ class Scheduler:
         return Instance(spec, on_event=self.on_event)
 
     def _on_unload(self, pool: Pool) -> None:
-        """Its children still run: measure their peak once more. An elder that unloads
-        is dropped: the model converges to its current pool. A model of a together group
-        that unloads (evicted, expired, stopped) takes its companions with it: they drain."""
+        """Its children still run: measure their peak once more. A warm_peg model's files
+        are held resident. An elder that unloads is dropped: the model converges to its
+        current pool. A model of a together group that unloads (evicted, expired,
+        stopped) takes its companions with it: they drain."""
         self.measure(pool)
+        self.peg(pool)
         for current in self.pools.values():
             if current.elder is pool:
                 current.elder = None
@@ -295,7 +340,16 @@ class Scheduler:
                 self.capacity.drain(mate)
 
     def _on_load(self, pool: Pool) -> None:
-        """A load was decided: a together group's companions load beside it."""
+        """A load was decided: its children (not started yet) get the flags of its
+        placement; a together group's companions load beside it."""
+        extra = self.placement_args(pool)
+        for member in pool.members:
+            if not extra and not member.placed:
+                continue  # host RAM (or stand-ins): nothing to add, nothing to take off
+            spec = member.instance.spec
+            base = spec.args[: len(spec.args) - len(member.placed)] if member.placed else spec.args
+            member.instance.spec = dataclasses.replace(spec, args=base + extra)
+            member.placed = extra
         for name in sorted(self.groups.companions(pool.runtime.name)):
             mate = self.pools.get(name)
             if mate is not None and not mate.loaded and mate.loading is None:
@@ -429,6 +483,7 @@ class Scheduler:
         begin = time.perf_counter_ns()
         evicted: list[str] = []
         room_s = 0.0
+        turn_ns = 0
         while True:  # each check and the slot taken after it run without an await between
             target, pool = self._serving(target)
             if pool.stopping is not None:
@@ -437,6 +492,9 @@ class Scheduler:
                 await asyncio.shield(pool.loading)
             elif not pool.loaded:
                 room_s += await self.capacity.load(pool, evicted, priority=priority)
+            elif self._held(pool, priority):
+                turn_ns = turn_ns or time.perf_counter_ns()
+                await self._wait_turn(pool, turn_ns)
             else:
                 break
         if keep_alive is not None:
@@ -485,6 +543,24 @@ class Scheduler:
             room_ns=int(room_s * 1e9),
         )
         return Lease(pool, member, target.adapters, decision)
+
+    def _held(self, pool: Pool, priority: bool) -> bool:
+        """Whether a new request for the loaded `pool` waits for its turn (`fairness`)."""
+        window = self.declared.fairness_window
+        return fairness.held(pool, self.capacity.waiting, self.clock(), window, priority=priority)
+
+    async def _wait_turn(self, pool: Pool, since_ns: int) -> None:
+        """Wait while another model's load takes its turn (woken when room changes, and
+        looking again each second); Busy (503) after serving.queue_timeout."""
+        left = self.queue_timeout - (time.perf_counter_ns() - since_ns) / 1e9
+        if left <= 0:
+            raise Busy(
+                f"model '{pool.runtime.name}' is waiting for its turn: another model's load "
+                f"has waited for its room longer than serving.fairness_window, and it did not "
+                f"come back within {self.queue_timeout:g}s (serving.queue_timeout); retry",
+                retry_after=max(1.0, self.queue_timeout / 2),
+            )
+        await self.capacity.wait_for_room(min(left, 1.0), priority=False)
 
     async def _await_stop(self, pool: Pool) -> None:
         """Wait for a draining or unloading pool to stop, so that it can load again."""
@@ -577,6 +653,7 @@ class Scheduler:
                         "footprint": footprint.bytes,
                         "footprint_source": footprint.source,
                         "devices": list(pool.placement.devices) if pool.placement else [],
+                        "pegged": self.pegs.sizes().get(pool.runtime.name, 0),
                         **pool.runtime.tuning.view(),  # spec mode, profile fields (tune.md)
                     }
                 )
@@ -585,6 +662,7 @@ class Scheduler:
     async def close(self) -> None:
         """Stop every child: nothing is left running when serve ends."""
         await self.capacity.close()
+        self.pegs.close()
         loaded = [p for p in self.all_pools() if p.loaded and not p.in_flight]
         await asyncio.gather(*(self.capacity.run_before_stop(p) for p in loaded))
         members = [m for p in self.all_pools() for m in p.members]

@@ -204,6 +204,8 @@ class Coreside:
     everything: Fit
     asked: Fit | None = None
     loads: tuple[LoadNow, ...] = ()
+    pegged: Mapping[str, int] = field(default_factory=dict)  # warm pegs held: bytes
+    peg_budget: int = 0  # serving.warm_peg_budget in bytes
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -227,9 +229,15 @@ class Coreside:
                     "never_fits": r.never,
                     "groups": [{"name": g, "kind": k} for g, k in r.groups],
                     "pinned": r.pinned,
+                    "pegged": self.pegged.get(r.model, 0),
                 }
                 for r in self.models
             ],
+            "pegs": {
+                "budget": self.peg_budget,
+                "used": sum(self.pegged.values()),
+                "models": dict(self.pegged),
+            },
             "groups": [
                 {"name": g, "kind": kind, "models": sorted(ms)}
                 for kind, found in (

@@ -32,6 +32,7 @@ from specs.names import AdapterChoice
 class Member:
     instance: Instance
     in_flight: int = 0
+    placed: tuple[str, ...] = ()  # the placement's flags at the end of its child's args
 
 
 @dataclass(frozen=True)
@@ -59,16 +60,25 @@ class Placement:
     def on(self, device: str) -> int:
         return sum(b for d, b in self.shares if d == device)
 
-    def flags(self) -> tuple[str, ...]:
-        """llama-server's flags for a placement on GPUs (nothing on host RAM): `--device`
-        with the GPUs, and `--tensor-split` with each one's share when there are several."""
-        gpus = [(d, b) for d, b in self.shares if d.startswith("gpu:")]
+    def flags(self, *, device_list: bool = True) -> tuple[str, ...]:
+        """Pure: the engine flags that put the model where it was placed on GPUs (nothing
+        on host RAM). llama-server (`device_list`): `--device` with the GPUs, and
+        `--tensor-split` with each one's share when there are several. The wheel's
+        launcher has no device list (xllamacpp): one GPU is `--split-mode none
+        --main-gpu N`, several a `--tensor-split` indexed by device, 0 for the others."""
+        gpus = sorted((int(d.split(":")[1]), b) for d, b in self.shares if d.startswith("gpu:"))
         if not gpus:
             return ()
-        names = ",".join(f"CUDA{d.split(':')[1]}" for d, _ in gpus)
+        if device_list:
+            names = ",".join(f"CUDA{i}" for i, _ in gpus)
+            if len(gpus) == 1:
+                return ("--device", names)
+            return ("--device", names, "--tensor-split", ",".join(str(b) for _, b in gpus))
         if len(gpus) == 1:
-            return ("--device", names)
-        return ("--device", names, "--tensor-split", ",".join(str(b) for _, b in gpus))
+            return ("--split-mode", "none", "--main-gpu", str(gpus[0][0]))
+        share = dict(gpus)
+        split = ",".join(str(share.get(i, 0)) for i in range(max(share) + 1))
+        return ("--split-mode", "layer", "--tensor-split", split)
 
 
 @dataclass(eq=False)
@@ -153,7 +163,7 @@ class Target:
 class Decision:
     """How `acquire` chose the instance, for the request's trace (`blazar why`)."""
 
-    how: str = "warm"  # warm | least_loaded | spawned | queued
+    how: str = "warm"  # warm | least_loaded | affinity | spawned | queued
     evicted: tuple[str, ...] = ()  # models unloaded to make room
     queue_ns: int = 0  # waiting in the model's queue for a slot
     load_ns: int = 0  # loading the model and starting the instance

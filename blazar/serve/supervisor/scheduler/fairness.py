@@ -1,0 +1,40 @@
+"""The fairness bound: a busy resident model does not keep a waiting model out forever.
+
+Used by the scheduler (`core.Scheduler.acquire`). A load that finds no room waits for
+the models that hold it to go idle (`capacity`); a resident model whose clients keep it
+busy never goes idle, so without a bound the waiting load would run out its
+`serving.queue_timeout` and answer 503. Once some load has waited for room longer than
+`serving.fairness_window`, new requests for the busy models stop taking slots: they
+wait for their turn (requests in flight and already queued finish), the models go
+idle, the waiting load evicts them and is served, and the held requests load their
+model back once there is room again (`serving.min_residency` keeps the newcomer a few
+seconds, so the two take turns instead of thrashing). `x-blazar-priority: high` is
+never held. Pure: the pools and the clock come in as values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from blazar.serve.supervisor.scheduler.pools import Pool
+
+
+def held(
+    pool: Pool,
+    waiting: Mapping[Pool, float],
+    now: float,
+    window: float,
+    *,
+    priority: bool = False,
+) -> bool:
+    """Pure: whether a new request for the loaded `pool` waits for its turn: another
+    model's load (`waiting`: each waiting load's pool and since when) has waited for room
+    longer than `window` seconds while this one keeps its room. Never for a priority
+    request, a pinned or warm model (it never gives room), one not loaded, or with no
+    window (0)."""
+    if priority or window <= 0 or not pool.loaded or pool.sticky:
+        return False
+    name = pool.runtime.name
+    return any(
+        other.runtime.name != name and now - since >= window for other, since in waiting.items()
+    )
