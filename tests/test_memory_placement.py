@@ -379,3 +379,47 @@ def test_measured_footprints_are_kept_in_the_store(tmp_path: Path) -> None:
             ("tiny", "abc", "cpu"): 6 * MIB,
             ("tiny", "def", "gpu"): 7 * MIB,
         }
+
+
+def test_the_manifests_devices_place_the_model_and_reach_its_child() -> None:
+    """Injected GPUs (the tests have none): `models.NAME.devices` pins the model to gpu:1;
+    its child's command line ends with the placement's flags, once, load after load; the
+    wheel's launcher gets its own spelling (no --device list in xllamacpp)."""
+    import asyncio
+    from pathlib import Path
+
+    from blazar.serve.supervisor.scheduler import Declared, Scheduler
+    from tests.gateway_harness import StandIn, runtime
+
+    async def scenario() -> None:
+        runtimes = {
+            "m": runtime("m"),
+            "w": runtime("w", command=("/venv/bin/python", "/engines/launcher.py")),
+        }
+        s = Scheduler(
+            runtimes,
+            max_loaded=3,
+            max_queue=4,
+            queue_timeout=1.0,
+            log_dir=Path("/tmp"),
+            make_instance=StandIn,
+            devices=[
+                Device("gpu", 0, "A", 24 * GIB, 24 * GIB),
+                Device("gpu", 1, "B", 8 * GIB, 8 * GIB),
+            ],
+        )
+        s.declared = Declared(devices={"m": (1,), "w": (1,)})
+        for _ in range(2):  # a second load does not add the flags again
+            for name in ("m", "w"):
+                s.release(await s.acquire(s.resolve(name)))
+                assert await s.stop_model(name)
+        for name in ("m", "w"):
+            s.release(await s.acquire(s.resolve(name)))
+        m, w = s.pools["m"], s.pools["w"]
+        assert m.placement is not None and m.placement.devices == ("gpu:1",)
+        assert m.members[0].instance.spec.args[-2:] == ("--device", "CUDA1")
+        assert m.members[0].instance.spec.args.count("--device") == 1
+        assert w.members[0].instance.spec.args[-4:] == ("--split-mode", "none", "--main-gpu", "1")
+        await s.close()
+
+    asyncio.run(scenario())
