@@ -114,6 +114,8 @@ SCOPES: dict[tuple[str, str], str] = {
     ("POST", "/api/blazar/stop"): ADMIN,
     ("GET", "/api/blazar/stats"): ADMIN,  # `blazar watch`: the operator's live view
     ("GET", "/api/blazar/coreside"): ADMIN,  # `blazar coreside`: what memory holds
+    ("GET", "/api/blazar/cache"): ADMIN,  # `blazar cache stats`: the response cache
+    ("POST", "/api/blazar/cache/clear"): ADMIN,
     ("GET", "/api/failover"): ADMIN,  # remotes' URLs and health: `blazar remotes`
     ("POST", "/api/failover"): ADMIN,  # drain or undrain a remote
     # The dashboard (ui_api, ui_admin): its files hold no data, and must load to ask for a key
@@ -214,6 +216,17 @@ def presented_key(request: web.Request) -> str | None:
         if not name and value:
             return value
     return None
+
+
+def _secret(headers: Mapping[str, str]) -> str | None:
+    """`presented_key` on a head's headers (names lowercased), without the WebSocket way."""
+    auth = headers.get("authorization")
+    if auth is not None:
+        kind, _, value = auth.strip().partition(" ")
+        if kind.lower() == "bearer" and value.strip():
+            return value.strip()
+    key = headers.get("x-api-key")
+    return key.strip() if key and key.strip() else None
 
 
 def _client(request: web.Request) -> str | None:
@@ -405,6 +418,44 @@ class Access:
                 # that each sent 60 MB hold 600 MB that the budget believes free.
                 request._read_bytes = None
                 self.budget.release(reserved)
+
+    def relay_grant(self, headers: Mapping[str, str]) -> tuple[bool, str | None, Grant | None]:
+        """The checks of `guard` for an inference request the relay carries (Host, a key,
+        its scope and rate), on its head's headers (names lowercased): (admitted, the
+        key's name, its grant). Not admitted: the request goes to aiohttp, whose `guard`
+        answers the refusal in the protocol's shape and audits it. An Origin never gets
+        here (`lanes.decide`: its answer needs CORS headers)."""
+        host = headers.get("host")
+        allowed = self._hosts.get(host) if host is not None else True
+        if allowed is None:
+            allowed = policy.host_allowed(host, self._host_names)
+            if len(self._hosts) < policy.CACHE_LIMIT:
+                self._hosts[host] = allowed  # type: ignore[index]
+        if not allowed:
+            return False, None, None
+        if not self.grants:
+            return True, None, None
+        secret = _secret(headers)
+        if secret is None:
+            return False, None, None
+        digest = hashlib.sha256(secret.encode()).hexdigest()
+        known, grant = self.grants.get(digest, NO_KEY)
+        if grant is None and self.operator is not None:
+            known, grant = self.operator
+        if grant is None or not hmac.compare_digest(known, digest):
+            return False, None, None
+        if RANK[grant.scope] < RANK[INFERENCE]:
+            return False, None, None
+        if grant.rpm is not None:
+            bucket, wait = policy.take_token(
+                self.buckets.get(grant.name), grant.rpm, time.monotonic()
+            )
+            if wait is not None:
+                return False, None, None  # refused by guard, which takes no token either
+            self.buckets[grant.name] = bucket
+        if grant.name != OPERATOR:
+            self.last_used[grant.name] = time.time()
+        return True, grant.name, grant
 
     def _authenticate(self, request: web.Request, scope: str) -> web.Response | None:
         """None when the request's key may call a route of `scope`; else the refusal."""

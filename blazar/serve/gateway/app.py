@@ -22,6 +22,8 @@ from typing import Any
 from aiohttp import web
 
 from blazar.serve.gateway.access import Access, add_cors_headers
+from blazar.serve.gateway.listener import RELAYER
+from blazar.serve.gateway.relay import Relayer
 from blazar.serve.http import TRACE, Handler, trace_id
 from blazar.serve.request.envelopes import for_request
 from blazar.serve.request.steps import Failure, failure
@@ -30,6 +32,7 @@ from blazar.serve.routes import (
     audio_api,
     batches_api,
     blazar_api,
+    cache_api,
     fleet_api,
     keys_api,
     mcp_api,
@@ -138,8 +141,10 @@ def build_app(services: Services, access: Access | None = None) -> web.Applicati
         client_max_size=MAX_BODY, middlewares=[gateway(services.observer, access)]
     )
     app[FLEET] = services.fleet
+    app[RELAYER] = Relayer(services, access)  # the relay lane (GatewaySite's connections)
     app.on_response_prepare.append(add_cors_headers)
     blazar_api.register(app, services)
+    cache_api.register(app, services)
     observe_api.register(app, services)
     openai_api.register(app, services)
     responses_api.register(app, services)

@@ -40,9 +40,14 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from blazar.errors import BlazarError
+from blazar.serve.gateway.relay import RelayCall, Relayer, Sink, read_head
 from specs.serving import Serving
 
 log = logging.getLogger(__name__)
+
+RELAYER = web.AppKey("relayer", Relayer)  # build_app's relay, which GatewaySite's handlers use
+HOLD_LIMIT = 2 << 20  # bytes held for the next requests while one is relayed: then pause
+BODY_GRACE = 1.0  # seconds a relayed request's body may trail its head; then aiohttp's
 
 _BUSY_TEXT = b"too many open connections from this address; retry later\n"
 BUSY = (
@@ -162,12 +167,35 @@ def malformed_head(exc: HttpProcessingError) -> str:
 
 class GatewayHandler(web.RequestHandler):
     """aiohttp's request handler, admitted per client address first, that logs a
-    malformed request as one line without its bytes."""
+    malformed request as one line without its bytes, and reads each request's head
+    itself for the relay (`blazar.serve.gateway.relay`).
 
-    def __init__(self, manager: web.Server, *, admission: Admission, **kwargs: Any) -> None:
+    The bytes a connection brings are held here until a request's head is in. A
+    request the relay carries (head and body in, aiohttp idle on this connection: no
+    answer of its own still going out) is carried out by a task of the relay, which
+    writes its answer to the transport; the bytes behind it wait for its end. Any
+    other request's bytes go to aiohttp's parser as they came, and once one of them
+    is a head the relay's parser is not sure of, everything after it does too."""
+
+    def __init__(
+        self,
+        manager: web.Server,
+        *,
+        admission: Admission,
+        relayer: Relayer | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(manager, **kwargs)
         self.admission = admission
         self.client: str | None = None
+        self.relayer = relayer
+        self._held = bytearray()  # read, not yet given to aiohttp or the relay
+        self._owed = 0  # bytes of a message given to aiohttp still to come; -1: all from now
+        self._relay: asyncio.Task[None] | None = None
+        self._grace: asyncio.TimerHandle | None = None
+        self._late = False  # the held request's body came too late for the relay
+        self._handed = False  # aiohttp got a request on this connection
+        self._held_paused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = transport.get_extra_info("peername")
@@ -181,12 +209,148 @@ class GatewayHandler(web.RequestHandler):
         super().connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
-        if self.client is not None:
+        if self.client is None:
+            return
+        owed = self._owed
+        if self.relayer is None or owed < 0:
             super().data_received(data)
+            return
+        if owed:
+            if len(data) <= owed:
+                self._owed -= len(data)
+                super().data_received(data)
+                return
+            self._owed = 0
+            super().data_received(data[:owed])
+            data = data[owed:]
+        self._held += data
+        if self._relay is None:
+            self._next()
+        elif len(self._held) > HOLD_LIMIT and not self._held_paused and self.transport:
+            self._held_paused = True
+            self.transport.pause_reading()
+
+    # -- the relay ----------------------------------------------------------------------
+
+    def _idle(self) -> bool:
+        """aiohttp waits for a request on this connection: no answer of its own going out."""
+        if not self._handed:  # (its task may not have started yet: Python < 3.12)
+            return True
+        waiter = self._waiter
+        return waiter is not None and not waiter.done() and not self._messages
+
+    def _next(self) -> None:
+        """The held bytes' next requests: relayed, or given to aiohttp."""
+        relayer = self.relayer
+        assert relayer is not None
+        held = self._held
+        while held and self._relay is None and self._owed == 0 and not self._force_close:
+            head = read_head(held)
+            if head is None:
+                return  # aiohttp's deadline for a head applies: it waits for one
+            if not head.plain:  # this one and all after it: aiohttp's
+                self._owed = -1
+                data = bytes(held)
+                held.clear()
+                super().data_received(data)
+                return
+            total = head.size + head.length
+            if not self._late and self._idle() and relayer.wanted(head):
+                if len(held) < total:
+                    self._wait_for_body()
+                    return
+                call = relayer.prepare(head, bytes(held[head.size : total]))
+                if call is not None:
+                    self._stop_grace()
+                    del held[:total]
+                    self._start(call)
+                    return
+            self._stop_grace()
+            self._late = False
+            given = min(total, len(held))
+            data = bytes(held[:given])
+            del held[:given]
+            self._owed = total - given
+            self._handed = True
+            super().data_received(data)
+
+    def _wait_for_body(self) -> None:
+        """A relayed request's body trails its head: wait BODY_GRACE for it, then give it to
+        aiohttp (whose serving.body_timeout applies); aiohttp's head deadline waits too."""
+        if self._grace is not None:
+            return
+        loop = self._loop
+        self._next_keepalive_close_time = max(
+            self._next_keepalive_close_time, loop.time() + BODY_GRACE + 1
+        )
+        self._grace = loop.call_later(BODY_GRACE, self._graced)
+
+    def _graced(self) -> None:
+        self._grace = None
+        if self._relay is None and self.client is not None:
+            self._late = True  # the waiting request goes to aiohttp, as far as it came
+            self._next()
+
+    def _stop_grace(self) -> None:
+        if self._grace is not None:
+            self._grace.cancel()
+            self._grace = None
+
+    def _start(self, call: RelayCall) -> None:
+        relayer = self.relayer
+        assert relayer is not None
+        # aiohttp's keep-alive deadline must not close the connection while it answers.
+        self._next_keepalive_close_time = self._loop.time() + 1e6
+        sink = Sink(self._send, self._drain_helper, self._writing_paused, self.client)
+        self._relay = self._loop.create_task(self._relayed(relayer, call, sink))
+
+    def _send(self, data: bytes) -> None:
+        transport = self.transport
+        if transport is not None:
+            transport.write(data)
+
+    def _writing_paused(self) -> bool:
+        return self._paused
+
+    async def _relayed(self, relayer: Relayer, call: RelayCall, sink: Sink) -> None:
+        keep = False
+        try:
+            keep = await relayer.run(call, sink)
+        except asyncio.CancelledError:
+            return  # the connection is gone (connection_lost cancels it)
+        except ConnectionError:
+            keep = False
+        except Exception:  # a bug: the log gets its traceback, the client a closed connection
+            log.exception("relaying %s %s failed", call.head.method, call.head.path)
+        finally:
+            self._relay = None
+        transport = self.transport
+        if transport is None:
+            return
+        if not keep or self._force_close:
+            self.force_close()
+            transport.close()
+            return
+        if self._keepalive_timeout > 0:
+            loop = self._loop
+            self._next_keepalive_close_time = loop.time() + self._keepalive_timeout
+            if self._keepalive_handle is not None:
+                self._keepalive_handle.cancel()
+            self._keepalive_handle = loop.call_at(
+                self._next_keepalive_close_time, self._process_keepalive
+            )
+        if self._held_paused:
+            self._held_paused = False
+            transport.resume_reading()
+        self._next()
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if self.client is None:
             return  # refused: aiohttp never saw it
+        self._stop_grace()
+        if self._relay is not None:
+            self._relay.cancel()  # the child's connection closes: it stops generating
+            self._relay = None
         self.admission.leave(self.client)
         self.client = None
         super().connection_lost(exc)
@@ -252,10 +416,14 @@ class GatewaySite(web.BaseSite):
         server = self._runner.server
         assert server is not None
 
+        app = getattr(self._runner, "app", None)
+        relayer = app.get(RELAYER) if isinstance(app, web.Application) else None
+
         def handler() -> GatewayHandler:
             return GatewayHandler(
                 server,
                 admission=self.admission,
+                relayer=relayer,
                 loop=loop,
                 access_log=None,  # requests are never logged with their headers
                 keepalive_timeout=self.limits.header_timeout,

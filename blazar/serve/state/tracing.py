@@ -204,7 +204,12 @@ class Observer:
         self._done(trace, request, status)
 
     def _done(self, trace: Trace, request: web.Request, status: int) -> None:
-        trace.ended(status, client=request.remote, key=request.get(KEY_NAME))
+        self.done(trace, status, request.remote, request.get(KEY_NAME))
+
+    def done(self, trace: Trace, status: int, client: str | None, key: str | None) -> None:
+        """A trace from `started` that no aiohttp request carried (the gateway's relay,
+        `blazar.serve.gateway.relay`) is done: finished, kept and counted the same way."""
+        trace.ended(status, client=client, key=key)
         self._finishing.append(trace)
         if len(self._finishing) == 1:
             asyncio.get_running_loop().call_later(FINISH_EVERY, self.drain)
