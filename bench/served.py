@@ -139,16 +139,18 @@ def run_served(
     *,
     json_out: bool = False,
     errors: tuple[type[BaseException], ...] = (OSError,),
+    serving: str = "",
 ) -> int:
     """A benchmark's `main` around serve: start it (SIGTERM still stops it), `measure`
     through it, then print `render(summarize(results))`, the load average before and
     after, and with `json_out` the summary as JSON. What `measure` raises of `errors`
-    is a setup failure, printed with serve's log tail: exit 1."""
+    is a setup failure, printed with serve's log tail: exit 1. `serving`: more lines
+    of the manifest's `[serving]` table (its subtables too)."""
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     started = time.monotonic()
     load_before = os.getloadavg()[0]
     try:
-        with served(f"blazar-{name}-", models) as serve:
+        with served(f"blazar-{name}-", models, serving) as serve:
             print(f"blazar serve is up at {serve.url} ({time.monotonic() - started:.1f} s)")
             try:
                 results = measure(serve)
