@@ -34,6 +34,7 @@ SECRETS = {
     "app": "plm_app-" + "a" * 40,
     "other": "plm_other-" + "b" * 40,
     "gone": "plm_gone-" + "c" * 40,
+    "ops": "plm_ops-" + "d" * 40,
 }
 GREEDY = {"temperature": 0, "max_tokens": 6}
 
@@ -87,6 +88,7 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
     text += model_block("tiny", tiny, ctx=2048, chat_template="chatml")
     text += model_block("emb", emb, embeddings=True, pooling="mean", ctx=512)
     text += _key("app") + _key("other") + _key("gone")
+    text += _key("ops").replace("\n\n", '\nscope = "admin"\n\n')
     (root / "manifest").mkdir()
     manifest = root / "manifest" / "blazar.toml"
     manifest.write_text(text)
@@ -269,3 +271,20 @@ def test_a_changed_model_and_a_removed_key_drop_their_entries(host: Host) -> Non
         )
         == 0
     )
+
+
+def test_stats_and_clear_through_the_admin_api(host: Host) -> None:
+    admin = {"Authorization": f"Bearer {SECRETS['ops']}"}
+    url = host.served.url + "/api/blazar/cache"
+    host.chat("the sun and the sea")
+    host.chat("the sun and the sea")
+    stats = httpx.get(url, headers=admin, timeout=30).json()
+    assert stats["enabled"] and stats["entries"] >= 1 and stats["bytes"] > 0
+    assert stats["hits"]["exact"] >= 1 and stats["misses"]["exact"] >= 1
+    assert 0 < stats["hit_ratio"] < 1
+    assert any(m["model"] == "tiny" for m in stats["models"])
+    refused = httpx.get(url, headers={"Authorization": f"Bearer {SECRETS['app']}"}, timeout=30)
+    assert refused.status_code == 403
+    cleared = httpx.post(url + "/clear", json={"model": "tiny"}, headers=admin, timeout=30)
+    assert cleared.json()["cleared"] >= 1 and host.entries("model = 'tiny'") == 0
+    assert host.chat("the sun and the sea")[0] == "miss"

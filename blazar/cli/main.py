@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "bench": "blazar.cli.engines:bench",
     "completions": "blazar.cli.shell:completions",
     "config": "blazar.cli.config:config",
+    "cache": "blazar.cli.cache:cache",
     "coreside": "blazar.cli.coreside:coreside",
     "cp": "blazar.cli.imperative:cp",
     "create": "blazar.cli.imperative:create",
