@@ -74,6 +74,8 @@ class Options:
     slots: int = 16
     json_out: bool = False
     key: bool = False  # declare an API key: the gateway checks it on every request
+    relay: bool = True  # serving.relay: false measures the interpreted lane
+    stream_route: str = "chat"  # chat (/v1/chat/completions) or completions (/v1/completions)
 
 
 def _per_path() -> dict[str, Any]:
@@ -94,10 +96,11 @@ class Results:
 # -- setup ---------------------------------------------------------------------------------
 
 
-def tiny_models(slots: int, key: bool = False) -> Callable[[Path], str]:
+def tiny_models(slots: int, key: bool = False, relay: bool = True) -> Callable[[Path], str]:
     def models(root: Path) -> str:
         model = write_tiny_model(root / "tiny.gguf")
-        text = f'[models.{MODEL}]\nsource = "{model.as_uri()}"\nctx = 512\nslots = {slots}\n'
+        text = "" if relay else "[serving]\nrelay = false\n\n"
+        text += f'[models.{MODEL}]\nsource = "{model.as_uri()}"\nctx = 512\nslots = {slots}\n'
         if key:  # an admin key: find_child reads /api/blazar/ps with it
             digest = hashlib.sha256(KEY.encode()).hexdigest()
             text += f'\n[keys.bench]\nsha256 = "{digest}"\nscope = "admin"\n'
@@ -120,17 +123,17 @@ CHAT = json.dumps(
 ).encode()
 
 
-def stream_body(tokens: int) -> bytes:
-    return json.dumps(
-        {
-            "model": MODEL,
-            "prompt": "Once upon a time",
-            "max_tokens": tokens,
-            "ignore_eos": True,
-            "temperature": 0,
-            "stream": True,
-        }
-    ).encode()
+def stream_body(tokens: int, route: str = "chat") -> bytes:
+    asked: dict[str, Any] = {"model": MODEL}
+    if route == "chat":  # the relay carries a chat stream; a legacy completion is reshaped
+        asked["messages"] = [{"role": "user", "content": "Once upon a time"}]
+    else:
+        asked["prompt"] = "Once upon a time"
+    asked.update(max_tokens=tokens, ignore_eos=True, temperature=0, stream=True)
+    return json.dumps(asked).encode()
+
+
+STREAM_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
 
 class Client:
@@ -159,16 +162,16 @@ class Client:
             return 0.0
         return elapsed
 
-    async def stream(self, base: str, path: str, body: bytes, tokens: int) -> float:
+    async def stream(
+        self, base: str, path: str, body: bytes, tokens: int, route: str = "/v1/completions"
+    ) -> float:
         """Tokens/s of one streamed completion, from sending it to the end of the stream."""
         # llama-server closes its connection after a stream: reuse none, on either path.
         headers = {"Connection": "close"}
         start = time.perf_counter()
         received = bytearray()
         try:
-            async with self.session.post(
-                f"{base}/v1/completions", data=body, headers=headers
-            ) as resp:
+            async with self.session.post(f"{base}{route}", data=body, headers=headers) as resp:
                 async for chunk in resp.content.iter_any():
                     received += chunk
                 problem = None if resp.status == 200 else f"{resp.status} {received[:300]!r}"
@@ -205,14 +208,15 @@ async def measure_latency(client: Client, urls: dict[str, str], options: Options
 
 
 async def measure_stream(client: Client, urls: dict[str, str], options: Options) -> None:
-    body = stream_body(options.stream_tokens)
+    body = stream_body(options.stream_tokens, options.stream_route)
+    route = STREAM_PATHS[options.stream_route]
     deadline = time.monotonic() + options.stream_seconds
     for order in orders(options.stream_runs):
         if time.monotonic() > deadline:
             break
         rate = {}
         for path in order:
-            rate[path] = await client.stream(urls[path], path, body, options.stream_tokens)
+            rate[path] = await client.stream(urls[path], path, body, options.stream_tokens, route)
         if rate["direct"] and rate["gateway"]:
             client.results.stream.append((rate["direct"], rate["gateway"]))
 
@@ -343,6 +347,8 @@ def summarize(results: Results, options: Options) -> dict[str, Any]:
             "round_pairs": len(results.rps),
             "round_seconds": options.round_seconds,
             "slots": options.slots,
+            "relay": options.relay,
+            "stream_route": options.stream_route,
             "api_key": options.key,
             "client_loop": type(asyncio.get_event_loop_policy()).__module__.split(".")[0],
             "cpus": os.cpu_count(),
@@ -409,7 +415,9 @@ def render(s: dict[str, Any]) -> str:
     lines.append("")
     lines.append(
         f"client loop: {settings['client_loop']}; cpus: {settings['cpus']}; model slots: "
-        f"{settings['slots']}; API key: {'yes' if settings.get('api_key') else 'no'}; "
+        f"{settings['slots']}; relay: {'on' if settings.get('relay', True) else 'off'}; "
+        f"stream: {settings.get('stream_route', 'completions')}; "
+        f"API key: {'yes' if settings.get('api_key') else 'no'}; "
         f"failed requests: direct {errors['direct']}, "
         f"gateway {errors['gateway']}"
     )
@@ -430,6 +438,8 @@ def parse(argv: list[str] | None) -> Options:
     p.add_argument("--slots", type=int, default=d.slots, help="the model's slots (--parallel)")
     p.add_argument("--json", action="store_true", help="print the numbers as JSON too")
     p.add_argument("--key", action="store_true", help="declare an API key and send it")
+    p.add_argument("--relay", choices=("on", "off"), default="on", help="serving.relay")
+    p.add_argument("--stream-route", choices=sorted(STREAM_PATHS), default=d.stream_route)
     a = p.parse_args(argv)
     return Options(
         pairs=a.pairs,
@@ -441,6 +451,8 @@ def parse(argv: list[str] | None) -> Options:
         slots=a.slots,
         json_out=a.json,
         key=a.key,
+        relay=a.relay == "on",
+        stream_route=a.stream_route,
     )
 
 
@@ -454,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     return run_served(
         "gateway_overhead",
-        tiny_models(options.slots, options.key),
+        tiny_models(options.slots, options.key, options.relay),
         lambda serve: asyncio.run(measure(serve, options)),
         lambda results: summarize(results, options),
         render,

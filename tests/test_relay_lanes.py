@@ -140,6 +140,15 @@ ROWS: list[tuple[str, Head, dict[str, Any], Model, Settings, bool, str | None]] 
         "singleflight",
     ),
     (
+        "singleflight, a sampled request",
+        head(),
+        {**PLAIN, "temperature": 0.7},
+        Model("tiny", singleflight=True),
+        S,
+        False,
+        None,
+    ),
+    (
         "singleflight never shares a stream",
         head(),
         STREAM,

@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from blazar.serve.request.singleflight import deterministic
+
 # The routes the relay carries, where llama-server answers in the client's protocol.
 # ollama's routes translate (never relayed); /v1/completions is reshaped for OpenAI's
 # legacy shape whenever `shape_request` says so (the caller's `shaped`).
@@ -129,7 +131,7 @@ def decide(
         return Interpret("a default output limit to inject")
     if model.sessions:
         return Interpret("sessions")
-    if model.singleflight and not stream:
+    if model.singleflight and deterministic(body):
         return Interpret("singleflight")
     if settings.cache:
         return Interpret("the response cache")

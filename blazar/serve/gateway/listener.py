@@ -212,7 +212,10 @@ class GatewayHandler(web.RequestHandler):
         if self.client is None:
             return
         owed = self._owed
-        if self.relayer is None or owed < 0:
+        relayer = self.relayer
+        if relayer is None or owed < 0 or (not owed and not self._held and not relayer.on):
+            if relayer is not None and owed == 0:
+                self._owed = -1  # the relay off: this connection is aiohttp's, as it always was
             super().data_received(data)
             return
         if owed:

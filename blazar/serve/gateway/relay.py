@@ -175,6 +175,11 @@ class Relayer:
         self.access = access
         self._date = (0, "")
 
+    @property
+    def on(self) -> bool:
+        """serving.relay, as the manifest says now."""
+        return self.services.serving.relay
+
     # -- before the lease: synchronous, in the connection's data_received --------------
 
     def wanted(self, head: RequestHead) -> bool:
