@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import sqlite3
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ import pytest
 
 from blazar.paths import DB_NAME
 from blazar.testing.tiny import write_tiny_embedder, write_tiny_model
+from tests.conftest import run_blazar
 from tests.fixtures import ENGINE, WHEELS, model_block
 from tests.serving import Served
 
@@ -288,3 +290,27 @@ def test_stats_and_clear_through_the_admin_api(host: Host) -> None:
     cleared = httpx.post(url + "/clear", json={"model": "tiny"}, headers=admin, timeout=30)
     assert cleared.json()["cleared"] >= 1 and host.entries("model = 'tiny'") == 0
     assert host.chat("the sun and the sea")[0] == "miss"
+
+
+def test_blazar_why_shows_the_lookup_and_metrics_count_it(host: Host) -> None:
+    first, second = uuid.uuid4().hex, uuid.uuid4().hex
+    host.chat("the dog and the cat", headers={"x-request-id": first})
+    host.chat("the dog and the cat", headers={"x-request-id": second})
+    ops = {"Authorization": f"Bearer {SECRETS['ops']}"}
+    record = httpx.get(f"{host.served.url}/api/why/{second}?wait=10", headers=ops, timeout=30)
+    looked = record.json()["response_cache"]
+    assert looked["result"] == "hit-exact" and looked["tier"] == "exact", looked
+    assert looked["produced_by"] == first and looked["age_s"] >= 0, looked
+    shown = run_blazar(
+        "why", second, "--url", host.served.url, env={"BLAZAR_API_KEY": SECRETS["ops"]}
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "response cache: exact hit, an answer" in shown.stdout
+    assert f"produced by trace {first}: no model was called" in shown.stdout
+    metrics = httpx.get(f"{host.served.url}/metrics", headers=ops, timeout=30).text
+    assert 'blazar_response_cache_hits_total{tier="exact"}' in metrics, metrics
+    assert "blazar_response_cache_entries " in metrics and "blazar_response_cache_bytes " in metrics
+    stats = run_blazar(
+        "cache", "stats", "--url", host.served.url, env={"BLAZAR_API_KEY": SECRETS["ops"]}
+    )
+    assert stats.returncode == 0 and "hit ratio" in stats.stdout, stats.stderr

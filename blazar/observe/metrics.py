@@ -15,11 +15,11 @@ none), replica, protocol, status, reason, check; never one per request or user t
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -262,6 +262,56 @@ class Metrics:
             self.sentinels(model, detection.check).inc()
         if busted:
             self.cache_busts(model).inc()
+
+
+class CacheCollector:
+    """The response cache's figures (`blazar.serve.request.cache.ResponseCache.stats`),
+    read when scraped: hits and misses per tier, bypasses, evictions by reason, entries
+    and bytes (docs/cache.md)."""
+
+    def __init__(self, stats: Callable[[], Mapping[str, Any]]) -> None:
+        self.stats = stats
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        yield from cache_metrics(self.stats())
+
+
+def cache_metrics(stats: Mapping[str, Any]) -> list[Metric]:
+    """The response cache's families from its stats (pure)."""
+    hits = CounterMetricFamily(
+        "blazar_response_cache_hits", "Requests answered from the response cache.", labels=["tier"]
+    )
+    misses = CounterMetricFamily(
+        "blazar_response_cache_misses",
+        "Lookups that found no entry (exact: every cacheable request not answered by the "
+        "exact tier; semantic: those the semantic tier looked up and did not answer).",
+        labels=["tier"],
+    )
+    for tier in ("exact", "semantic"):
+        hits.add_metric([tier], stats["hits"].get(tier, 0))
+        misses.add_metric([tier], stats["misses"].get(tier, 0))
+    bypasses = CounterMetricFamily(
+        "blazar_response_cache_bypasses",
+        "Requests the response cache did not look up (headers, sampled, not replayable).",
+        value=stats["bypasses"],
+    )
+    evictions = CounterMetricFamily(
+        "blazar_response_cache_evictions",
+        "Entries deleted: ttl, max_bytes, model changed, key removed, cleared.",
+        labels=["reason"],
+    )
+    for reason, count in sorted(stats["evictions"].items()):
+        evictions.add_metric([reason], count)
+    entries = GaugeMetricFamily(
+        "blazar_response_cache_entries", "Answers in the response cache.", value=stats["entries"]
+    )
+    size = GaugeMetricFamily(
+        "blazar_response_cache_bytes", "The response cache's entries' bytes.", value=stats["bytes"]
+    )
+    return [hits, misses, bypasses, evictions, entries, size]
 
 
 def rejection(status: int, code: str | None) -> str | None:

@@ -123,6 +123,9 @@ class Result:
     detections: list[sentinels.Detection] | None = None
     first_ns: int | None = None  # first output, ns after it arrived
     gaps: list[int] = field(default_factory=list)  # ns between output events of a stream
+    # The response cache's lookup (docs/cache.md): result, tier, similarity, the entry's
+    # age and the trace that produced it.
+    response_cache: dict[str, Any] | None = None
 
 
 class Trace:
@@ -393,6 +396,7 @@ class Trace:
             "remote": placement.remote,
             "remote_reason": placement.remote_reason,
             "tool_rounds": result.tool_rounds,
+            "response_cache": result.response_cache,
             "sentinels": [d.to_dict() for d in result.detections or []],
             "cache": cache,
             "prompt": _text_facts(prompt_text(self._body), scrub),

@@ -53,6 +53,9 @@ def render(record: dict[str, Any]) -> list[str]:
         via = f" (alias {r['alias']!r})" if r.get("alias") else ""
         adapter = f" with adapter {r['adapter']!r}" if r.get("adapter") else ""
         step(f"asked for {requested!r} -> model {r['model']}{via}{adapter}")
+    looked = r.get("response_cache")
+    if looked:
+        step(_response_cache(looked))
     if r.get("instance"):
         why = DECISIONS.get(r.get("decision") or "", r.get("decision") or "")
         why = why.format(replicas=r.get("replicas"), in_flight=r.get("in_flight"))
@@ -117,6 +120,20 @@ def render(record: dict[str, Any]) -> list[str]:
         lines.append(f"  ! {cache['finding']}: {cache['detail']}")
         lines.append(f"    fix: {cache['fix']}")
     return lines
+
+
+def _response_cache(looked: dict[str, Any]) -> str:
+    """The response cache's lookup: a hit names the tier, the similarity, the entry's age
+    and the request that produced it."""
+    result = looked.get("result") or "-"
+    if looked.get("produced_by") is None:
+        return f"response cache: {result}"
+    similarity = looked.get("similarity")
+    near = f", similarity {similarity:.2f}" if similarity is not None else ""
+    return (
+        f"response cache: {looked.get('tier')} hit{near}, an answer {looked.get('age_s')} s old "
+        f"produced by trace {looked['produced_by']}: no model was called"
+    )
 
 
 def _speculation(r: dict[str, Any]) -> str:

@@ -387,7 +387,16 @@ class ResponseCache:
     async def lookup(
         self, request: web.Request, ask: Ask, target: Target, plan: Plan, settings: CacheSettings
     ) -> Lookup:
-        """Step 4b: a hit, a miss to store, or a bypass (with why)."""
+        """Step 4b: a hit, a miss to store, or a bypass (with why), noted on the request's
+        trace (`blazar why`)."""
+        look = await self._lookup(request, ask, target, plan, settings)
+        if (trace := current()) is not None:
+            trace.result.response_cache = look.trail(time.time())
+        return look
+
+    async def _lookup(
+        self, request: web.Request, ask: Ask, target: Target, plan: Plan, settings: CacheSettings
+    ) -> Lookup:
         tiers = wanted_tiers(settings, request.headers)
         if not tiers:
             self.counters.bypasses += 1

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from blazar.observe.metrics import CacheCollector
 from blazar.paths import Paths
 from blazar.protocols import ProtocolError
 from blazar.serve.http import Handler
@@ -119,6 +120,7 @@ class Services:
             store=self.control.paths.db if self.control is not None else None,
         )
         self.tools = ToolLoop(self.pipeline, self.mcp)
+        self.observer.metrics.registry.register(CacheCollector(self.pipeline.cache.stats))
 
     def configure(self, serving: Serving) -> None:
         """The manifest's `[serving]` settings from now on (the daemon, on every pass)."""
