@@ -6,7 +6,9 @@ then the behaviour with a real child: two replicas of a tiny model, a long promp
 to replica 1 and abandoned by its client in the middle of its prefill, then the same
 prompt retried without naming a replica. Least-in-flight routing alone sends the retry
 to replica 0 (both idle: the first wins), whose cache is empty; prefix affinity sends it
-back to replica 1, and the engine reports the prompt's tokens as cached.
+back to replica 1, and the engine reports the prompt's tokens as cached: the prefix its
+cancelled prefill had decoded, whole batches of `--batch-size` (256 here: one run
+measured 4,608 of 6,001 tokens cached), or all of it when the cancel came too late.
 """
 
 from __future__ import annotations
@@ -127,7 +129,7 @@ def send_and_hang_up(port: int, body: dict[str, object], child: int) -> float:
         while not processing(child):
             assert time.monotonic() < deadline, "the child never started the request"
             time.sleep(0.01)
-        time.sleep(0.3)
+        time.sleep(0.2)
         # Still prefilling: no token yet. (A prefill this short on a faster machine
         # would fail here rather than pass without testing anything.)
         assert processing(child) and tokens_in_progress(child) == 0
@@ -156,7 +158,7 @@ def test_a_retry_after_a_cancelled_prefill_goes_back_to_its_replica_and_is_cache
         assert retry.usage is not None and retry.usage.prompt_tokens_details is not None
         cached = retry.usage.prompt_tokens_details.cached_tokens or 0
         # The prefix is on replica 1 only: cached tokens mean the retry went there.
-        assert cached >= retry.usage.prompt_tokens // 2, retry.usage
+        assert cached > 0, retry.usage
         assert engine_metric(ports[0], "prompt_tokens_total") == 0  # replica 0 never saw it
         # The request's trace says why (`blazar why`): written a moment after the answer.
         deadline = time.monotonic() + 10

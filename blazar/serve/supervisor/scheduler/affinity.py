@@ -1,12 +1,14 @@
 """Prefix affinity: a prompt goes back to the replica that saw its prefix a moment ago.
 
 A child keeps the prompt it last processed in its slot's KV cache, a request cancelled
-mid-prefill included (llama-server's `slot.release()` keeps `slot.prompt`, and this
-engine build only notices a client gone when it writes the first token, so the prefill
-runs to its end: docs/cache.md, "Retries after a cancel"). A retry sent to another
-replica recomputes all of it; sent to the same one it is served from that cache. With
-several replicas, least-in-flight routing ties go to the first replica, so a retry
-would land elsewhere whenever the cancelled request had gone to another.
+mid-prefill included: llama-server appends a prompt's tokens to `slot.prompt` batch by
+batch as it decodes them, and a cancel (the gateway closes the child's connection when
+its client leaves; the engine notices within its 1 s poll) releases the slot between
+two batches and keeps them (docs/cache.md, "Retries after a cancel"). A retry sent to
+another replica recomputes all of it; sent to the same one it starts where the cancelled
+prefill stopped. With several replicas, least-in-flight routing ties go to the first
+replica, so a retry would land elsewhere whenever the cancelled request had gone to
+another.
 
 `prefix_keys` hashes a prompt's text at every whole `BLOCK` of bytes (a shared system
 prompt and a retried prompt share their first keys); `PrefixAffinity` remembers, per
