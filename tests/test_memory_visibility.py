@@ -9,6 +9,7 @@ import json
 import re
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -138,3 +139,45 @@ def test_why_names_the_wait_for_room_and_hints_warm_peg_after_a_cold_load() -> N
     quick = "\n".join(trail.render({**record, "load_ms": 80.0, "waited_for_room": None}))
     assert "warm_peg" not in quick and "waited_for_room" not in quick
     assert "evicted small, other to make room" in quick
+
+
+def test_the_models_pages_memory_bars_read_budget_models_and_pegs(tmp_path: Path) -> None:
+    """The JSON the dashboard's memory bar reads (the "models" event's `memory`): a bar per
+    device with its budget, each loaded model's bytes there, and on host RAM the warm
+    pegs; an inference key sees the others' bytes as "other models"."""
+    import asyncio
+
+    from blazar.host.hardware import Device
+    from blazar.serve.state.dashboard import memory_for_grant, memory_view
+    from blazar.serve.supervisor.scheduler import Declared, Scheduler
+    from tests.gateway_harness import StandIn, runtime
+
+    weights = tmp_path / "peg.gguf"
+    weights.write_bytes(b"\0" * 65536)
+
+    async def scenario() -> list[dict[str, Any]]:
+        s = Scheduler(
+            {"a": runtime("a"), "b": runtime("b", path=str(weights))},
+            max_loaded=3,
+            max_queue=4,
+            queue_timeout=1.0,
+            log_dir=tmp_path,
+            make_instance=StandIn,
+            devices=[Device("cpu", 0, "RAM", 8 * 1024**3, 8 * 1024**3)],
+            memory_budget=4 * 1024**3,
+        )
+        s.declared = Declared(pegs=frozenset({"b"}), peg_budget=1024**2)
+        for name in ("a", "b"):
+            s.release(await s.acquire(s.resolve(name)))
+        await s.stop_model("b")  # pegged when it unloads
+        bars = memory_view(s)
+        await s.close()
+        return bars
+
+    (bar,) = asyncio.run(scenario())
+    assert bar["device"] == "cpu:0" and bar["budget"] == 4 * 1024**3
+    assert [m["name"] for m in bar["models"]] == ["a"] and bar["models"][0]["bytes"] > 0
+    assert bar["pegged"] == [{"name": "b", "bytes": 65536}] and bar["peg_budget"] == 1024**2
+    (seen,) = memory_for_grant([bar], False, {"b"})
+    assert seen["models"] == [{"name": "other models", "bytes": bar["models"][0]["bytes"]}]
+    assert seen["pegged"] == bar["pegged"]

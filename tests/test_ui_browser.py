@@ -190,6 +190,10 @@ def test_the_models_page_lists_the_model_and_its_buttons_change_blazar_ps(
     expect(spare.locator("button.unload")).to_be_visible(timeout=30_000)
     row = host.ps()["spare"]
     assert row["state"] == "ready"
+    # the memory bar of host RAM: a segment for each loaded model, within the budget
+    bar = page.locator('.memory-bar[data-device="cpu:0"]')
+    expect(bar.locator('.seg[data-model="spare"]')).to_have_count(1, timeout=15_000)
+    expect(bar).to_contain_text("budget")
     expect(spare.locator("tr.instance")).to_contain_text(str(row["pid"]))
     countdown = spare.locator(".countdown")
     first = countdown.inner_text()

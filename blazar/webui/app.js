@@ -17,6 +17,7 @@ const MAX_REQUESTS = 500;
 export const state = {
   hello: null,        // {version, keyed, key, scope}
   models: [],         // the models view
+  memory: [],         // a bar per device: budget, each model's bytes, warm pegs
   modelsAt: 0,        // performance.now() when it came (for the keep-alive countdown)
   requests: new Map(),// key -> row (running or finished), newest last
   series: { every: 2, points: [] },
@@ -87,6 +88,7 @@ const HANDLERS = {
   },
   models(data) {
     state.models = data.models;
+    state.memory = data.memory || [];
     state.modelsAt = performance.now();
     emit("models");
   },

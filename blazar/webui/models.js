@@ -1,6 +1,8 @@
-// Models: what the manifest declares beside what runs, each model's Ready condition and
-// why, its instances (slots, in flight, queue, keep-alive countdown, memory), and for
-// admin keys the load, unload and pin buttons (POST /api/blazar/load, /stop, /pin).
+// Models: a memory bar per device (its budget, the bytes each loaded model holds there,
+// the warm pegs' bytes), what the manifest declares beside what runs, each model's Ready
+// condition and why, its instances (slots, in flight, queue, keep-alive countdown,
+// memory), and for admin keys the load, unload and pin buttons (POST /api/blazar/load,
+// /stop, /pin).
 
 import { postJSON } from "./api.js";
 import { el, clear, badge, bytes, duration, table } from "./util.js";
@@ -130,6 +132,39 @@ function card(model) {
   return body;
 }
 
+// One bar per device, its width the budget (or, for a host bar of pegs only, the peg
+// budget): a segment per model placed there, then the pegged files' bytes, hatched.
+// Widths are set through the CSSOM: the page's CSP refuses inline style attributes.
+function segment(cls, title, size, scale, dataset) {
+  const node = el("span", { class: `seg ${cls}`, title, dataset: { ...dataset, bytes: String(size) } });
+  node.style.width = `${Math.min(100, (100 * size) / scale)}%`;
+  return node;
+}
+
+function memoryBars(bars) {
+  if (!bars || !bars.length) return null;
+  const box = el("div", { class: "memory card" });
+  for (const bar of bars) {
+    const scale = Math.max(bar.budget, 1);
+    const used = bar.models.reduce((n, m) => n + m.bytes, 0);
+    const pegged = bar.pegged.reduce((n, p) => n + p.bytes, 0);
+    const track = el("div", { class: "bar" });
+    bar.models.forEach((m, i) => track.append(
+      segment(`c${i % 3}`, `${m.name}: ${bytes(m.bytes)}`, m.bytes, scale, { model: m.name })));
+    if (pegged) {
+      const names = bar.pegged.map((p) => `${p.name} ${bytes(p.bytes)}`).join(", ");
+      track.append(segment("pegged", `warm pegs: ${names}`, pegged, scale, {}));
+    }
+    const pegText = pegged ? `, warm pegs ${bytes(pegged)} of ${bytes(bar.peg_budget)}` : "";
+    const label = bar.device === "host"
+      ? `host RAM: warm pegs ${bytes(pegged)} of ${bytes(bar.budget)}`
+      : `${bar.device}: ${bytes(used)} of ${bytes(bar.budget)} budget${pegText}`;
+    box.append(el("div", { class: "memory-bar", dataset: { device: bar.device, budget: String(bar.budget) } },
+      el("div", { class: "facts", text: label }), track));
+  }
+  return box;
+}
+
 function render() {
   clear(root);
   const models = ctx.state.models;
@@ -143,5 +178,7 @@ function render() {
     root.append(el("p", { class: "empty", text: "No model is declared or held yet: `blazar pull` or declare one in the manifest." }));
     return;
   }
+  const memory = memoryBars(ctx.state.memory);
+  if (memory) root.append(memory);
   for (const model of models) root.append(card(model));
 }

@@ -97,6 +97,66 @@ def models_view(
     return rows
 
 
+def memory_view(scheduler: Scheduler | None) -> list[dict[str, Any]]:
+    """The Models page's memory bar per device: its budget (serving.memory_budget) and
+    total, the bytes each model's placement holds on it (loaded, or still stopping), and
+    on host RAM the warm pegs' bytes (their budget: serving.warm_peg_budget). On a host
+    of GPUs only, the pegs get a bar of their own ("host"). [] without a scheduler."""
+    if scheduler is None:
+        return []
+    held: dict[str, dict[str, int]] = {}
+    for pool in scheduler.all_pools():
+        if pool.placement is None or not (pool.loaded or pool.stopping is not None):
+            continue
+        for device, size in pool.placement.shares:
+            on = held.setdefault(device, {})
+            on[pool.runtime.name] = on.get(pool.runtime.name, 0) + size
+    pegs = scheduler.pegs.sizes()
+    pegged = [{"name": n, "bytes": b} for n, b in pegs.items()]
+    bars = [
+        {
+            "device": b.device,
+            "budget": b.bytes,
+            "total": b.total,
+            "models": [
+                {"name": n, "bytes": size} for n, size in sorted(held.get(b.device, {}).items())
+            ],
+            "pegged": pegged if b.kind == "cpu" else [],
+            "peg_budget": scheduler.peg_budget if b.kind == "cpu" else 0,
+        }
+        for b in scheduler.budgets
+    ]
+    if pegs and not any(b.kind == "cpu" for b in scheduler.budgets):
+        budget = scheduler.peg_budget
+        bars.append(
+            {
+                "device": "host",
+                "budget": budget,
+                "total": 0,
+                "models": [],
+                "pegged": pegged,
+                "peg_budget": budget,
+            }
+        )
+    return bars
+
+
+def memory_for_grant(
+    bars: list[dict[str, Any]], admin: bool, names: set[str]
+) -> list[dict[str, Any]]:
+    """The bars a key may see: an inference key sees its models by name, the others'
+    bytes as one "other models" share."""
+    if admin:
+        return bars
+
+    def cut(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        mine = [i for i in items if i["name"] in names]
+        rest = sum(i["bytes"] for i in items if i["name"] not in names)
+        return mine + ([{"name": "other models", "bytes": rest}] if rest else [])
+
+    return [{**b, "models": cut(b["models"]), "pegged": cut(b["pegged"])} for b in bars]
+
+
 def remote_row(name: str, remote: str, state: str) -> dict[str, Any]:
     """A model served by a remote only (`state`: its health, or drained)."""
     return {

@@ -232,10 +232,15 @@ class EventBus:
         self, sub: Subscriber, models: list[dict[str, Any]], now: float, force: bool = False
     ) -> None:
         rows = dashboard.for_grant(models, sub.admin, sub.sees)
-        stable = orjson.dumps([_without_volatile(r) for r in rows])
+        names = {r["name"] for r in rows}
+        memory = dashboard.memory_for_grant(
+            dashboard.memory_view(self.scheduler()), sub.admin, names
+        )
+        stable = orjson.dumps([[_without_volatile(r) for r in rows], memory])
         if force or stable != sub.models or now - sub.models_at >= REFRESH:
             sub.models, sub.models_at = stable, now
-            if not sub.put(encode("models", {"time": now, "models": rows})):
+            event = {"time": now, "models": rows, "memory": memory}  # memory: the bars
+            if not sub.put(encode("models", event)):
                 self._drop(sub)
 
 
