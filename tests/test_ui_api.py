@@ -342,6 +342,7 @@ def test_a_point_sums_up_the_requests_of_its_interval() -> None:
             "prompt_tokens": 40,
             "cached_tokens": 30,
             "generated_tokens": 8,
+            "response_cache": {"result": "hit-exact", "tier": "exact"},
         },
         {
             "status": 200,
@@ -350,6 +351,7 @@ def test_a_point_sums_up_the_requests_of_its_interval() -> None:
             "prompt_tokens": 60,
             "cached_tokens": 0,
             "generated_tokens": 12,
+            "response_cache": {"result": "miss", "tier": None},
         },
         {
             "status": 404,
@@ -358,6 +360,7 @@ def test_a_point_sums_up_the_requests_of_its_interval() -> None:
             "prompt_tokens": None,
             "cached_tokens": None,
             "generated_tokens": None,
+            "response_cache": {"result": "bypass (off)", "tier": None},  # not a lookup
         },
     ]
     for record in records:
@@ -374,6 +377,7 @@ def test_a_point_sums_up_the_requests_of_its_interval() -> None:
         "decode_tokens_per_second": 200.0,
         "generated_tokens_per_second": 10.0,
         "cache_hit_ratio": 0.3,
+        "response_cache_hit_ratio": 0.5,
         "queue_depth": 3,
         "in_flight": 1,
         "memory_bytes": 5,
@@ -389,7 +393,7 @@ def test_a_point_sums_up_the_requests_of_its_interval() -> None:
         gateway_bytes=None,
     )
     assert empty["requests_per_second"] == 0 and empty["ttft_p50_ms"] is None
-    assert empty["cache_hit_ratio"] is None
+    assert empty["cache_hit_ratio"] is None and empty["response_cache_hit_ratio"] is None
 
 
 def test_the_series_keeps_one_hour() -> None:

@@ -1,7 +1,7 @@
 // Metrics: the gateway's own series over the last hour (one point every few seconds, kept
 // in serve's memory): requests/s, time to first token p50/p95, decode tokens/s, the prompt
-// cache hit ratio, queue depth and requests in flight, memory. New points arrive on the
-// event stream.
+// cache hit ratio, the response cache's hit ratio (docs/cache.md), queue depth and
+// requests in flight, memory. New points arrive on the event stream.
 
 import { el, clear, bytes } from "./util.js";
 import { lineChart } from "./chart.js";
@@ -19,6 +19,8 @@ const CHARTS = [
   { title: "Decode tokens per second", lines: [["median per request", "decode_tokens_per_second"], ["generated in all", "generated_tokens_per_second"]],
     format: (v) => v.toFixed(0) },
   { title: "Prompt cache hit ratio", lines: [["cached / prompt tokens", "cache_hit_ratio"]],
+    format: (v) => `${(v * 100).toFixed(0)}%`, max: 1 },
+  { title: "Response cache hit ratio", lines: [["hits / cacheable requests", "response_cache_hit_ratio"]],
     format: (v) => `${(v * 100).toFixed(0)}%`, max: 1 },
   { title: "Queue depth and requests in flight", lines: [["queued", "queue_depth"], ["in flight", "in_flight"]],
     format: (v) => v.toFixed(0) },

@@ -42,6 +42,7 @@ class Interval:
 
     def __init__(self) -> None:
         self.requests = self.errors = self.prompt = self.cached = self.generated = 0
+        self.cache_hits = self.cache_lookups = 0  # the response cache (docs/cache.md)
         self.ttft: list[float] = []
         self.rates: list[float] = []
 
@@ -52,6 +53,10 @@ class Interval:
         self.prompt += record.get("prompt_tokens") or 0
         self.cached += record.get("cached_tokens") or 0
         self.generated += record.get("generated_tokens") or 0
+        looked = record.get("response_cache")
+        if looked and str(looked.get("result") or "").startswith(("hit", "miss")):
+            self.cache_lookups += 1
+            self.cache_hits += str(looked["result"]).startswith("hit")
         if (ttft := record.get("ttft_ms")) is not None and len(self.ttft) < self.MAX_VALUES:
             self.ttft.append(float(ttft))
         if (rate := record.get("tokens_per_second")) and len(self.rates) < self.MAX_VALUES:
@@ -83,6 +88,9 @@ def point(
         "decode_tokens_per_second": rounded(statistics.median(done.rates) if done.rates else None),
         "generated_tokens_per_second": round(done.generated / seconds, 2),
         "cache_hit_ratio": rounded(done.cached / done.prompt if done.prompt else None, 4),
+        "response_cache_hit_ratio": rounded(
+            done.cache_hits / done.cache_lookups if done.cache_lookups else None, 4
+        ),
         "queue_depth": queue_depth,
         "in_flight": in_flight,
         "memory_bytes": memory_bytes,
