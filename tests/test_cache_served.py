@@ -314,3 +314,26 @@ def test_blazar_why_shows_the_lookup_and_metrics_count_it(host: Host) -> None:
         "cache", "stats", "--url", host.served.url, env={"BLAZAR_API_KEY": SECRETS["ops"]}
     )
     assert stats.returncode == 0 and "hit ratio" in stats.stdout, stats.stderr
+
+
+def test_a_streamed_answer_is_stored_and_answers_a_whole_request(host: Host) -> None:
+    content = "the warm bread and the milk"
+    stream = host.openai().chat.completions.with_raw_response.create(
+        model="tiny", messages=[{"role": "user", "content": content}], stream=True, **GREEDY
+    )
+    assert stream.headers["x-blazar-cache"] == "miss"
+    text = "".join(c.choices[0].delta.content or "" for c in stream.parse() if c.choices)
+    header, answer = host.chat(content)
+    assert header == "hit-exact" and answer["choices"][0]["message"]["content"] == text
+    client = host.anthropic()
+    ask = {
+        "model": "tiny",
+        "max_tokens": 6,
+        "messages": [{"role": "user", "content": content}],
+        "extra_body": {"temperature": 0},
+    }
+    with client.messages.stream(**ask) as streamed:
+        said = "".join(streamed.text_stream)
+    whole = client.messages.with_raw_response.create(**ask)
+    assert whole.headers["x-blazar-cache"] == "hit-exact"
+    assert whole.parse().content[0].text == said

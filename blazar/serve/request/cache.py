@@ -659,11 +659,8 @@ class Recording(Answer):
 
     def feed_bytes(self, chunk: bytes) -> bytes:
         if self.decoder is not None:
-            for event in self.decoder.feed(chunk):
-                with contextlib.suppress(orjson.JSONDecodeError):
-                    self.collector.feed(
-                        orjson.loads(event.data) if event.data != "[DONE]" else event.data
-                    )
+            for event in self.decoder.feed(chunk):  # data: parsed JSON, or "[DONE]"
+                self.collector.feed(event.data)
         return self.inner.feed_bytes(chunk) if self.inner.rewrites else chunk
 
     async def end(self) -> bytes:

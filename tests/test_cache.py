@@ -1,0 +1,334 @@
+"""The response cache's decisions and shapes, without a serve (docs/cache.md).
+
+Tables for the pure decisions (which tiers a request may use, what is reproducible, what
+names an entry and a prefix bucket); the replay shapes round-tripped through the readers
+for every engine endpoint, whole and streamed (Hypothesis over texts and tool calls); and
+the store's bounds (TTL, max_bytes least recently used out, a model's identity changed,
+a key removed, clear) on a real SQLite store. The served behaviour is
+tests/test_cache_served.py's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from blazar.protocols.replay import (
+    CHAT,
+    COMPLETIONS,
+    MESSAGES,
+    NATIVE,
+    Collector,
+    Recorded,
+    engine_stream,
+    engine_whole,
+    recorded,
+)
+from blazar.protocols.sse import SSEDecoder
+from blazar.serve.request.cache import (
+    Lookup,
+    ResponseCache,
+    bucket_key,
+    bypass_reason,
+    cache_applies,
+    canonical,
+    exact_key,
+    last_user_text,
+    not_reproducible,
+    unit,
+    wanted_tiers,
+)
+from specs.serving import ResponseCache as Settings
+
+ON = Settings(enabled=True, model="emb")
+
+
+@pytest.mark.parametrize(
+    ("settings", "headers", "tiers", "reason"),
+    [
+        (Settings(), {}, (), "no tier"),
+        (ON, {}, ("exact", "semantic"), None),
+        (Settings(enabled=True), {}, ("exact",), None),  # no embeddings model: exact only
+        (Settings(enabled=True, model="emb", tiers=["exact"]), {}, ("exact",), None),
+        (ON, {"x-blazar-cache": "exact"}, ("exact",), None),
+        (ON, {"x-blazar-cache": "semantic"}, ("exact", "semantic"), None),
+        (ON, {"x-blazar-cache": "off"}, (), "off"),
+        (ON, {"Cache-Control": "no-cache"}, (), "no-cache"),
+        (ON, {"Cache-Control": "max-age=0, no-store"}, (), "no-store"),
+    ],
+)
+def test_the_tiers_a_request_may_use(
+    settings: Settings, headers: dict[str, str], tiers: tuple[str, ...], reason: str | None
+) -> None:
+    assert wanted_tiers(settings, headers) == tiers
+    if reason is not None:
+        assert bypass_reason(settings, headers) == reason
+    assert cache_applies(settings, "tiny", headers) == bool(tiers)
+    if settings.model is not None:  # the embeddings model itself: never
+        assert not cache_applies(settings, settings.model, headers)
+
+
+@pytest.mark.parametrize(
+    ("body", "params", "deterministic", "why"),
+    [
+        ({"temperature": 0}, {}, False, None),
+        ({"temperature": 0.0, "seed": 3}, {}, False, None),
+        ({}, {"temperature": 0}, False, None),  # the model's default
+        ({"temperature": 0.7}, {"temperature": 0}, False, "not reproducible"),
+        ({}, {}, False, "not reproducible"),  # the engine's default samples
+        ({"seed": 7, "temperature": 0.8}, {}, True, None),  # a seed on a deterministic model
+        ({"seed": 7, "temperature": 0.8}, {}, False, "not reproducible"),
+        ({"seed": True, "temperature": 0.8}, {}, True, "not reproducible"),
+        ({"temperature": 0, "n": 2}, {}, False, "n > 1"),
+        ({"temperature": 0, "logprobs": True}, {}, False, "logprobs"),
+        ({"temperature": 0, "n_probs": 3}, {}, False, "logprobs"),
+        ({"temperature": False}, {}, False, "not reproducible"),
+    ],
+)
+def test_only_reproducible_requests_are_cached(
+    body: dict[str, Any], params: dict[str, Any], deterministic: bool, why: str | None
+) -> None:
+    found = not_reproducible(body, params, deterministic)
+    assert (found is None) if why is None else (found is not None and found.startswith(why))
+
+
+CONVERSATION = {
+    "temperature": 0,
+    "messages": [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "what is the weather"},
+        {"role": "assistant", "content": "rain"},
+        {"role": "user", "content": "and tomorrow"},
+    ],
+}
+
+
+def _with(**changes: Any) -> dict[str, Any]:
+    return orjson.loads(orjson.dumps({**CONVERSATION, **changes}))
+
+
+def test_an_exact_key_names_everything_that_changes_the_answer_and_nothing_else() -> None:
+    key = exact_key("app", "id", canonical(CHAT, CONVERSATION))
+    same = [
+        _with(stream=True, stream_options={"include_usage": True}),
+        _with(model="another-alias"),
+    ]
+    for body in same:
+        assert exact_key("app", "id", canonical(CHAT, body)) == key
+    other = [
+        ("other", "id", CHAT, CONVERSATION),  # another API key
+        ("app", "id2", CHAT, CONVERSATION),  # another model identity
+        ("app", "id", COMPLETIONS, CONVERSATION),  # another endpoint
+        ("app", "id", CHAT, _with(temperature=0.0, max_tokens=5)),
+        ("app", "id", CHAT, _with(tools=[{"type": "function"}])),
+    ]
+    for scope, model, path, body in other:
+        assert exact_key(scope, model, canonical(path, body)) != key
+
+
+def test_the_prefix_bucket_is_everything_but_the_last_user_message() -> None:
+    bucket = bucket_key("app", "id", canonical(CHAT, CONVERSATION))
+    reworded = _with()
+    reworded["messages"][-1]["content"] = "and the day after"
+    assert bucket_key("app", "id", canonical(CHAT, reworded)) == bucket
+    for changed in ("be long", None):
+        earlier = _with()
+        if changed:
+            earlier["messages"][0]["content"] = changed
+        else:
+            earlier["messages"][2]["content"] = "sun"  # an earlier turn changed
+        assert bucket_key("app", "id", canonical(CHAT, earlier)) != bucket
+    assert bucket_key("app", "id", canonical(CHAT, _with(max_tokens=9))) != bucket
+
+
+@pytest.mark.parametrize(
+    ("messages", "text"),
+    [
+        ([{"role": "user", "content": "hi"}], "hi"),
+        (
+            [
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+                }
+            ],
+            "a\nb",
+        ),
+        ([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], None),
+        ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}], None),
+        ([{"role": "tool", "content": "42"}], None),
+        ([], None),
+    ],
+)
+def test_the_last_user_text(messages: list[Any], text: str | None) -> None:
+    assert last_user_text({"messages": messages}) == text
+
+
+# -- the replay shapes --------------------------------------------------------------
+
+
+calls = st.lists(
+    st.builds(
+        lambda i, name, city: {
+            "id": f"call_{i}",
+            "type": "function",
+            "function": {"name": name, "arguments": orjson.dumps({"city": city}).decode()},
+        },
+        st.integers(0, 99),
+        st.text("abcxyz_", min_size=1, max_size=8),
+        st.text(max_size=12),
+    ),
+    max_size=2,
+)
+records = st.builds(
+    Recorded,
+    text=st.text(max_size=40),
+    tool_calls=calls,
+    finish=st.sampled_from(["stop", "length", "tool_calls"]),
+    prompt_tokens=st.integers(0, 5000),
+    completion_tokens=st.integers(0, 5000),
+)
+
+
+def _events(stream: bytes) -> list[Any]:
+    return [event.data for event in SSEDecoder().feed(stream)]  # parsed JSON, or [DONE]
+
+
+def _expected(path: str, rec: Recorded) -> Recorded:
+    """What the endpoint can say of `rec`: a completion has no tool calls."""
+    if path in (COMPLETIONS, NATIVE):
+        finish = "length" if rec.finish == "length" else "stop"
+        return Recorded(
+            rec.text,
+            [],
+            finish if path == NATIVE else rec.finish,
+            rec.prompt_tokens,
+            rec.completion_tokens,
+        )
+    return rec
+
+
+@settings(max_examples=60, deadline=None)
+@given(rec=records, path=st.sampled_from([CHAT, COMPLETIONS, NATIVE, MESSAGES]))
+def test_an_answer_written_back_reads_as_it_was_whole_and_streamed(
+    rec: Recorded, path: str
+) -> None:
+    if path in (COMPLETIONS, NATIVE):
+        rec.tool_calls = []
+    want = _expected(path, rec)
+    whole = orjson.loads(engine_whole(path, rec, "tiny", "x1", 1))
+    assert recorded(path, whole) == want
+    collector = Collector(path)
+    events = _events(engine_stream(path, rec, "tiny", "x1", 1))
+    for data in events:
+        collector.feed(data)
+    assert collector.result() == want
+    if path in (CHAT, COMPLETIONS):
+        assert events[-1] == "[DONE]"
+        assert whole["usage"]["prompt_tokens_details"]["cached_tokens"] == rec.prompt_tokens
+    if path == MESSAGES:
+        assert events[-1]["type"] == "message_stop"
+        assert whole["usage"]["cache_read_input_tokens"] == rec.prompt_tokens
+
+
+def test_a_stream_cut_short_or_failed_is_not_stored() -> None:
+    rec = Recorded("hello", [], "stop", 3, 1)
+    events = _events(engine_stream(CHAT, rec, "tiny", "x", 1))
+    cut = Collector(CHAT)
+    for data in events[:2]:  # no finish reason yet
+        cut.feed(data)
+    assert cut.result() is None
+    failed = Collector(CHAT)
+    for data in [*events[:2], {"error": {"message": "boom"}}, *events[2:]]:
+        failed.feed(data)
+    assert failed.result() is None
+    thinking = Collector(CHAT)
+    thinking.feed({"choices": [{"delta": {"reasoning_content": "hmm"}}]})
+    for data in events:
+        thinking.feed(data)
+    assert thinking.result() is None
+
+
+# -- the store's bounds ---------------------------------------------------------------
+
+
+def _look(key: str, model: str = "tiny", scope: str = "app", identity: str = "id") -> Lookup:
+    return Lookup(
+        "miss",
+        stores=True,
+        key=key,
+        scope=scope,
+        model=model,
+        identity=identity,
+        request='{"r": 1}',
+        path=CHAT,
+    )
+
+
+def _keys(cache: ResponseCache) -> set[str]:
+    table = cache._opened()
+    assert table is not None
+    return {row[0] for row in table.conn.execute("SELECT key FROM cache_entries")}
+
+
+def test_least_recently_used_entries_go_past_max_bytes(tmp_path: Path) -> None:
+    cache = ResponseCache(tmp_path / "blazar.db")
+    rec = Recorded("x" * 300, [], "stop", 1, 1)
+    bounded = Settings(enabled=True, max_bytes=2400)  # four entries of about 590 bytes
+    for n in range(4):
+        cache.store(_look(f"k{n}"), rec, f"trace-{n}", bounded)
+    table = cache._opened()
+    assert table is not None
+    table.touch("k0", 1e12)  # k0 used last
+    for n in range(4, 7):
+        cache.store(_look(f"k{n}"), rec, f"trace-{n}", bounded)
+    kept = _keys(cache)
+    assert table.totals()[1] <= 2400 and "k0" in kept and "k1" not in kept, kept
+    assert cache.counters.evictions["max_bytes"] >= 1
+
+
+def test_ttl_a_changed_identity_a_removed_key_and_clear(tmp_path: Path) -> None:
+    cache = ResponseCache(tmp_path / "blazar.db")
+    rec = Recorded("hi", [], "stop", 1, 1)
+    forever = Settings(enabled=True, ttl=-1)
+    cache.store(_look("a", scope="app"), rec, "t", forever)
+    cache.store(_look("b", scope="gone"), rec, "t", forever)
+    cache.store(_look("c", model="other", scope=""), rec, "t", forever)
+    cache.store(_look("d", model="other", scope="*"), rec, "t", forever)
+    table = cache._opened()
+    assert table is not None
+    cache.keep_keys({"app"})  # "gone" removed; no key ("") and global ("*") stay
+    assert _keys(cache) == {"a", "c", "d"}
+    cache._same_model(table, "tiny", "id2")  # tiny's identity changed
+    assert _keys(cache) == {"c", "d"}
+    assert cache.clear("other") == 2 and _keys(cache) == set()
+    stale = Settings(enabled=True, ttl=0)
+    cache.store(_look("e"), rec, "t", forever)
+    entry = table.get("e")
+    assert entry is not None and not cache._fresh(table, entry, entry.created + 1, stale)
+    assert _keys(cache) == set()
+    assert cache.counters.evictions == {
+        "key removed": 1,
+        "model changed": 1,
+        "cleared": 2,
+        "ttl": 1,
+    }
+
+
+def test_semantic_vectors_are_found_by_cosine_and_survive_a_restart(tmp_path: Path) -> None:
+    cache = ResponseCache(tmp_path / "blazar.db")
+    rec = Recorded("hi", [], "stop", 1, 1)
+    look = _look("s")
+    look.bucket, look.vector = "b1", unit([1.0, 0.0, 0.2]).tobytes()  # type: ignore[union-attr]
+    cache.store(look, rec, "t", ON)
+    again = ResponseCache(tmp_path / "blazar.db")
+    table = again._opened()
+    assert table is not None
+    near = again._vectors(table)["b1"].best(unit([1.0, 0.05, 0.2]))  # type: ignore[arg-type]
+    assert near is not None and near[0] == "s" and near[1] > 0.99
+    assert unit([0.0, 0.0]) is None
