@@ -242,6 +242,19 @@ def reference_findings(doc: Mapping[str, Any]) -> list[Finding]:
                         _suggest(ref, remotes) or f"declare [remotes.{ref}] first",
                     )
                 )
+    cache = (doc.get("serving") or {}).get("cache") or {}
+    ref = cache.get("model")
+    if isinstance(ref, str):  # the response cache's embeddings model (docs/cache.md)
+        check(("serving", "cache", "model"), "serving.cache", ref)
+        model = owner.get(canonical(ref))
+        if model is not None and models[model].get("embeddings") is not True:
+            found.append(
+                Finding(
+                    ("serving", "cache", "model"),
+                    f"serving.cache names model {ref!r}, which is not served for embeddings",
+                    f"set models.{model}.embeddings = true, or name an embeddings model",
+                )
+            )
     return found
 
 

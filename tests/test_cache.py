@@ -332,3 +332,57 @@ def test_semantic_vectors_are_found_by_cosine_and_survive_a_restart(tmp_path: Pa
     near = again._vectors(table)["b1"].best(unit([1.0, 0.05, 0.2]))  # type: ignore[arg-type]
     assert near is not None and near[0] == "s" and near[1] > 0.99
     assert unit([0.0, 0.0]) is None
+
+
+def test_past_its_threshold_a_bucket_answers_from_an_index_as_the_scan_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("usearch")
+    import numpy as np
+
+    from blazar.serve.request.cache import _Bucket
+
+    monkeypatch.setattr(_Bucket, "INDEX_AT", 100)
+    rng = np.random.default_rng(1)
+    vectors = rng.normal(size=(300, 16)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    bucket = _Bucket()
+    for n, vector in enumerate(vectors[:200]):
+        bucket.add(f"k{n}", vector)
+    assert bucket.best(vectors[7]) == (
+        "k7",
+        pytest.approx(1.0, abs=1e-5),
+    )  # the scan; a build starts
+    assert bucket._building is not None
+    bucket._building.join(30)
+    bucket.remove("k3")  # after the snapshot: removed from the index when adopted
+    for n, vector in enumerate(vectors[200:], 200):  # after the snapshot too
+        bucket.add(f"k{n}", vector)
+    found = bucket.best(vectors[250])
+    assert bucket.index is not None and found is not None and found[0] == "k250"
+    assert bucket.best(vectors[3]) != ("k3", pytest.approx(1.0, abs=1e-5))
+    bucket.remove("k42")
+    near = bucket.best(vectors[42])
+    assert near is not None and near[0] != "k42" and near[1] < 0.99
+    for probe in rng.normal(size=(20, 16)).astype(np.float32):
+        probe /= np.linalg.norm(probe)
+        live = [r for r, k in enumerate(bucket.keys) if k is not None]
+        scores = bucket.matrix[live] @ probe
+        best = bucket.best(probe)
+        assert best is not None and best[1] == pytest.approx(float(scores.max()), abs=1e-5)
+
+
+def test_the_embeddings_model_must_be_declared_for_embeddings() -> None:
+    from specs.loader import load_manifest_text
+    from specs.problems import ManifestError
+
+    chat = '[models.tiny]\nsource = "file:///m/tiny.gguf"\n\n'
+    emb = '[models.emb]\nsource = "file:///m/emb.gguf"\nembeddings = true\n\n'
+    ok = load_manifest_text(f'[serving.cache]\nenabled = true\nmodel = "emb"\n\n{chat}{emb}')
+    assert ok.serving.cache.model == "emb" and ok.serving.cache.threshold == 0.95
+    with pytest.raises(ManifestError, match="names model 'emm', which is not declared"):
+        load_manifest_text(f'[serving.cache]\nmodel = "emm"\n\n{chat}{emb}')
+    with pytest.raises(ManifestError, match="not served for embeddings"):
+        load_manifest_text(f'[serving.cache]\nmodel = "tiny"\n\n{chat}{emb}')
+    with pytest.raises(ManifestError, match="threshold"):
+        load_manifest_text(f"[serving.cache]\nthreshold = 1.5\n\n{chat}")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
@@ -251,39 +252,125 @@ def bypass(reason: str) -> Lookup:
 # -- the in-memory vectors of the semantic tier --------------------------------------
 
 
-@dataclass
 class _Bucket:
-    keys: list[str] = field(default_factory=list)
-    rows: list[Any] = field(default_factory=list)
-    matrix: Any = None  # np.ndarray, rebuilt when rows change
+    """One prefix bucket's vectors: unit rows of one growing float32 matrix (a removed
+    entry's row is zeroed: cosine 0, never a hit) and, past INDEX_AT rows where the
+    optional `usearch` package is installed (`pip install 'blazar[cache]'`), an HNSW
+    index over them. The brute-force scan is one matrix-vector product: measured at 100k
+    rows, 6.5 ms at 64 dimensions and 26 ms at 640 (docs/cache.md), over the 5 ms goal;
+    the index answers in about 0.2 ms. It is built in a thread from a snapshot (100k rows
+    of 640 take minutes on two cores) while the scan goes on answering; rows added since
+    are added to it when it is adopted, and each new row after that."""
+
+    INDEX_AT = 20_000  # rows: the scan of 20k rows of 640 floats is about 5 ms
+    CANDIDATES = 8  # the index's nearest, rescored exactly (it keeps f16)
+
+    def __init__(self) -> None:
+        self.keys: list[str | None] = []  # by row; None: removed
+        self.rows: dict[str, int] = {}
+        self.matrix: Any = None  # np.ndarray, capacity doubled as it fills
+        self.index: Any = None  # usearch.index.Index over rows [0, indexed)
+        self.indexed = 0
+        self._building: threading.Thread | None = None
+        self._built: tuple[Any, int] | None = None  # (index, rows in it), from the thread
+        self._removed: list[int] = []  # rows removed while a build runs
 
     def add(self, key: str, vector: np.ndarray) -> None:
-        if key in self.keys:
-            self.remove(key)
-        self.keys.append(key)
-        self.rows.append(vector)
-        self.matrix = None
-
-    def remove(self, key: str) -> None:
-        with contextlib.suppress(ValueError):
-            at = self.keys.index(key)
-            del self.keys[at], self.rows[at]
-            self.matrix = None
-
-    def best(self, vector: np.ndarray) -> tuple[str, float] | None:
-        """The nearest entry by cosine (rows are unit vectors): a brute-force scan, one
-        matrix-vector product (docs/cache.md measures it at 100k entries)."""
         import numpy as np
 
-        if not self.keys:
+        if key in self.rows:
+            self.remove(key)
+        n = len(self.keys)
+        if self.matrix is None or self.matrix.shape[1] != vector.shape[0]:
+            if self.matrix is not None and n:
+                return  # another embeddings model's vector: that model's entries are stale
+            self.matrix = np.zeros((16, vector.shape[0]), dtype=np.float32)
+        elif n == self.matrix.shape[0]:
+            grown = np.zeros((2 * n, self.matrix.shape[1]), dtype=np.float32)
+            grown[:n] = self.matrix
+            self.matrix = grown
+        self.matrix[n] = vector
+        self.keys.append(key)
+        self.rows[key] = n
+        if self.index is not None and self.indexed == n:
+            self.index.add(n, vector)
+            self.indexed = n + 1
+
+    def remove(self, key: str) -> None:
+        row = self.rows.pop(key, None)
+        if row is None:
+            return
+        self.keys[row] = None
+        self.matrix[row] = 0.0
+        if self.index is not None and row < self.indexed:
+            self.index.remove(row)
+        if self._building is not None:
+            self._removed.append(row)
+
+    def best(self, vector: np.ndarray) -> tuple[str, float] | None:
+        """The nearest live entry by cosine (rows and `vector` are unit vectors)."""
+        import numpy as np
+
+        self._adopt()
+        n = len(self.keys)
+        if not self.rows or self.matrix.shape[1] != vector.shape[0]:
+            return None  # empty, or another embeddings model's vectors
+        if self.index is None:
+            if n >= self.INDEX_AT:
+                self._build(n)
+            scores = self.matrix[:n] @ vector
+            at = int(np.argmax(scores))
+            key = self.keys[at]
+            return (key, float(scores[at])) if key is not None else None
+        found = self.index.search(vector, self.CANDIDATES)
+        rows = [int(k) for k in np.atleast_1d(found.keys)]
+        rows += range(self.indexed, n)  # not in the index yet
+        live = [r for r in rows if 0 <= r < n and self.keys[r] is not None]
+        if not live:
             return None
-        if self.matrix is None:
-            self.matrix = np.vstack(self.rows)
-        if self.matrix.shape[1] != vector.shape[0]:
-            return None  # another embeddings model's vectors
-        scores = self.matrix @ vector
+        scores = self.matrix[live] @ vector
         at = int(np.argmax(scores))
-        return self.keys[at], float(scores[at])
+        key = self.keys[live[at]]
+        assert key is not None
+        return key, float(scores[at])
+
+    def _build(self, n: int) -> None:
+        """Start building the index over rows [0, n), in a thread, if `usearch` is here."""
+        import numpy as np
+
+        if self._building is not None:
+            return
+        try:
+            from usearch.index import Index
+        except ImportError:
+            return
+        snapshot = self.matrix[:n].copy()
+
+        def build() -> None:
+            index = Index(ndim=snapshot.shape[1], metric="ip", dtype="f16")
+            live = np.flatnonzero(snapshot.any(axis=1))  # removed rows are zeroed
+            if live.size:
+                index.add(live.astype(np.uint64), snapshot[live], threads=1)
+            self._built = (index, n)
+
+        self._building = threading.Thread(target=build, name="cache-index", daemon=True)
+        self._building.start()
+
+    def _adopt(self) -> None:
+        """A finished build: rows added and removed since its snapshot brought up to date."""
+        built = self._built
+        if built is None:
+            return
+        index, upto = built
+        self._built, self._building = None, None
+        for row in self._removed:
+            if row < upto:
+                index.remove(row)  # a row not in it (zeroed before the snapshot): a no-op
+        self._removed = []
+        for row in range(upto, len(self.keys)):
+            if self.keys[row] is not None:
+                index.add(row, self.matrix[row])
+        self.index, self.indexed = index, len(self.keys)
 
 
 def unit(values: list[float] | bytes) -> np.ndarray | None:
