@@ -306,6 +306,9 @@ def test_ttl_a_changed_identity_a_removed_key_and_clear(tmp_path: Path) -> None:
     assert _keys(cache) == {"a", "c", "d"}
     cache._same_model(table, "tiny", "id2")  # tiny's identity changed
     assert _keys(cache) == {"c", "d"}
+    cache.store(_look("f", model="removed"), rec, "t", forever)
+    cache.keep_models({"tiny", "other"})  # "removed" is no longer declared
+    assert _keys(cache) == {"c", "d"}
     assert cache.clear("other") == 2 and _keys(cache) == set()
     stale = Settings(enabled=True, ttl=0)
     cache.store(_look("e"), rec, "t", forever)
@@ -314,6 +317,7 @@ def test_ttl_a_changed_identity_a_removed_key_and_clear(tmp_path: Path) -> None:
     assert _keys(cache) == set()
     assert cache.counters.evictions == {
         "key removed": 1,
+        "model removed": 1,
         "model changed": 1,
         "cleared": 2,
         "ttl": 1,

@@ -300,7 +300,7 @@ def cache_metrics(stats: Mapping[str, Any]) -> list[Metric]:
     )
     evictions = CounterMetricFamily(
         "blazar_response_cache_evictions",
-        "Entries deleted: ttl, max_bytes, model changed, key removed, cleared.",
+        "Entries deleted: ttl, max_bytes, model changed or removed, key removed, cleared.",
         labels=["reason"],
     )
     for reason, count in sorted(stats["evictions"].items()):

@@ -305,6 +305,8 @@ class Daemon:
         self.children.timeout = read_timeout(manifest)
         self._observe(manifest)
         changes = await self.scheduler.update(runtimes)
+        if self.services is not None:  # a model no longer declared: its cached answers go
+            self.services.pipeline.cache.keep_models(set(runtimes))
         for model, change in sorted(changes.items()):
             log(f"{model}: {change} ({reason})")
             problem = runtimes[model].settings_problem if model in runtimes else None

@@ -635,6 +635,17 @@ class ResponseCache:
         where = "scope NOT IN ('', '*')" + (f" AND scope NOT IN ({marks})" if names else "")
         self._forget(table.delete(where, tuple(sorted(names))), "key removed")
 
+    def keep_models(self, names: set[str]) -> None:
+        """The models served now: a removed model's entries are dropped."""
+        table = self._opened()
+        if table is None:
+            return
+        marks = ",".join("?" for _ in names)
+        where = f"model NOT IN ({marks})" if names else "1 = 1"
+        self._forget(table.delete(where, tuple(sorted(names))), "model removed")
+        for gone in set(self._identities) - names:
+            del self._identities[gone]
+
     def stats(self) -> dict[str, Any]:
         table = self._opened()
         entries, size = table.totals() if table is not None else (0, 0)
