@@ -337,3 +337,38 @@ def test_a_streamed_answer_is_stored_and_answers_a_whole_request(host: Host) -> 
     whole = client.messages.with_raw_response.create(**ask)
     assert whole.headers["x-blazar-cache"] == "hit-exact"
     assert whole.parse().content[0].text == said
+
+
+def test_semantic_hits_on_the_anthropic_and_ollama_routes(host: Host) -> None:
+    client = host.anthropic()
+
+    def ask(content: str) -> tuple[str, str]:
+        raw = client.messages.with_raw_response.create(
+            model="tiny",
+            max_tokens=6,
+            messages=[{"role": "user", "content": content}],
+            extra_body={"temperature": 0},
+        )
+        return raw.headers["x-blazar-cache"], raw.parse().content[0].text
+
+    first = ask("the small child can play in the snow with the dog")
+    assert first[0] == "miss"
+    close = ask("the small child can play in the snow with a dog")
+    assert close[0].startswith("hit-semantic; similarity=0.9") and close[1] == first[1], close
+    assert ask("a bright star over the quiet sea at night")[0] == "miss"
+    headers = {"Authorization": f"Bearer {SECRETS['app']}"}
+
+    def chat(content: str) -> tuple[str, str]:
+        body = {
+            "model": "tiny",
+            "messages": [{"role": "user", "content": content}],
+            "options": {"temperature": 0, "num_predict": 6},
+            "stream": False,
+        }
+        raw = httpx.post(host.served.url + "/api/chat", json=body, headers=headers, timeout=60)
+        return raw.headers["x-blazar-cache"], raw.json()["message"]["content"]
+
+    made = chat("the good book and the letter on the table in the room")
+    assert made[0] == "miss"
+    near = chat("the good book and a letter on the table in the room")
+    assert near[0].startswith("hit-semantic") and near[1] == made[1], near
