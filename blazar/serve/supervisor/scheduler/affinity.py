@@ -4,7 +4,7 @@ A child keeps the prompt it last processed in its slot's KV cache, a request can
 mid-prefill included: llama-server appends a prompt's tokens to `slot.prompt` batch by
 batch as it decodes them, and a cancel (the gateway closes the child's connection when
 its client leaves; the engine notices within its 1 s poll) releases the slot between
-two batches and keeps them (docs/cache.md, "Retries after a cancel"). A retry sent to
+two batches and keeps them (docs/sessions.md, "Retries after a cancel"). A retry sent to
 another replica recomputes all of it; sent to the same one it starts where the cancelled
 prefill stopped. With several replicas, least-in-flight routing ties go to the first
 replica, so a retry would land elsewhere whenever the cancelled request had gone to
@@ -21,7 +21,8 @@ passed over for the least loaded one, never waited for. A wrong answer costs onl
 cache miss, so the table is small and forgets the oldest keys first.
 
 Slots within one instance are llama-server's to choose (its prompt similarity picks the
-idle slot whose cache shares the most with the prompt).
+idle slot whose cache shares the most with the prompt); a retry that arrives while its
+cancelled prefill still runs gets another slot (docs/sessions.md, "Not built").
 """
 
 from __future__ import annotations
