@@ -390,3 +390,11 @@ def test_the_embeddings_model_must_be_declared_for_embeddings() -> None:
         load_manifest_text(f'[serving.cache]\nmodel = "tiny"\n\n{chat}{emb}')
     with pytest.raises(ManifestError, match="threshold"):
         load_manifest_text(f"[serving.cache]\nthreshold = 1.5\n\n{chat}")
+
+
+def test_the_guides_semantic_cache_names_are_the_cache_keys() -> None:
+    from specs.aliases import resolve
+
+    for name in ("enabled", "threshold", "ttl", "model"):
+        found = resolve(f"semantic_cache.{name}", ["semantic_cache", name])
+        assert found.parts == ("serving", "cache", name) and found.refusal is None, found

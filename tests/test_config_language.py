@@ -73,7 +73,6 @@ SETTABLE = [
     ("semantic_cache.enabled", "true", "serving.cache.enabled", True),
     ("semantic_cache.threshold", "0.9", "serving.cache.threshold", 0.9),
     ("semantic_cache.ttl", "1h", "serving.cache.ttl", "1h"),
-    ("semantic_cache.model", "tiny", "serving.cache.model", "tiny"),
 ]
 PER_MODEL = ["ctx_extend", "spec", "warm_peg"]
 NOT_IN_THIS_VERSION: list[str] = []
