@@ -372,3 +372,19 @@ def test_semantic_hits_on_the_anthropic_and_ollama_routes(host: Host) -> None:
     assert made[0] == "miss"
     near = chat("the good book and a letter on the table in the room")
     assert near[0].startswith("hit-semantic") and near[1] == made[1], near
+
+
+def test_legacy_completions_hit_whole_and_streamed(host: Host) -> None:
+    client = host.openai()
+    ask = {"model": "tiny", "prompt": "the quiet evening song", **GREEDY}
+    first = client.completions.with_raw_response.create(**ask)
+    second = client.completions.with_raw_response.create(**ask)
+    assert (first.headers["x-blazar-cache"], second.headers["x-blazar-cache"]) == (
+        "miss",
+        "hit-exact",
+    )
+    made, replayed = first.parse(), second.parse()
+    assert replayed.choices[0].text == made.choices[0].text and replayed.id.startswith("cmpl-")
+    assert replayed.usage is not None and replayed.usage.prompt_tokens == made.usage.prompt_tokens
+    streamed = list(client.completions.create(**ask, stream=True))
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == made.choices[0].text
