@@ -114,8 +114,13 @@ def test_a_pegged_models_reload_reads_no_disk(
     with Served(write_manifest(tmp_path, manifest), blazar_home) as served:
         oai = openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_retries=0)
 
+        mapped: dict[str, Path] = {}  # the file each child was started with: the store's
+
         def load_and_unload(name: str) -> None:
             oai.completions.create(model=name, prompt="a", max_tokens=2)
+            (row,) = [r for r in served.ps() if r["model"] == name]
+            argv = Path(f"/proc/{row['pid']}/cmdline").read_bytes().decode().split("\0")
+            mapped[name] = Path(argv[argv.index("--model") + 1])
             assert httpx.post(f"{served.url}/api/blazar/stop", json={"model": name}).is_success
             wait_until(lambda: name not in {r["model"] for r in served.ps()}, f"{name} unloaded")
 
@@ -129,8 +134,8 @@ def test_a_pegged_models_reload_reads_no_disk(
         assert coreside["pegs"]["budget"] == 64 * MiB
 
         read: dict[str, int] = {}
-        for name, path in (("tiny", pegged), ("other", plain)):
-            drop_cache(path)
+        for name in ("tiny", "other"):
+            drop_cache(mapped[name])
             oai.completions.create(model=name, prompt="a", max_tokens=2)
             (row,) = [r for r in served.ps() if r["model"] == name]
             read[name] = child_read_bytes(row["pid"])
