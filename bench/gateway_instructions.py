@@ -49,6 +49,15 @@ BODIES = {
         "/v1/completions",
         {"model": "tiny", "prompt": "x", "max_tokens": 64, "stream": True},
     ),
+    "chat-stream": (  # the stream the relay carries (a legacy completion is reshaped)
+        "/v1/chat/completions",
+        {
+            "model": "tiny",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 64,
+            "stream": True,
+        },
+    ),
 }
 
 
@@ -74,21 +83,24 @@ def total(outfile: Path) -> int:
     raise RuntimeError(f"no totals in {outfile}")
 
 
-def measure(tree: Path, path: str, requests: int, clients: int) -> float:
+def measure(tree: Path, path: str, requests: int, clients: int, relay: bool = True) -> float:
     root = Path(tempfile.mkdtemp(prefix="blazar-instructions-"))
     try:
-        return _measure(tree, root, path, requests, clients)
+        return _measure(tree, root, path, requests, clients, relay)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _measure(tree: Path, root: Path, path: str, requests: int, clients: int) -> float:
+def _measure(
+    tree: Path, root: Path, path: str, requests: int, clients: int, relay: bool = True
+) -> float:
     tiny = write_tiny_model(root / "tiny.gguf")
     port = free_port()
     manifest = root / "blazar.toml"
     manifest.write_text(
         f"[serving]\nport = {port}\nkeep_alive = -1\n"
-        f'[engines.llamacpp]\nversion = "{ENGINE_VERSION}"\n'
+        + ("" if relay else "relay = false\n")
+        + f'[engines.llamacpp]\nversion = "{ENGINE_VERSION}"\n'
         f'[models.tiny]\nsource = "{tiny.as_uri()}"\nslots = {clients}\n'
     )
     wheels = Path.home() / ".cache" / "blazar-tests" / "wheels"
@@ -161,19 +173,29 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--relay",
+        choices=("on", "off", "both"),
+        default="on",
+        help="serving.relay; both: each tree with the relay off, then on (issue 30)",
+    )
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         sys.exit("valgrind is not installed: apt-get install valgrind")
     figures = {}
+    lanes = {"on": (True,), "off": (False,), "both": (False, True)}[args.relay]
     for tree in args.trees:
-        figures[str(tree)] = measure(tree.resolve(), args.path, args.requests, args.clients)
-        print(
-            f"{tree}: {figures[str(tree)] / 1e3:,.0f} k instructions per {args.path} request",
-            flush=True,
-        )
+        for relay in lanes:
+            name = str(tree) if len(lanes) == 1 else f"{tree} relay {'on' if relay else 'off'}"
+            figures[name] = measure(tree.resolve(), args.path, args.requests, args.clients, relay)
+            print(
+                f"{name}: {figures[name] / 1e3:,.0f} k instructions per {args.path} request",
+                flush=True,
+            )
     base = next(iter(figures.values()))
-    for tree, count in list(figures.items())[1:]:
-        print(f"{tree} vs {args.trees[0]}: {count / base:.3f}x")
+    first = next(iter(figures))
+    for name, count in list(figures.items())[1:]:
+        print(f"{name} vs {first}: {count / base:.3f}x")
     if args.json:
         print(json.dumps({"path": args.path, "instructions_per_request": figures}))
 

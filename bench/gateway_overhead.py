@@ -96,11 +96,10 @@ class Results:
 # -- setup ---------------------------------------------------------------------------------
 
 
-def tiny_models(slots: int, key: bool = False, relay: bool = True) -> Callable[[Path], str]:
+def tiny_models(slots: int, key: bool = False) -> Callable[[Path], str]:
     def models(root: Path) -> str:
         model = write_tiny_model(root / "tiny.gguf")
-        text = "" if relay else "[serving]\nrelay = false\n\n"
-        text += f'[models.{MODEL}]\nsource = "{model.as_uri()}"\nctx = 512\nslots = {slots}\n'
+        text = f'[models.{MODEL}]\nsource = "{model.as_uri()}"\nctx = 512\nslots = {slots}\n'
         if key:  # an admin key: find_child reads /api/blazar/ps with it
             digest = hashlib.sha256(KEY.encode()).hexdigest()
             text += f'\n[keys.bench]\nsha256 = "{digest}"\nscope = "admin"\n'
@@ -466,12 +465,13 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     return run_served(
         "gateway_overhead",
-        tiny_models(options.slots, options.key, options.relay),
+        tiny_models(options.slots, options.key),
         lambda serve: asyncio.run(measure(serve, options)),
         lambda results: summarize(results, options),
         render,
         json_out=options.json_out,
         errors=(aiohttp.ClientError, OSError),
+        serving="" if options.relay else "relay = false",
     )
 
 

@@ -24,6 +24,7 @@ from aiohttp import web
 from blazar.paths import resolve_paths
 from blazar.serve.gateway.access import Access
 from blazar.serve.gateway.app import build_app
+from blazar.serve.gateway.listener import GatewaySite, Limits
 from blazar.serve.routes.services import Control, Services
 from blazar.serve.state.remotes import FLEET
 from blazar.serve.state.sessions import Sessions
@@ -32,6 +33,11 @@ from blazar.serve.supervisor.instance import State
 from blazar.serve.supervisor.runtime import ModelRuntime
 from blazar.serve.supervisor.scheduler import Scheduler
 from blazar.store.db import Store
+from specs.serving import Serving
+
+# The lane an InProcessGateway's requests take when a test does not say: a test module
+# runs on both by setting this from a parametrized fixture (`lanes` below).
+RELAY = True
 
 
 def one_chunk_of_a_stream(handler: BaseHTTPRequestHandler) -> None:
@@ -109,7 +115,9 @@ class InProcessGateway:
         upstream_timeout: float | None = None,
         manifest: Path | None = None,
         access: Access | None = None,
+        relay: bool | None = None,
     ) -> None:
+        self.relay = RELAY if relay is None else relay
         self.child_url = child_url
         self.access = access
         self.runtimes = runtimes or (runtime("tiny"),)
@@ -154,11 +162,13 @@ class InProcessGateway:
                 self.store, self.children, paths.sessions, runtimes=lambda: self.scheduler.runtimes
             )
         services = Services(self.scheduler, self.children, control, sessions=sessions)
+        services.configure(Serving(relay=self.relay))
         self.services = services
         self.app = build_app(services, self.access)
         self._runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        # The daemon's own site: its connections read heads for the relay (`relay`).
+        site = GatewaySite(self._runner, "127.0.0.1", 0, Limits.of(Serving()))
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self.url = f"http://127.0.0.1:{port}"

@@ -21,6 +21,7 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 import pytest
 from aiohttp import web
@@ -38,6 +39,7 @@ from blazar.serve.gateway.access import (
     scope_of,
 )
 from blazar.serve.gateway.app import build_app
+from blazar.serve.gateway.listener import GatewaySite, Limits
 from blazar.serve.gateway.policy import (
     BodyBudget,
     OriginPolicy,
@@ -146,14 +148,38 @@ def shape(path: str, status: int, body: Any) -> str:
     return "openai"
 
 
-def test_every_route_is_behind_the_key_check() -> None:
+class GatewayClient:
+    """`build_app` behind the daemon's own site (`GatewaySite`, whose connections read heads
+    for the relay), with TestClient's way of asking."""
+
+    def __init__(self, app: web.Application) -> None:
+        self.app = app
+
+    async def __aenter__(self) -> aiohttp.ClientSession:
+        self.runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
+        await self.runner.setup()
+        site = GatewaySite(self.runner, "127.0.0.1", 0, Limits.of(Serving()))
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.session = aiohttp.ClientSession(base_url=f"http://127.0.0.1:{port}")
+        return self.session
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.session.close()
+        await self.runner.cleanup()
+
+
+@pytest.mark.parametrize("relay", [True, False], ids=["relay", "interpreted"])
+def test_every_route_is_behind_the_key_check(relay: bool) -> None:
     """Walk the router: no key -> 401, an inference key on an admin route -> 403; each in its
-    route's envelope, and no handler runs (they would fail without `blazar serve`)."""
+    route's envelope, and no handler runs (they would fail without `blazar serve`). On the
+    daemon's site with the relay on, and on aiohttp's own test server (issue 30)."""
 
     async def walk() -> list[str]:
         app, _ = app_with_keys()
         problems = []
-        async with TestClient(TestServer(app)) as client:
+        lane: Any = GatewayClient(app) if relay else TestClient(TestServer(app))
+        async with lane as client:
             for method, pattern in routes(app):
                 path = concrete(pattern)
                 scope = declared_scope(method, pattern)

@@ -381,11 +381,17 @@ def check_connections_per_client(url: str) -> None:
 # -- the test ------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("relay", [True, False], ids=["relay", "interpreted"])
 def test_keys_and_a_hardened_gateway_with_the_official_clients(
-    tmp_path: Path, blazar_home: Path, models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    blazar_home: Path,
+    models: dict[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    relay: bool,
 ) -> None:
     monkeypatch.delenv("OLLAMA_API_KEY", raising=False)
     serving = {
+        "relay": relay,  # both lanes (issue 30): the relay runs the same access checks
         "cors_origins": ["https://app.example"],
         "allowed_hosts": ["box.lan"],
         "import_roots": [str(tmp_path / "imports")],

@@ -19,6 +19,7 @@ import openai
 import pytest
 
 from blazar.protocols import anthropic as anthropic_protocol
+from tests import gateway_harness
 from tests.gateway_harness import InProcessGateway, one_chunk_of_a_stream
 from tests.loopback import LoopbackHTTP
 
@@ -47,6 +48,13 @@ class StallsMidStream(BaseHTTPRequestHandler):
 
     def log_message(self, *args: Any) -> None:
         pass
+
+
+@pytest.fixture(autouse=True, params=[True, False], ids=["relay", "interpreted"])
+def lane(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Each test on both lanes (issue 30): what the clients see is the same."""
+    monkeypatch.setattr(gateway_harness, "RELAY", request.param)
+    return bool(request.param)
 
 
 @pytest.fixture

@@ -59,11 +59,15 @@ class Clients:
         return httpx.request(method, self.url + path, content=body, headers=headers, timeout=60)
 
 
-@pytest.fixture(scope="module")
-def clients(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clients]:
+@pytest.fixture(scope="module", params=[True, False], ids=["relay", "interpreted"])
+def clients(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Clients]:
+    """Each test on both lanes (issue 30): what the SDKs see is the same."""
     root = tmp_path_factory.mktemp("fidelity")
     tiny = write_tiny_model(root / "tiny.gguf", license=LICENSE)
-    text = "[serving]\nmax_loaded_models = 4\n\n" + ENGINE
+    relay = "true" if request.param else "false"
+    text = f"[serving]\nmax_loaded_models = 4\nrelay = {relay}\n\n" + ENGINE
     text += f'[models.tiny]\nsource = "{tiny.as_uri()}"\nctx = 1024\n\n'
     text += f'[models.tooled]\nsource = "{tiny.as_uri()}"\nctx = 1024\nchat_template = "chatml"\n'
     manifest = root / "blazar.toml"
