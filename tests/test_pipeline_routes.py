@@ -50,8 +50,9 @@ BODIES: dict[str, dict[str, Any]] = {
     "/api/embed": {"model": NOPE, "input": "hi"},
     "/api/embeddings": {"model": NOPE, "prompt": "hi"},
     "/v1/audio/speech": {"model": NOPE, "input": "hi", "voice": "x"},
+    "/v1/images/generations": {"model": NOPE, "prompt": "hi"},
 }
-UPLOADS = ("/v1/audio/transcriptions", "/v1/audio/translations")
+UPLOADS = ("/v1/audio/transcriptions", "/v1/audio/translations", "/v1/images/edits")
 
 
 def _app_routes() -> dict[str, Any]:
@@ -87,12 +88,19 @@ def _post(url: str, path: str, body: bytes, content_type: str, trace: str) -> tu
         return exc.code, json.load(exc)
 
 
-def _form(model: str) -> tuple[bytes, str]:
+def _form(model: str, path: str = "") -> tuple[bytes, str]:
     boundary = "blazarboundary"
+    image = path.startswith("/v1/images/")  # an edit: its picture and its prompt
+    field, filename = ("image", "a.png") if image else ("file", "a.wav")
     parts = [
         f'--{boundary}\r\nContent-Disposition: form-data; name="model"\r\n\r\n{model}\r\n',
-        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n'
-        "Content-Type: audio/wav\r\n\r\nRIFF\r\n",
+        *(
+            [f'--{boundary}\r\nContent-Disposition: form-data; name="prompt"\r\n\r\nhi\r\n']
+            if image
+            else []
+        ),
+        f'--{boundary}\r\nContent-Disposition: form-data; name="{field}"; filename="{filename}"\r\n'
+        "Content-Type: application/octet-stream\r\n\r\nRIFF\r\n",
         f"--{boundary}--\r\n",
     ]
     return "".join(parts).encode(), f"multipart/form-data; boundary={boundary}"
@@ -121,7 +129,7 @@ def test_each_model_route_resolves_through_the_pipeline() -> None:
         for path in [*BODIES, *UPLOADS]:
             trace = uuid.uuid4().hex
             if path in UPLOADS:
-                data, content_type = _form(NOPE)
+                data, content_type = _form(NOPE, path)
             else:
                 data, content_type = json.dumps(BODIES[path]).encode(), "application/json"
             status, body = _post(gateway.url, path, data, content_type, trace)

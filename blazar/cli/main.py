@@ -40,6 +40,7 @@ COMMANDS: dict[str, str] = {
     "drafts": "blazar.cli.tune:drafts",
     "engine": "blazar.cli.engines:engine",
     "fit": "blazar.cli.models:fit",
+    "image": "blazar.cli.image:image",
     "import": "blazar.cli.models:import_",
     "keys": "blazar.cli.keys:keys",
     "launch": "blazar.cli.serve:launch",

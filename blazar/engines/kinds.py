@@ -16,6 +16,7 @@ KINDS = {
     "mistralrs": "mistral.rs: chat and completions from GGUF or safetensors, OpenAI's API only",
     "whisper": "faster-whisper: speech to text",
     "piper": "piper-tts: text to speech",
+    "sdcpp": "stable-diffusion.cpp's sd-server: images from text (and edits), built from source",
 }
 
 # The kinds whose servers speak only OpenAI's API (llama.cpp's speak ollama's shapes through
@@ -24,6 +25,10 @@ OPENAI_ONLY = frozenset({"mistralrs"})
 # The kinds installed from one PyPI package (blazar.engines.audio), and the model kind each
 # serves.
 PACKAGE_KINDS = {"whisper": "transcription", "piper": "speech", "mistralrs": "chat"}
+
+# The kinds built from a source tree with cmake, and the model kind each serves
+# (blazar.engines.sdcpp).
+SOURCE_KINDS = {"sdcpp": "image"}
 
 # Kinds people ask for that Blazar has no lane for, and why.
 NOT_OFFERED = {
@@ -34,8 +39,6 @@ NOT_OFFERED = {
     "source per CPU family, so a lane could not be installed the way the others are",
     "mlx": "MLX (mlx-lm) runs only on Apple silicon under macOS; Blazar's lanes are "
     "installed and tested on Linux",
-    "sdcpp": "stable-diffusion.cpp makes images, and Blazar serves no image-generation API "
-    "(chat, completions, embeddings, speech to text and text to speech only)",
     "exllamav2": "ExLlamaV2 runs only on CUDA GPUs and loads EXL2/GPTQ models, not GGUF",
     "tgi": "Text Generation Inference ships as a CUDA container, not a package a lane can install",
     "ollama": "ollama is a model server with a store of its own, not an engine: "

@@ -19,7 +19,14 @@ from blazar.engines import wheel
 from blazar.engines.base import KIND, InstalledEngine, processes_using
 from blazar.engines.bench import GateVerdict, Workload, bench_engines, gate
 from blazar.engines.catalog import Catalog, Offer, load_catalog
-from blazar.engines.kinds import KINDS, OPENAI_ONLY, PACKAGE_KINDS, canonical_kind, unknown_kind
+from blazar.engines.kinds import (
+    KINDS,
+    OPENAI_ONLY,
+    PACKAGE_KINDS,
+    SOURCE_KINDS,
+    canonical_kind,
+    unknown_kind,
+)
 from blazar.engines.lanes import ACTIVE, FORK, RETIRED, LaneRecord, LaneStore
 from blazar.engines.ledger import BenchResult, EngineRecord, EngineStore
 from blazar.errors import BlazarError, InvalidInput, NotFound
@@ -31,6 +38,12 @@ DEFAULT_GATE = 0.10
 WHY_INACTIVE = " (the gate refused it or it was switched away from)"
 # The speech lanes and the kind of model each serves (blazar.engines.audio).
 AUDIO_LANES = {"whisper": "transcription", "piper": "speech"}
+# What each lane's gate compares, when it is not decode tokens/s.
+GATE_FIGURE = {
+    "whisper": ("speed", "audio s/s"),
+    "piper": ("speed", "audio s/s"),
+    "sdcpp": ("speed", "images/s"),
+}
 Runner = Callable[..., Any]
 SYNTHETIC_MODEL = "tiny (synthetic)"
 
@@ -188,9 +201,7 @@ class Engines:
             return UpdateOutcome(candidate.kind, candidate.tag, False, False, "already active")
         results = self.bench([active, candidate], model=model, workload=workload, note="gate")
         old, new = results
-        what, unit = (
-            ("decode", "tokens/s") if candidate.kind not in AUDIO_LANES else ("speed", "audio s/s")
-        )
+        what, unit = GATE_FIGURE.get(candidate.kind, ("decode", "tokens/s"))
         verdict = gate(old.decode_tps, new.decode_tps, max_drop, what, unit)
         if verdict.accept:
             self.records.activate(candidate.kind, candidate.tag, "update")
@@ -231,6 +242,10 @@ class Engines:
         if kind in PACKAGE_KINDS:
             return self.update_audio(
                 kind, version=version, max_drop=max_drop, model=model, progress=progress
+            )
+        if kind in SOURCE_KINDS:
+            return self.update_sdcpp(
+                version=version, max_drop=max_drop, model=model, progress=progress
             )
         if kind != KIND:
             forks = tuple(lane.lane for lane in self.lanes.all() if lane.origin == FORK)
@@ -286,6 +301,41 @@ class Engines:
         active = self.records.active(kind)
         progress(f"installing {kind} {tag} ({package} {version}) ...")
         candidate = self.install_audio(kind, version)
+        if active:
+            progress(f"benchmarking {active.tag} against {tag} ...")
+        return self.adopt(candidate, max_drop=max_drop, model=model)
+
+    def update_sdcpp(
+        self,
+        *,
+        version: str | None = None,
+        max_drop: float = DEFAULT_GATE,
+        model: str | None = None,
+        progress: Callable[[str], None] = lambda _: None,
+    ) -> UpdateOutcome:
+        """Build sd-server from the stable-diffusion-cpp-python sdist (`version`, default
+        the one checked to vendor the server) beside the lane's engines, behind the lane's
+        gate (images per second at 64x64, 1 step). $BLAZAR_SDCPP_BUILT names an engines
+        directory holding that build already (the tests' cache): it is copied, not built."""
+        import os
+
+        from blazar.engines import sdcpp
+
+        version = version or sdcpp.PINNED
+        tag = sdcpp.engine_tag(version)
+        if (held := self._held(sdcpp.KIND, tag)) is not None:
+            return held
+        active = self.records.active(sdcpp.KIND)
+        built = os.environ.get("BLAZAR_SDCPP_BUILT")
+        progress(f"installing {sdcpp.KIND} {tag} ({sdcpp.PACKAGE} {version}) ...")
+        installed = sdcpp.install_sdcpp(
+            self.paths.engines,
+            self.paths.cache / "src",
+            version,
+            built_root=Path(built) if built else None,
+            log=progress,
+        )
+        candidate = self.records.add(installed)
         if active:
             progress(f"benchmarking {active.tag} against {tag} ...")
         return self.adopt(candidate, max_drop=max_drop, model=model)
@@ -395,7 +445,7 @@ class Engines:
     def bench_model(self, name: str | None, lane: str = KIND) -> BenchModel:
         """The named model, else the smallest model in the store that `lane` can load, else a
         synthetic tiny one."""
-        serves = AUDIO_LANES.get(lane, "chat")
+        serves = {**AUDIO_LANES, **SOURCE_KINDS}.get(lane, "chat")
         if name:
             record = self.store.get_model(parse_name(name))
             if record.kind != serves:
@@ -407,6 +457,8 @@ class Engines:
         models = sorted(
             (m for m in self.store.list_models() if m.kind == serves), key=lambda r: r.size
         )
+        if lane in SOURCE_KINDS:
+            return models_or_tiny_image(models, self.paths.cache / "bench" / "tiny-image")
         if lane in AUDIO_LANES:
             if not models:
                 pull = "blazar whisper --pull base" if lane == "whisper" else "blazar tts --pull"
@@ -449,6 +501,15 @@ class Engines:
         for engine in engines:
             self._check_present(engine)
         chosen = self.bench_model(model, engines[0].kind if engines else KIND)
+        if engines and engines[0].kind in SOURCE_KINDS:
+            from blazar.engines.sd_bench import bench_sd
+
+            found = bench_sd(
+                engines, chosen.path, chosen.name, chosen.sha256, self.paths.logs, note=note
+            )
+            for result in found:
+                self.records.record_bench(result)
+            return found
         if engines and engines[0].kind in AUDIO_LANES:
             from blazar.engines.audio_bench import bench_audio
 
@@ -472,3 +533,18 @@ class Engines:
         for result in results:
             self.records.record_bench(result)
         return results
+
+
+def models_or_tiny_image(models: Sequence[Any], directory: Path) -> BenchModel:
+    """The smallest image model held, else the tests' tiny one written into `directory`
+    (`blazar.testing.tiny_sd`: 28 MB, a few seconds an image on two cores)."""
+    if models:
+        return BenchModel(models[0].ref.short, Path(models[0].path), models[0].sha256)
+    from blazar.models.filesets import set_digest
+    from blazar.models.hashing import sha256_file
+    from blazar.testing.tiny_sd import PARTS, write_tiny_image_model
+
+    if not all((directory / part).is_file() for part in PARTS):
+        write_tiny_image_model(directory)
+    digest = set_digest({part: sha256_file(directory / part)[0] for part in PARTS})
+    return BenchModel("tiny image (synthetic)", directory, digest)

@@ -22,13 +22,19 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 SET_SUFFIX = ".set"
-TRANSCRIPTION, SPEECH, CHAT = "transcription", "speech", "chat"
+TRANSCRIPTION, SPEECH, CHAT, IMAGE = "transcription", "speech", "chat", "image"
 # What each kind is, in words, for the errors that say a source holds something else.
 DESCRIBED = {
     CHAT: "a GGUF model, or a safetensors model (config.json, *.safetensors, tokenizer.json)",
     TRANSCRIPTION: "a faster-whisper model (config.json, model.bin, tokenizer.json)",
     SPEECH: "a piper voice (NAME.onnx and NAME.onnx.json)",
+    IMAGE: "a stable-diffusion.cpp model: one checkpoint, or files named for their parts "
+    "(model.*, diffusion_model.*, vae.*, taesd.*, clip_l.*, clip_g.*, t5xxl.*, llm.*)",
 }
+# An image model's parts: the file stems the sdcpp launcher maps onto sd-server's flags
+# (blazar/engines/launchers/sd_launcher.py PARTS), and the weights' suffixes it reads.
+IMAGE_PARTS = ("model", "diffusion_model", "vae", "taesd", "clip_l", "clip_g", "t5xxl", "llm")
+IMAGE_WEIGHTS = (".gguf", ".safetensors", ".ckpt", ".pt", ".pth", ".bin")
 
 
 def set_digest(hashes: Mapping[str, str]) -> str:
@@ -97,15 +103,30 @@ def safetensors_facts(directory: Path) -> dict[str, object]:
     return facts
 
 
+def is_image_set(names: Iterable[str]) -> bool:
+    """Weights files at the top of the set, either one checkpoint or files named for their
+    parts with a whole model or a diffusion model among them."""
+    names = list(names)
+    if not names or any("/" in n or not n.endswith(IMAGE_WEIGHTS) for n in names):
+        return False
+    stems = {n.split(".", 1)[0] for n in names}
+    if len(names) == 1:
+        return True
+    return stems <= set(IMAGE_PARTS) and bool(stems & {"model", "diffusion_model"})
+
+
 def kind_of(names: Iterable[str]) -> str | None:
-    """transcription, speech, chat (one GGUF, or a safetensors model), or None for files
-    that make none of them."""
+    """transcription, speech, chat (one GGUF, or a safetensors model), image (files named
+    for their parts; one checkpoint is an image model only when declared one:
+    `is_image_set`), or None for files that make none of them."""
     names = list(names)
     base = {name.rsplit("/", 1)[-1] for name in names}
     if len(base) == 1 and next(iter(base)).endswith(".gguf"):
         return CHAT
     if is_safetensors_model(names):
         return CHAT
+    if len(names) > 1 and is_image_set(names):
+        return IMAGE
     vocabulary = any(n.startswith("vocabulary.") for n in base) or "tokenizer.json" in base
     if {"model.bin", "config.json"} <= base and vocabulary:
         return TRANSCRIPTION

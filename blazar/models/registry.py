@@ -21,7 +21,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from blazar.errors import AlreadyExists, InvalidInput, VerificationFailed
-from blazar.models.filesets import DESCRIBED, SET_SUFFIX, kind_of, safetensors_facts, set_digest
+from blazar.models.filesets import (
+    DESCRIBED,
+    IMAGE,
+    SET_SUFFIX,
+    is_image_set,
+    kind_of,
+    safetensors_facts,
+    set_digest,
+)
 from blazar.models.hashing import sha256_file
 from blazar.paths import Paths
 from blazar.store.db import LoraRecord, ModelRecord, Store
@@ -198,7 +206,7 @@ class Registry:
 
         The files are linked (or copied) into `blobs/sha256-<digest>.set/`, each verified,
         and the directory is renamed into place only when all are."""
-        found = kind_of(names)
+        found = IMAGE if kind == IMAGE and is_image_set(names) else kind_of(names)
         if found != kind:
             what = DESCRIBED.get(found or "", "none of the model kinds Blazar serves")
             raise InvalidInput(

@@ -91,7 +91,7 @@ def fetch(
     resolved = resolve_registry(parsed.name) if isinstance(parsed, RegistrySource) else parsed
     _check_sha256(sha256)
     if isinstance(resolved, FileSource):
-        return _fetch_file(resolved, sha256)
+        return _fetch_file(resolved, sha256, kind)
     if isinstance(resolved, HttpsSource):
         return _fetch_https(resolved, sha256, downloads, progress)
     if isinstance(resolved, OllamaSource):
@@ -140,12 +140,14 @@ def _require_sha256(source: HttpsSource, sha256: str | None) -> str:
     return sha256.lower()
 
 
-def _fetch_file(source: FileSource, sha256: str | None) -> Fetched:
+def _fetch_file(source: FileSource, sha256: str | None, kind: str = "chat") -> Fetched:
     path = Path(source.path)
     if not path.exists():
         raise FetchError(f"no such file: {path} (the source {source}); check the path")
     if path.is_dir() and is_safetensors_model(p.name for p in path.iterdir()):
         return _fetch_directory(path, sha256)
+    if kind == "image":  # a checkpoint, or a directory of parts (blazar.models.filesets)
+        return _fetch_image(path, sha256)
     if not path.is_file():
         raise FetchError(
             f"{path} is not a file; give the path of a .gguf file (or of a directory holding "
@@ -203,3 +205,27 @@ def _fetch_https(
         dest.unlink(missing_ok=True)
         raise
     return Fetched([dest], expected, dest.stat().st_size, True, {"url": source.url})
+
+
+def _fetch_image(path: Path, sha256: str | None) -> Fetched:
+    """A local image model: one checkpoint file, or a directory's weights files named for
+    their parts; each hashed, and the set's digest (what `sha256` names for a set)."""
+    from blazar.models.filesets import DESCRIBED, IMAGE, IMAGE_WEIGHTS, is_image_set, set_digest
+    from blazar.models.hashing import sha256_file
+
+    if path.is_file():
+        files = [path]
+    else:
+        files = sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(IMAGE_WEIGHTS))
+    names = [f.name for f in files]
+    if not is_image_set(names):
+        raise FetchError(f"{path} holds no image model: an image model is {DESCRIBED[IMAGE]}")
+    hashes = {f.name: sha256_file(f)[0] for f in files}
+    digest = set_digest(hashes)
+    if sha256 is not None and digest != sha256.lower():
+        raise VerificationFailed(
+            f"{path}: its files' digest (the sha256 of their sha256sum listing) is {digest}, "
+            f"not the {sha256.lower()} expected; nothing was kept"
+        )
+    size = sum(f.stat().st_size for f in files)
+    return Fetched(files, digest, size, False, {"path": str(path)}, tuple(names), hashes)

@@ -1,7 +1,8 @@
 // Playground: chat with any served model (and `model+adapter` variants) through
 // /v1/chat/completions, streamed, with the engine's timings (and speculative decoding's
 // draft counts when the engine reports them); speech: upload or record a clip to
-// transcribe (/v1/audio/transcriptions), type text to speak (/v1/audio/speech).
+// transcribe (/v1/audio/transcriptions), type text to speak (/v1/audio/speech); images:
+// a prompt, a size, steps and a seed to draw with an image model (/v1/images/generations).
 
 import { call, events } from "./api.js";
 import { el, clear, ms } from "./util.js";
@@ -9,7 +10,7 @@ import { el, clear, ms } from "./util.js";
 export const id = "playground";
 export const title = "Playground";
 
-let root, ctx, chatModel, speechModels, log, input, system, maxTokens, sendButton, timings;
+let root, ctx, chatModel, speechModels, imageModels, log, input, system, maxTokens, sendButton, timings;
 let history = [];
 let controller = null;
 
@@ -34,7 +35,8 @@ export function mount(node, context) {
     el("div", { class: "row" }, sendButton,
       el("button", { class: "small", text: "stop", onclick: () => controller && controller.abort() }), timings));
   speechModels = el("div", { class: "card speech" });
-  root.append(el("h2", { text: "Playground" }), chat, speechModels);
+  imageModels = el("div", { class: "card images", id: "image-card" });
+  root.append(el("h2", { text: "Playground" }), chat, speechModels, imageModels);
   ctx.on("models", fill);
   fill();
 }
@@ -51,6 +53,7 @@ function fill() {
     if (names.includes(current)) chatModel.value = current;
   }
   speech(models);
+  images(models);
 }
 
 function bubble(role, text = "") {
@@ -188,4 +191,51 @@ function speaker(names) {
   };
   return el("div", { class: "row wrap" }, el("b", { text: "Speak " }), model, text,
     el("button", { class: "small", text: "speak", onclick: speak }), audio);
+}
+
+// -- images --------------------------------------------------------------------------------
+
+function images(models) {
+  const names = models.filter((m) => m.kind === "image").map((m) => m.name);
+  const key = names.join(",");
+  if (imageModels.dataset.key === key) return;
+  imageModels.dataset.key = key;
+  clear(imageModels).append(el("h3", { text: "Images" }));
+  if (!names.length) {
+    imageModels.append(el("p", { class: "empty", text: "No image model is served (docs/engines.md, the sdcpp lane, declares one)." }));
+    return;
+  }
+  imageModels.append(painter(names));
+}
+
+function painter(names) {
+  const model = el("select", { id: "image-model", "aria-label": "image model" }, options(names));
+  const prompt = el("input", { id: "image-prompt", type: "text", placeholder: "a picture of…", "aria-label": "image prompt" });
+  const size = el("select", { id: "image-size", "aria-label": "size" },
+    options(["64x64", "128x128", "256x256", "512x512", "768x768", "1024x1024"]));
+  size.value = "256x256";
+  const steps = el("input", { id: "image-steps", type: "number", min: 1, value: "4", "aria-label": "steps" });
+  const seed = el("input", { id: "image-seed", type: "number", min: 0, placeholder: "random", "aria-label": "seed" });
+  const picture = el("img", { id: "image-result", alt: "" });
+  const status = el("span", { class: "timings", id: "image-status" });
+  const draw = async () => {
+    if (!prompt.value.trim()) return;
+    const body = { model: model.value, prompt: prompt.value, size: size.value, steps: Number(steps.value) || undefined };
+    if (seed.value !== "") body.seed = Number(seed.value);
+    status.textContent = "drawing…";
+    const started = performance.now();
+    try {
+      const resp = await call("POST", "/v1/images/generations", { json: body });
+      const answer = await resp.json();
+      picture.src = `data:image/png;base64,${answer.data[0].b64_json}`;
+      picture.alt = prompt.value;
+      status.textContent = `${size.value}, ${body.steps || "default"} steps in ${ms(performance.now() - started)}`;
+    } catch (error) { status.textContent = ""; ctx.toast(error.message, "error"); }
+  };
+  prompt.addEventListener("keydown", (event) => { if (event.key === "Enter") draw(); });
+  return el("div", {},
+    el("div", { class: "row wrap" }, el("b", { text: "Draw " }), model, prompt,
+      el("label", {}, "size ", size), el("label", {}, "steps ", steps), el("label", {}, "seed ", seed),
+      el("button", { class: "small", id: "image-draw", text: "draw", onclick: draw }), status),
+    picture);
 }

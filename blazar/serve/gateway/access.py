@@ -82,6 +82,11 @@ SCOPES: dict[tuple[str, str], str] = {
     ("GET", "/v1/audio/jobs/{id}"): INFERENCE,
     ("POST", "/v1/audio/jobs/{id}/cancel"): INFERENCE,
     ("POST", "/v1/audio/jobs/{id}/retry"): INFERENCE,
+    ("POST", "/v1/images/generations"): INFERENCE,
+    ("POST", "/v1/images/edits"): INFERENCE,  # multipart: pictures within the body cap
+    ("GET", "/v1/images/jobs"): INFERENCE,  # a key sees only its own jobs
+    ("GET", "/v1/images/jobs/{id}"): INFERENCE,
+    ("POST", "/v1/images/jobs/{id}/cancel"): INFERENCE,
     ("GET", "/v1/realtime"): INFERENCE,  # a WebSocket: OpenAI's Realtime protocol
     # Anthropic
     ("POST", "/v1/messages"): INFERENCE,

@@ -34,6 +34,7 @@ from blazar.serve.routes import (
     blazar_api,
     cache_api,
     fleet_api,
+    images_api,
     keys_api,
     mcp_api,
     observe_api,
@@ -158,6 +159,7 @@ def build_app(services: Services, access: Access | None = None) -> web.Applicati
     sessions_api.register(app, services)
     keys_api.register(app, services)
     audio_api.register(app, services)
+    images_api.register(app, services)
     realtime_api.register(app, services)
     fleet_api.register(app, services)
     ui_api.register(app, services)

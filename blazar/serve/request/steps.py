@@ -50,11 +50,13 @@ from specs.sources import InvalidSource
 CHAT, EMBEDDINGS, ANY, RERANK = "chat", "embeddings", "any", "rerank"
 TOOLS, THINKING = "tools", "thinking"  # what a chat template may or may not render
 TRANSCRIPTION, SPEECH = "transcription", "speech"  # the audio routes' kinds of model
+IMAGE = "image"  # the images routes' kind of model (an sdcpp lane)
 # Where each kind of model is served, for the 400 a request of another kind gets.
 SERVED_ON = {
     "chat": "/v1/chat/completions, /v1/completions, /api/chat, /v1/messages",
     TRANSCRIPTION: "/v1/audio/transcriptions or /v1/audio/translations",
     SPEECH: "/v1/audio/speech",
+    IMAGE: "/v1/images/generations or /v1/images/edits",
 }
 KINDS = {
     CHAT: "chat",
@@ -65,6 +67,7 @@ KINDS = {
     THINKING: "chat",
     TRANSCRIPTION: TRANSCRIPTION,
     SPEECH: SPEECH,
+    IMAGE: IMAGE,
 }
 KEEP_ALIVE = "x-blazar-keep-alive"
 
@@ -175,6 +178,7 @@ def check_kind(runtime: ModelRuntime, kind: str) -> None:
         "chat": "a chat model",
         TRANSCRIPTION: "a transcription (speech to text) model",
         SPEECH: "a speech (text to speech) voice",
+        IMAGE: "an image generation model",
     }
     raise ProtocolError(
         400,

@@ -69,6 +69,8 @@ TRACED = {
     "/v1/audio/transcriptions": "openai",
     "/v1/audio/translations": "openai",
     "/v1/audio/speech": "openai",
+    "/v1/images/generations": "openai",
+    "/v1/images/edits": "openai",
 }
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 RING = 2000  # traces kept in memory

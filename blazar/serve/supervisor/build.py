@@ -131,7 +131,7 @@ def decode_by_lane(
 
 
 # The lane each kind of speech model runs on by default, and the command that installs it.
-SPEECH_LANES = {"transcription": "whisper", "speech": "piper"}
+SPEECH_LANES = {"transcription": "whisper", "speech": "piper", "image": "sdcpp"}
 
 
 def audio_runtime(
@@ -155,7 +155,7 @@ def audio_runtime(
             f"`blazar engine update --kind {lane}` (or declare [engines.{lane}] kind = "
             f"'{lane}' and apply), then retry"
         )
-    return ModelRuntime(
+    built = ModelRuntime(
         name=name,
         path=record.path,
         ctx=0,
@@ -171,7 +171,20 @@ def audio_runtime(
         engine_lane=lane if engine else "",
         refusal=refusal,
         kind=kind if model is None or model.kind == kind else model.kind,
+        image_caps=image_caps(model),
     )
+    if kind == "image":  # sd-server draws one picture at a time: more slots would queue there
+        built = replace(built, slots=1)
+    return built
+
+
+def image_caps(model: Model | None) -> tuple[int, int, int]:
+    """An image model's largest width, height and step count (the manifest's caps, else
+    the fields' defaults)."""
+    if model is None:
+        return (1024, 1024, 50)
+    width, height = model.image_max_size.split("x")
+    return (int(width), int(height), model.image_max_steps)
 
 
 def audio_args(model: Model | None, kind: str) -> tuple[str, ...]:

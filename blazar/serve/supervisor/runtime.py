@@ -88,7 +88,9 @@ class ModelRuntime:
     # why that lane (reconcilers.routing.Route.why), for `ps --json`: not a reason to reload
     engine_route: str = field(default="", compare=False)
     refusal: str | None = None  # no engine supports it: what its requests are told (400)
-    kind: str = "chat"  # chat | transcription (a whisper lane) | speech (a piper lane)
+    kind: str = "chat"  # chat | transcription (whisper) | speech (piper) | image (sdcpp)
+    # An image model's caps (image_max_size, image_max_steps): width, height, steps.
+    image_caps: tuple[int, int, int] = (1024, 1024, 50)
     tuning: Tuning = field(default_factory=Tuning)  # speculative decoding, profile (tune.md)
     projector: str | None = None  # the vision projector's path (--mmproj): it reads images
 

@@ -1,0 +1,191 @@
+"""Images end to end: a real `blazar serve` with the sdcpp lane (sd-server from the test
+cache, installed by `blazar engine install --kind sdcpp`), the tests' tiny image model
+(`blazar.testing.tiny_sd`, declared `kind = "image"` from a file:// directory) and the
+official `openai` client.
+
+One serve process is shared by the module. What a user notices is checked: a PNG of the
+asked size comes back on each route, the same seed gives the same bytes and another seed
+others, a request over a cap is refused naming the cap before any work (no child is
+started for it), `response_format=url` says Blazar returns base64, an async job is polled
+to its pictures, and a cancelled job stops the child's work (the sd-server that was
+drawing is gone, a fresh one answers).
+
+Figures here: a 64x64 one-step picture takes about 3 s on two quiet cores (nearly all
+of it the tiny model's text encoder over its 512 padded tokens) and 10 to 15 s on the
+same cores shared with other test runs, so the tests that draw are `slow` (opt-in:
+BLAZAR_SLOW=1); the default suite keeps the lane's start, health and refusals here and
+two drawing tests on the launcher itself (tests/test_sdcpp.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import struct
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from blazar.testing.tiny_sd import write_tiny_image_model
+from tests.conftest import run_blazar
+from tests.serving import Served, processes_mentioning
+from tests.test_sdcpp import cached_build
+
+FAST = {"steps": 1, "cfg_scale": 1.0}
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", data[:16]
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    built = cached_build()
+    root = tmp_path_factory.mktemp("images")
+    model = write_tiny_image_model(root / "tiny-image")
+    home = root / "home"
+    manifest = root / "manifest" / "blazar.toml"
+    manifest.parent.mkdir()
+    manifest.write_text(
+        f"""[models.tiny-image]
+kind = "image"
+source = "{model.as_uri()}"
+image_max_size = "128x128"
+image_max_steps = 600
+"""
+    )
+    env = {"BLAZAR_HOME": str(home), "BLAZAR_SDCPP_BUILT": str(built)}
+    done = run_blazar("engine", "install", "--kind", "sdcpp", env=env)
+    assert done.returncode == 0 and "is now active" in done.stdout, done.stdout + done.stderr
+    with Served(manifest, home, env=env) as serve:
+        yield serve
+
+
+@pytest.fixture
+def client(served: Served) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{served.url}/v1", api_key="none", max_retries=0)
+
+
+def picture(client: openai.OpenAI, seed: int, size: str = "64x64") -> bytes:
+    reply = client.images.generate(
+        model="tiny-image",
+        prompt="a lighthouse",
+        size=size,  # type: ignore[arg-type]
+        response_format="b64_json",
+        extra_body={**FAST, "seed": seed},
+    )
+    assert reply.data and reply.data[0].b64_json
+    return base64.b64decode(reply.data[0].b64_json)
+
+
+def sd_servers(served: Served) -> list[int]:
+    return [p for p in processes_mentioning("sd-server") if str(served.home) in cmdline(p)]
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def refused(served: Served, body: dict[str, Any], path: str = "/v1/images/generations") -> Any:
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        served.post(path, body)
+    assert caught.value.code == 400
+    return json.loads(caught.value.read())["error"]["message"]
+
+
+def test_refusals_come_before_any_work(served: Served) -> None:
+    base = {"model": "tiny-image", "prompt": "a lighthouse"}
+    assert "image_max_size" in refused(served, {**base, "size": "256x64"})
+    assert "128x128" in refused(served, {**base, "size": "64x256"})
+    assert "image_max_steps" in refused(served, {**base, "size": "64x64", "steps": 601})
+    said = refused(served, {**base, "response_format": "url"})
+    assert "b64_json" in said and "base64" in said
+    assert "sampler" in refused(served, {**base, "sampler": "nope"})
+    chat = {"model": "tiny-image", "messages": [{"role": "user", "content": "hi"}]}
+    said = refused(served, chat, "/v1/chat/completions")
+    assert "image generation model" in said and "/v1/images/generations" in said
+    assert sd_servers(served) == []  # nothing was started for any of them
+    assert served.ps() == []
+
+
+@pytest.mark.slow  # pictures: about 3 s each on quiet cores, 15 s on busy ones
+def test_generations_give_pngs_of_the_asked_size_and_the_seed_decides(
+    client: openai.OpenAI,
+) -> None:
+    first = picture(client, seed=1, size="64x48")
+    assert png_size(first) == (64, 48)
+    assert picture(client, seed=1, size="64x48") == first
+    assert picture(client, seed=2, size="64x48") != first
+
+
+@pytest.mark.slow  # pictures: about 3 s each on quiet cores, 15 s on busy ones
+def test_edits_take_a_picture_and_give_one_of_the_asked_size(client: openai.OpenAI) -> None:
+    source = picture(client, seed=5)
+    reply = client.images.edit(
+        model="tiny-image",
+        image=("in.png", io.BytesIO(source), "image/png"),
+        prompt="the same lighthouse at night",
+        size="64x64",  # type: ignore[arg-type]
+        response_format="b64_json",
+        extra_body={**FAST, "seed": 5},
+    )
+    assert reply.data and reply.data[0].b64_json
+    assert png_size(base64.b64decode(reply.data[0].b64_json)) == (64, 64)
+
+
+def wait_for(served: Served, job: str, status: tuple[str, ...], seconds: float = 60) -> Any:
+    deadline = time.monotonic() + seconds
+    found: Any = None
+    while time.monotonic() < deadline:
+        found = served.get(f"/v1/images/jobs/{job}")
+        if found["status"] in status:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"job {job} did not get to {status}: {found}")
+
+
+@pytest.mark.slow  # pictures: about 3 s each on quiet cores, 15 s on busy ones
+def test_an_async_job_is_polled_to_its_pictures(served: Served) -> None:
+    body = {"model": "tiny-image", "prompt": "a lighthouse", "size": "64x64", **FAST}
+    job = served.post("/v1/images/generations", {**body, "seed": 9, "async": True})
+    assert job["status"] in ("queued", "running") and job["id"].startswith("imgjob_")
+    done = wait_for(served, job["id"], ("succeeded", "failed"))
+    assert done["status"] == "succeeded", done
+    data = base64.b64decode(done["result"]["data"][0]["b64_json"])
+    assert png_size(data) == (64, 64)
+    listed = served.get("/v1/images/jobs")["data"]
+    assert job["id"] in [j["id"] for j in listed]
+
+
+@pytest.mark.slow  # pictures: about 3 s each on quiet cores, 15 s on busy ones
+def test_a_cancelled_job_stops_the_childs_work(served: Served) -> None:
+    body = {"model": "tiny-image", "prompt": "a lighthouse", "size": "64x64", "steps": 500}
+    job = served.post("/v1/images/generations", {**body, "cfg_scale": 1.0, "async": True})
+    wait_for(served, job["id"], ("running",))
+    time.sleep(4)  # past the prompt's encoding (about 3 s), into the 500 steps
+    drawing = sd_servers(served)
+    assert len(drawing) == 1
+    cancelled = served.post(f"/v1/images/jobs/{job['id']}/cancel", {})
+    assert cancelled["status"] == "cancelled"
+    assert wait_for(served, job["id"], ("cancelled",))["status"] == "cancelled"
+    deadline = time.monotonic() + 10
+    while drawing[0] in sd_servers(served) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert drawing[0] not in sd_servers(served)  # the sd-server that was drawing is gone
+    with pytest.raises(urllib.error.HTTPError) as again:
+        served.post(f"/v1/images/jobs/{job['id']}/cancel", {})
+    assert again.value.code == 409
+    client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="none", max_retries=0)
+    assert png_size(picture(client, seed=1)) == (64, 64)  # and the child works again
