@@ -15,6 +15,7 @@ reads the model.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -144,3 +145,5 @@ def test_a_pegged_models_reload_reads_no_disk(
         assert read["other"] >= size * 0.5, read  # un-pegged: its file came from disk
         assert read["tiny"] < size * 0.1, read  # pegged: no disk
         assert {r["model"]: r["pegged"] for r in served.ps()}["tiny"] == pegged.stat().st_size
+        table = blazar("ps", "--url", served.url).output  # footprint, source, device, peg
+        assert re.search(r"[\d.]+ (KB|MB) measured, cpu:0, pegged [\d.]+ KB", table), table

@@ -218,14 +218,29 @@ def _remaining(value: float | None) -> str:
     return f"{value:.0f}s" if value < 120 else f"{value / 60:.0f}m"
 
 
+def _memory(row: dict[str, Any]) -> str | None:
+    """A row's footprint, where it is measured or estimated from, and its devices:
+    `117.5 MiB measured, cpu:0`; the warm peg's bytes when it has one."""
+    if not row.get("footprint"):
+        return None
+    text = f"{human_bytes(row['footprint'])} {row.get('footprint_source') or ''}".strip()
+    if row.get("devices"):
+        text += f", {'+'.join(row['devices'])}"
+    if row.get("pegged"):
+        text += f", pegged {human_bytes(row['pegged'])}"
+    return text
+
+
 @click.command("ps")
 @URL_OPTION
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per instance.")
 @pass_context
 def ps(ctx: Context, url: str | None, as_json: bool) -> None:
     """The running instances: model, replica, engine lane and tag, pid, port, slots, load,
-    speculative decoding mode and the fields the model's profile set (`blazar tune`);
-    and the models served from remotes (lane `remote NAME`, state its health)."""
+    memory (the footprint, measured or estimated, and its devices), speculative decoding
+    mode and the fields the model's profile set (`blazar tune`); the models served from
+    remotes (lane `remote NAME`, state its health); and the warm pegs (models.NAME.warm_peg:
+    unloaded models whose files are held in memory) with their bytes."""
     answer = call(daemon_url(ctx.paths, url), "/api/blazar/ps")
     rows, pegged = answer["instances"], answer.get("pegs") or {}
     if as_json:
@@ -259,6 +274,7 @@ def ps(ctx: Context, url: str | None, as_json: bool) -> None:
         "IN FLIGHT",
         "KEEP ALIVE",
         "STATE",
+        "MEMORY",
         "SPEC",
         "PROFILE",
     ]
@@ -281,6 +297,7 @@ def ps(ctx: Context, url: str | None, as_json: bool) -> None:
                     r["in_flight"],
                     "-" if r.get("remote") else _remaining(r["keep_alive_remaining"]),
                     r["state"],
+                    _memory(r),
                     r.get("spec"),
                     ",".join(r.get("profile") or []) or None,  # fields `blazar tune` set
                 ]
