@@ -22,10 +22,12 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 import struct
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -189,3 +191,60 @@ def test_a_cancelled_job_stops_the_childs_work(served: Served) -> None:
     assert again.value.code == 409
     client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="none", max_retries=0)
     assert png_size(picture(client, seed=1)) == (64, 64)  # and the child works again
+
+
+@pytest.mark.slow  # two pictures, one through the daemon and one on a child of its own
+def test_blazar_image_writes_the_png_through_the_daemon_and_locally(
+    served: Served, tmp_path: Path
+) -> None:
+    env = {"BLAZAR_HOME": str(served.home)}
+    args = ["--model", "tiny-image", "--size", "64x48", "--steps", "1", "--cfg-scale", "1"]
+    daemon = run_blazar(
+        "image",
+        "a lighthouse",
+        "-o",
+        str(tmp_path / "a.png"),
+        *args,
+        "--seed",
+        "4",
+        "--url",
+        served.url,
+        env=env,
+    )
+    assert daemon.returncode == 0, daemon.stderr
+    assert "wrote" in daemon.stderr and png_size((tmp_path / "a.png").read_bytes()) == (64, 48)
+    local = run_blazar(
+        "image",
+        "a lighthouse",
+        "-o",
+        str(tmp_path / "b.png"),
+        *args,
+        "--seed",
+        "4",
+        "--local",
+        env=env,
+    )
+    assert local.returncode == 0, local.stderr
+    assert (tmp_path / "b.png").read_bytes() == (tmp_path / "a.png").read_bytes()  # same seed
+    out = str(tmp_path / "c.png")
+    refused = run_blazar(
+        "image", "x", "-o", out, *args[:2], "--size", "512x512", "--url", served.url, env=env
+    )
+    assert refused.returncode == 1 and "image_max_size" in refused.stderr
+    assert not (tmp_path / "c.png").exists()
+
+
+@pytest.mark.slow  # one picture
+def test_a_picture_is_traced_and_metered(served: Served) -> None:
+    trace = uuid.uuid4().hex
+    body = {"model": "tiny-image", "prompt": "a lighthouse", "size": "64x64", **FAST, "seed": 3}
+    served.post("/v1/images/generations", body, headers={"x-request-id": trace})
+    record = served.get(f"/api/why/{trace}")
+    assert record["model"] == "tiny-image" and record["status"] == 200
+    assert record["image"]["images"] == 1 and record["image"]["steps"] == 1
+    assert record["image"]["seconds"] > 0 and record["image"]["seconds_per_step"] > 0
+    assert record["sentinels"] == []  # a picture is not an empty text answer
+    with urllib.request.urlopen(served.url + "/metrics", timeout=30) as resp:
+        metrics = resp.read().decode()
+    assert re.search(r'^blazar_images_total\{model="tiny-image"\} [1-9]', metrics, re.M)
+    assert 'blazar_image_generation_seconds_total{model="tiny-image"}' in metrics

@@ -190,6 +190,15 @@ class Metrics:
         self.generated_tokens = counter(
             "blazar_generated_tokens_total", "Tokens generated.", ["model"]
         )
+        self.images = counter(
+            "blazar_images_total", "Pictures drawn by image models (/v1/images/*).", ["model"]
+        )
+        self.image_seconds = counter(
+            "blazar_image_generation_seconds_total",
+            "Seconds image models spent drawing (divide by blazar_images_total for seconds "
+            "per picture).",
+            ["model"],
+        )
         self.loads = counter(
             "blazar_model_loads_total", "Instances started (a load, or a restart).", ["model"]
         )
@@ -258,6 +267,10 @@ class Metrics:
                 self.cached_tokens(model).inc(out.cached_tokens)
             if out.generated_tokens:
                 self.generated_tokens(model).inc(out.generated_tokens)
+            if out.images:
+                self.images(model).inc(out.images)
+                if out.predicted_ms:
+                    self.image_seconds(model).inc(out.predicted_ms / 1000)
         for detection in result.detections or ():
             self.sentinels(model, detection.check).inc()
         if busted:

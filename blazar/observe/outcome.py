@@ -38,6 +38,8 @@ class Outcome:
     draft_tokens: int | None = None  # speculative decoding: tokens drafted (timings.draft_n)
     draft_accepted: int | None = None  # and of those, accepted (timings.draft_n_accepted)
     complete: bool = True  # False when the text was not kept whole (a very long stream)
+    images: int | None = None  # pictures drawn (/v1/images/*: not text)
+    image: dict[str, Any] | None = None  # and how: images, seconds, steps, seconds_per_step
 
     @property
     def truncated(self) -> bool:
@@ -144,6 +146,13 @@ def from_response(path: str, payload: Any) -> Outcome:
         out.finish = "limit" if body.get("stop_type") == "limit" else body.get("stop_type")
         out.prompt_tokens = _int(body.get("tokens_evaluated"))
         out.generated_tokens = _int(body.get("tokens_predicted"))  # cached: `NOT_CACHED`
+    elif path.startswith("/v1/images/"):  # pictures, not text: the gateway's summary
+        out.images = _int(body.get("images"))
+        keys = ("images", "seconds", "steps", "seconds_per_step")
+        out.image = {k: body.get(k) for k in keys}
+        seconds = _float(body.get("seconds"))
+        out.predicted_ms = seconds * 1000 if seconds is not None else None
+        return out
     elif "embeddings" in path or path.endswith("/rerank"):  # scores, not text
         read_usage(out, body.get("usage"))
         return out

@@ -389,6 +389,7 @@ class Trace:
             "draft_tokens": out.draft_tokens if out else None,
             "draft_accepted": out.draft_accepted if out else None,
             "finish_reason": out.finish if out else None,
+            "image": out.image if out else None,
             "status": result.status,
             "error": result.error,
             "code": result.code,

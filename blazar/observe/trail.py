@@ -87,6 +87,11 @@ def render(record: dict[str, Any]) -> list[str]:
             f"{r.get('generated_tokens') if r.get('generated_tokens') is not None else '-'} "
             f"tokens{rate_text}, finish {r.get('finish_reason') or '-'}"
         )
+    drawn = r.get("image")
+    if drawn:
+        steps, per = drawn.get("steps"), drawn.get("seconds_per_step")
+        how = f" in {steps} steps, {per:.3f} s a step" if steps and per is not None else ""
+        step(f"drew {drawn.get('images')} picture(s) in {drawn.get('seconds')} s{how}")
     if r.get("spec") is not None:
         step(_speculation(r))
     for n, rounds in enumerate(r.get("tool_rounds") or [], 1):
