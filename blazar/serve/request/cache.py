@@ -347,7 +347,9 @@ class _Bucket:
         snapshot = self.matrix[:n].copy()
 
         def build() -> None:
-            index = Index(ndim=snapshot.shape[1], metric="ip", dtype="f16")
+            # A wider search than usearch's default (64): a candidate it misses is a miss,
+            # never a wrong hit (candidates are rescored exactly), but a miss all the same.
+            index = Index(ndim=snapshot.shape[1], metric="ip", dtype="f16", expansion_search=128)
             live = np.flatnonzero(snapshot.any(axis=1))  # removed rows are zeroed
             if live.size:
                 index.add(live.astype(np.uint64), snapshot[live], threads=1)
