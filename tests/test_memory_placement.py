@@ -423,3 +423,18 @@ def test_the_manifests_devices_place_the_model_and_reach_its_child() -> None:
         await s.close()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("shares", "size", "expected"),
+    [
+        ((("cpu:0", 100),), 150, (("cpu:0", 150),)),  # measured above the estimate
+        ((("gpu:0", 300), ("gpu:1", 100)), 200, (("gpu:0", 150), ("gpu:1", 50))),
+        ((("gpu:0", 1), ("gpu:1", 2)), 10, (("gpu:0", 3), ("gpu:1", 7))),  # every byte placed
+        ((("cpu:0", 0),), 50, (("cpu:0", 0),)),  # nothing to scale
+    ],
+)
+def test_a_placement_scaled_to_the_measured_footprint(
+    shares: tuple[tuple[str, int], ...], size: int, expected: tuple[tuple[str, int], ...]
+) -> None:
+    assert Placement(shares).scaled(size).shares == expected

@@ -95,6 +95,11 @@ def test_ps_sizes_and_evictions_by_reason_on_a_real_serve(
         shown = listed[f"{kept}:latest"]
         assert shown["size"] == rows[kept]["footprint"] > models[kept].stat().st_size
         assert shown["size_vram"] == 0  # this host's models live in RAM
+        with urllib.request.urlopen(f"{served.url}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        used = float(re.findall(r'blazar_memory_used_bytes\{device="cpu:0"\} (\S+)', text)[0])
+        assert used == sum(r["footprint"] for r in rows.values())  # bytes used per device
+        assert re.search(r'blazar_memory_budget_bytes\{device="cpu:0"\} \S+', text)
 
 
 def test_doctor_names_a_model_that_can_never_fit(tmp_path: Path, blazar: Blazar) -> None:

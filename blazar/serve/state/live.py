@@ -94,6 +94,28 @@ class StateCollector:
             "count (serving.max_loaded_models), group (an exclusive group's other).",
             labels=["model", "reason"],
         )
+        used = GaugeMetricFamily(
+            "blazar_memory_used_bytes",
+            "Bytes the loaded models' footprints take on each device (every GPU, else host "
+            "RAM), measured or estimated.",
+            labels=["device"],
+        )
+        budget = GaugeMetricFamily(
+            "blazar_memory_budget_bytes",
+            "What models may use on each device (serving.memory_budget).",
+            labels=["device"],
+        )
+        pegged = GaugeMetricFamily(
+            "blazar_warm_peg_bytes",
+            "Bytes of an unloaded warm_peg model's files held in memory, by model.",
+            labels=["model"],
+        )
+        if scheduler is not None:
+            for device in scheduler.memory_use():
+                used.add_metric([device["device"]], device["used"])
+                budget.add_metric([device["device"]], device["budget"])
+            for model, size in scheduler.pegs.sizes().items():
+                pegged.add_metric([model], size)
         info = GaugeMetricFamily(
             "blazar_build_info",
             "Blazar's version and the engines serving.",
@@ -120,7 +142,7 @@ class StateCollector:
             evictions.add_metric([name, reason], n)
         for engine in sorted(engines) or [""]:
             info.add_metric([__version__, engine], 1)
-        yield from (queue, instances, evictions, info)
+        yield from (queue, instances, evictions, used, budget, pegged, info)
         yield from self.children()
 
 

@@ -57,6 +57,7 @@ from blazar.serve.supervisor.scheduler.memory import (
     budgets,
     estimate_footprint,
     footprint_of,
+    view,
 )
 from blazar.serve.supervisor.scheduler.pools import Decision, Lease, Member, Pool, Target
 from blazar.serve.supervisor.scheduler.reload import Reload
@@ -249,6 +250,10 @@ class Scheduler:
         launcher = bool(pool.runtime.command) and pool.runtime.command[-1].endswith(".py")
         return pool.placement.flags(device_list=not launcher)
 
+    def memory_use(self) -> list[dict[str, Any]]:
+        """Each device's budget, total and bytes in use (`memory.view`), for /metrics."""
+        return view(self.budgets, self.all_pools())
+
     def measure(self, pool: Pool) -> None:
         """Record what one running instance of the pool uses (the largest of its
         instances), when /proc or NVML can tell."""
@@ -263,6 +268,8 @@ class Scheduler:
             return
         runtime = pool.runtime
         self.measured[(runtime.name, runtime.sha256, kind)] = used
+        if pool.placement is not None:  # the room it holds is what it uses, not the guess
+            pool.placement = pool.placement.scaled(self.footprint(runtime).bytes)
         if self.on_measured is not None:
             self.on_measured(runtime, kind, used)
 

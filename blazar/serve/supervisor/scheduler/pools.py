@@ -57,6 +57,17 @@ class Placement:
     def devices(self) -> tuple[str, ...]:
         return tuple(d for d, _ in self.shares)
 
+    def scaled(self, size: int) -> Placement:
+        """Pure: the same devices holding `size` bytes in all, in the same proportions (a
+        footprint measured after the load was placed on the estimate)."""
+        total = sum(b for _, b in self.shares)
+        if total <= 0 or size == total:
+            return self
+        shares = [(d, b * size // total) for d, b in self.shares]
+        last_device, last = shares[-1]
+        shares[-1] = (last_device, last + size - sum(b for _, b in shares))
+        return Placement(tuple(shares))
+
     def on(self, device: str) -> int:
         return sum(b for d, b in self.shares if d == device)
 
