@@ -314,6 +314,17 @@ def test_blazar_why_shows_the_lookup_and_metrics_count_it(host: Host) -> None:
         "cache", "stats", "--url", host.served.url, env={"BLAZAR_API_KEY": SECRETS["ops"]}
     )
     assert stats.returncode == 0 and "hit ratio" in stats.stdout, stats.stderr
+    cleared = run_blazar(
+        "cache",
+        "clear",
+        "--key",
+        "app",
+        "--url",
+        host.served.url,
+        env={"BLAZAR_API_KEY": SECRETS["ops"]},
+    )
+    assert cleared.returncode == 0 and cleared.stdout.startswith("cleared "), cleared.stderr
+    assert host.entries("scope = 'app'") == 0
 
 
 def test_a_streamed_answer_is_stored_and_answers_a_whole_request(host: Host) -> None:
