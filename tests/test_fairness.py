@@ -20,6 +20,7 @@ import pytest
 from blazar.host.hardware import Device
 from blazar.serve.supervisor.scheduler import Declared, NoCapacity, Pool, Scheduler
 from blazar.serve.supervisor.scheduler.fairness import held
+from blazar.serve.supervisor.scheduler.pools import Placement
 from tests.fixtures import ENGINE, model_block, write_manifest, write_models
 from tests.gateway_harness import StandIn, runtime
 from tests.serving import Served
@@ -57,6 +58,17 @@ def test_held(
     expected: bool,
 ) -> None:
     assert held(resident, waiting, now, window, priority=priority) is expected
+
+
+def test_only_the_models_on_a_device_the_waiting_load_may_use_are_held() -> None:
+    on0, on1 = pool("a"), pool("c")
+    on0.placement = Placement((("gpu:0", 10),))
+    on1.placement = Placement((("gpu:1", 10),))
+    waiting = {B: 50.0}
+    wants = {B: {"gpu:1"}}  # 'b' can only go to gpu:1 (models.b.devices, or its size)
+    assert not held(on0, waiting, 100.0, 10.0, wants=wants)
+    assert held(on1, waiting, 100.0, 10.0, wants=wants)
+    assert held(on0, waiting, 100.0, 10.0, wants={B: {"gpu:0", "gpu:1"}})
 
 
 def make(window: float, queue_timeout: float) -> Scheduler:

@@ -55,6 +55,7 @@ from blazar.serve.supervisor.scheduler.memory import (
     Footprint,
     Memory,
     budgets,
+    candidates,
     estimate_footprint,
     footprint_of,
     view,
@@ -554,7 +555,25 @@ class Scheduler:
     def _held(self, pool: Pool, priority: bool) -> bool:
         """Whether a new request for the loaded `pool` waits for its turn (`fairness`)."""
         window = self.declared.fairness_window
-        return fairness.held(pool, self.capacity.waiting, self.clock(), window, priority=priority)
+        waiting = self.capacity.waiting
+        if not waiting or window <= 0 or priority:
+            return False
+        memory = self.memory()
+        wants = None
+        if memory is not None:  # the devices each waiting load may be placed on
+            wants = {
+                other: {
+                    d
+                    for placement in candidates(
+                        memory.bytes_of(other.runtime.name),
+                        memory.budgets,
+                        memory.pinned.get(other.runtime.name),
+                    )
+                    for d in placement.devices
+                }
+                for other in waiting
+            }
+        return fairness.held(pool, waiting, self.clock(), window, priority=priority, wants=wants)
 
     async def _wait_turn(self, pool: Pool, since_ns: int) -> None:
         """Wait while another model's load takes its turn (woken when room changes, and

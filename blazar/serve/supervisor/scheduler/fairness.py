@@ -8,13 +8,14 @@ busy never goes idle, so without a bound the waiting load would run out its
 wait for their turn (requests in flight and already queued finish), the models go
 idle, the waiting load evicts them and is served, and the held requests load their
 model back once there is room again (`serving.min_residency` keeps the newcomer a few
-seconds, so the two take turns instead of thrashing). `x-blazar-priority: high` is
-never held. Pure: the pools and the clock come in as values.
+seconds, so the two take turns instead of thrashing). Only the models on a device the
+waiting load may use are held (on one device, all of them). `x-blazar-priority: high` is
+never held. Pure: the pools, the devices and the clock come in as values.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from blazar.serve.supervisor.scheduler.pools import Pool
 
@@ -26,15 +27,24 @@ def held(
     window: float,
     *,
     priority: bool = False,
+    wants: Mapping[Pool, Collection[str]] | None = None,
 ) -> bool:
     """Pure: whether a new request for the loaded `pool` waits for its turn: another
     model's load (`waiting`: each waiting load's pool and since when) has waited for room
-    longer than `window` seconds while this one keeps its room. Never for a priority
-    request, a pinned or warm model (it never gives room), one not loaded, or with no
-    window (0)."""
+    longer than `window` seconds while this one keeps its room on a device that load could
+    use (`wants`: the devices each waiting load may be placed on; none given: any).
+    Never for a priority request, a pinned or warm model (it never gives room), one not
+    loaded, or with no window (0)."""
     if priority or window <= 0 or not pool.loaded or pool.sticky:
         return False
     name = pool.runtime.name
+    mine = set(pool.placement.devices) if pool.placement is not None else None
+
+    def in_the_way(other: Pool) -> bool:
+        could = None if wants is None else wants.get(other)
+        return mine is None or could is None or bool(mine & set(could))
+
     return any(
-        other.runtime.name != name and now - since >= window for other, since in waiting.items()
+        other.runtime.name != name and now - since >= window and in_the_way(other)
+        for other, since in waiting.items()
     )
