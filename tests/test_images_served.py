@@ -248,3 +248,11 @@ def test_a_picture_is_traced_and_metered(served: Served) -> None:
         metrics = resp.read().decode()
     assert re.search(r'^blazar_images_total\{model="tiny-image"\} [1-9]', metrics, re.M)
     assert 'blazar_image_generation_seconds_total{model="tiny-image"}' in metrics
+
+
+def test_fit_counts_every_part(served: Served) -> None:
+    done = run_blazar("fit", "tiny-image", "--json", env={"BLAZAR_HOME": str(served.home)})
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    parts = sum(f.stat().st_size for f in (served.manifest.parent.parent / "tiny-image").iterdir())
+    assert report["kind"] == "image" and report["weights"] == parts and report["fits"] is True

@@ -35,7 +35,12 @@ import pytest
 from blazar.engines import sdcpp
 from blazar.engines.launchers import launcher_common, sd_launcher
 from blazar.engines.process import EngineServer
+from blazar.engines.service import Engines
+from blazar.engines.source import CudaInfo
+from blazar.errors import InvalidInput
+from blazar.paths import Paths
 from blazar.protocols.openai_images import extra_args
+from blazar.store.db import Store
 from blazar.testing.tiny_sd import PARTS, write_tiny_image_model
 from tests.conftest import Blazar
 from tests.fixtures import WHEEL_CACHE
@@ -248,3 +253,38 @@ def test_build_sd_server_from_the_sdist(tmp_path: Path) -> None:
     assert (installed.path / sdcpp.SERVER).is_file()
     assert "stable-diffusion" in (installed.path / "VERSION").read_text().lower()
     shutil.rmtree(tmp_path / "work", ignore_errors=True)
+
+
+@pytest.mark.slow  # eight pictures: two engines, a warm-up and three runs each
+def test_engine_update_gates_on_images_per_second(
+    blazar: Blazar, monkeypatch: pytest.MonkeyPatch, paths: Paths
+) -> None:
+    monkeypatch.setenv("BLAZAR_SDCPP_BUILT", str(cached_build()))
+    blazar("engine", "install", "--kind", "sdcpp")
+    server = sdcpp.built(paths.engines)
+    assert server is not None
+    with Store(paths.db) as store:
+        svc = Engines(store, paths)
+        candidate = svc.add_built(sdcpp.publish_server(paths.engines, server, "0.4.7.1"))
+        outcome = svc.adopt(candidate, max_drop=0.9)  # the same binary: within any sane gate
+    assert outcome.verdict is not None and "images/s" in outcome.message, outcome.message
+    old, new = outcome.results
+    assert old.decode_tps > 0 and new.decode_tps > 0  # images per second, each
+    assert outcome.activated, outcome.message
+
+
+def test_cmake_builds_only_sd_server_portably_and_cuda_needs_a_toolkit(tmp_path: Path) -> None:
+    configure, build = sdcpp.cmake_commands(tmp_path / "src", tmp_path / "b", jobs=2)
+    assert "-DGGML_NATIVE=OFF" in configure and "-DSD_SERVER_BUILD_FRONTEND=OFF" in configure
+    assert build[-4:] == ["--target", "sd-server", "-j", "2"]
+    with pytest.raises(InvalidInput, match="needs nvcc"):
+        sdcpp.cmake_commands(tmp_path / "src", tmp_path / "b", backend="cuda")
+    cuda = CudaInfo(nvcc="/cuda/bin/nvcc", version=(12, 4), archs=("90",), host_compiler="g++-13")
+    configure, _ = sdcpp.cmake_commands(tmp_path / "src", tmp_path / "b", backend="cuda", cuda=cuda)
+    assert configure[-4:] == [
+        "-DSD_CUDA=ON",
+        "-DCMAKE_CUDA_COMPILER=/cuda/bin/nvcc",
+        "-DCMAKE_CUDA_HOST_COMPILER=g++-13",
+        "-DCMAKE_CUDA_ARCHITECTURES=90",
+    ]
+    assert sdcpp.engine_tag("0.4.7", "cuda") == "sdcpp-0.4.7-cuda"

@@ -110,8 +110,9 @@ def offers(ctx: Context, catalog: str | None, as_json: bool) -> None:
 @click.option(
     "--kind",
     default=None,
-    help="Instead of a fork lane: an engine kind (mistralrs, llamacpp, whisper, piper), its "
-    "newest version (or --version) installed as `engine update` does.",
+    help="Instead of a fork lane: an engine kind (mistralrs, llamacpp, whisper, piper, sdcpp), "
+    "its newest version (or --version; sdcpp: the sdist checked, 0.4.7) installed as `engine "
+    "update` does; sdcpp takes --backend cuda too (a CUDA toolkit is needed).",
 )
 @click.option("--version", default=None, help="With --kind: this version, not the newest.")
 @click.option("--backend", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
@@ -144,7 +145,7 @@ def install(
         raise click.UsageError("give --lane ID (`blazar engine offers`) or --kind KIND")
     svc = Engines(ctx.store, ctx.paths)
     if kind is not None:
-        outcome = svc.update(kind, version=version, progress=click.echo)
+        outcome = svc.update(kind, version=version, progress=click.echo, backend=backend)
         click.echo(f"{outcome.kind}: {outcome.message}")
         return
     assert lane_id is not None

@@ -352,6 +352,9 @@ def fit(
             source, target, ctx_size=ctx_size, cache_type=cache_type or "f16", as_json=as_json
         )
         return
+    if record.kind == "image":
+        _fit_image(record, as_json)
+        return
     settings, declared_ctx = _declared(manifest or ctx.paths.manifest, record.ref.short)
     if cache_type is not None:
         settings = replace(settings, cache_type=cache_type)
@@ -396,6 +399,34 @@ def fit(
     click.echo(f"  largest ctx that fits: {report.max_ctx}")
     for note in report.notes:
         click.echo(f"  note: {note}")
+
+
+def _fit_image(record: ModelRecord, as_json: bool) -> None:
+    """An image model's estimate: its files (every part: the diffusion model, the text
+    encoders, the autoencoder), which sd-server loads whole. Its compute buffers grow with
+    the picture's size and are not estimated: the scheduler measures the instance once it
+    has loaded, and counts that from then on."""
+    devices = memory_devices()
+    device = max(devices, key=lambda d: d.free)
+    fits = record.size <= device.free
+    if as_json:
+        echo_json(
+            {
+                "model": record.ref.short,
+                "kind": "image",
+                "weights": record.size,
+                "needed": record.size,
+                "available": device.free,
+                "budget_device": f"{device.kind}:{device.index} ({device.name})",
+                "fits": fits,
+                "notes": ["compute buffers are measured after the first load, not estimated"],
+            }
+        )
+        return
+    click.echo(f"{record.ref.short} (an image model) {'fits' if fits else 'does NOT fit'}")
+    click.echo(f"  weights    {human_bytes(record.size)} (every part's file)")
+    click.echo("  compute    not estimated: it grows with the picture; measured after a load")
+    click.echo(f"  available  {human_bytes(device.free)} on {device.kind}:{device.index}")
 
 
 def _held(ctx: Context, name: str) -> ModelRecord | None:

@@ -29,7 +29,15 @@ from pathlib import Path
 
 from blazar.engines import launchers
 from blazar.engines.base import InstalledEngine, publish, staging
-from blazar.engines.source import Runner, SourceBuildError, _run, _tail, run_cmake
+from blazar.engines.source import (
+    CudaInfo,
+    Runner,
+    SourceBuildError,
+    _run,
+    _tail,
+    detect_cuda,
+    run_cmake,
+)
 from blazar.errors import InvalidInput
 
 KIND = "sdcpp"
@@ -61,14 +69,29 @@ def sdist_name(version: str) -> str:
 
 
 def cmake_commands(
-    source_dir: Path, build_dir: Path, *, backend: str = "cpu", jobs: int | None = None
+    source_dir: Path,
+    build_dir: Path,
+    *,
+    backend: str = "cpu",
+    jobs: int | None = None,
+    cuda: CudaInfo | None = None,
 ) -> list[list[str]]:
-    """[configure, build] for the sd-server target of the vendored tree."""
+    """[configure, build] for the sd-server target of the vendored tree; a cuda build
+    takes the toolkit `detect_cuda` found (nvcc, host compiler, the GPUs' architectures),
+    as the llama.cpp source builds do."""
     if backend not in ("cpu", "cuda"):
         raise InvalidInput(f"unknown backend {backend!r}: choose cpu or cuda")
     configure = ["cmake", "-S", str(source_dir), "-B", str(build_dir), *FLAGS]
     if backend == "cuda":
-        configure.append("-DSD_CUDA=ON")
+        if cuda is None:
+            raise InvalidInput("a cuda build needs nvcc: install the CUDA toolkit")
+        configure += [
+            "-DSD_CUDA=ON",
+            f"-DCMAKE_CUDA_COMPILER={cuda.nvcc}",
+            f"-DCMAKE_CUDA_HOST_COMPILER={cuda.host_compiler}",
+        ]
+        if cuda.archs:
+            configure.append(f"-DCMAKE_CUDA_ARCHITECTURES={';'.join(cuda.archs)}")
     build = ["cmake", "--build", str(build_dir), "--target", SERVER, "-j", str(jobs or 2)]
     return [configure, build]
 
@@ -168,7 +191,8 @@ def build_sd_server(
     tree = unpack(sdist, work_dir)
     build_dir = work_dir / "build-sd-server"
     log_path = work_dir / "build-sd-server.log"
-    commands = cmake_commands(tree, build_dir, backend=backend, jobs=jobs)
+    cuda = detect_cuda(runner=runner) if backend == "cuda" else None
+    commands = cmake_commands(tree, build_dir, backend=backend, jobs=jobs, cuda=cuda)
     run_cmake(commands, log_path, f"{SERVER} from {sdist.name}", say, runner)
     made = build_dir / "bin" / SERVER
     if not made.is_file():

@@ -227,6 +227,7 @@ class Engines:
         progress: Callable[[str], None] = lambda _: None,
         catalog: str | None = None,
         runner: Runner | None = None,
+        backend: str = "cpu",
     ) -> UpdateOutcome:
         kind = canonical_kind(kind) if canonical_kind(kind) in KINDS else kind
         lane = self.lanes.get(kind)
@@ -245,7 +246,7 @@ class Engines:
             )
         if kind in SOURCE_KINDS:
             return self.update_sdcpp(
-                version=version, max_drop=max_drop, model=model, progress=progress
+                version=version, max_drop=max_drop, model=model, progress=progress, backend=backend
             )
         if kind != KIND:
             forks = tuple(lane.lane for lane in self.lanes.all() if lane.origin == FORK)
@@ -312,17 +313,19 @@ class Engines:
         max_drop: float = DEFAULT_GATE,
         model: str | None = None,
         progress: Callable[[str], None] = lambda _: None,
+        backend: str = "cpu",
     ) -> UpdateOutcome:
-        """Build sd-server from the stable-diffusion-cpp-python sdist (`version`, default
-        the one checked to vendor the server) beside the lane's engines, behind the lane's
-        gate (images per second at 64x64, 1 step). $BLAZAR_SDCPP_BUILT names an engines
-        directory holding that build already (the tests' cache): it is copied, not built."""
+        """Build sd-server (`backend` cpu or cuda) from the stable-diffusion-cpp-python sdist
+        (`version`, default the one checked to vendor the server) beside the lane's engines,
+        behind the lane's gate (images per second at 64x64, 1 step). $BLAZAR_SDCPP_BUILT
+        names an engines directory holding that build already (the tests' cache): it is
+        copied, not built."""
         import os
 
         from blazar.engines import sdcpp
 
         version = version or sdcpp.PINNED
-        tag = sdcpp.engine_tag(version)
+        tag = sdcpp.engine_tag(version, backend)
         if (held := self._held(sdcpp.KIND, tag)) is not None:
             return held
         active = self.records.active(sdcpp.KIND)
@@ -333,6 +336,7 @@ class Engines:
             self.paths.cache / "src",
             version,
             built_root=Path(built) if built else None,
+            backend=backend,
             log=progress,
         )
         candidate = self.records.add(installed)
