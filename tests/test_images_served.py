@@ -256,3 +256,14 @@ def test_fit_counts_every_part(served: Served) -> None:
     report = json.loads(done.stdout)
     parts = sum(f.stat().st_size for f in (served.manifest.parent.parent / "tiny-image").iterdir())
     assert report["kind"] == "image" and report["weights"] == parts and report["fits"] is True
+
+
+def test_without_an_sdcpp_engine_the_refusal_says_how_to_install_it(
+    served: Served, tmp_path: Path
+) -> None:
+    home = tmp_path / "home"  # a host with the model declared and no sdcpp engine
+    with Served(served.manifest, home) as bare:
+        body = {"model": "tiny-image", "prompt": "a lighthouse", "size": "64x64"}
+        said = refused(bare, body)
+        assert "no sdcpp engine is installed" in said
+        assert "`blazar engine install --kind sdcpp`" in said

@@ -98,6 +98,8 @@ def list_(ctx: Context, as_json: bool, lanes_only: bool) -> None:
         )
         if bench and r.kind in ("whisper", "piper"):  # audio seconds per second of work
             figures = f"{bench['decode_tps']:.1f}x real time"
+        if bench and r.kind == "sdcpp" and bench["decode_tps"] > 0:  # images per second
+            figures = f"{1 / bench['decode_tps']:.2f} s/image (64x64, 1 step)"
         rows.append(
             [
                 r.kind,
@@ -125,6 +127,12 @@ def _report(outcome: UpdateOutcome, as_json: bool) -> None:
             what = "transcribed" if result.kind == "whisper" else "synthesised"
             click.echo(
                 f"  {result.tag}: {result.decode_tps:.1f} s of audio {what} per second "
+                f"({result.model}, median of {result.runs})"
+            )
+            continue
+        if result.kind == "sdcpp" and result.decode_tps > 0:
+            click.echo(
+                f"  {result.tag}: {1 / result.decode_tps:.2f} s per 64x64 1-step image "
                 f"({result.model}, median of {result.runs})"
             )
             continue
