@@ -20,6 +20,7 @@ two drawing tests on the launcher itself (tests/test_sdcpp.py).
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 import json
 import re
@@ -267,3 +268,41 @@ def test_without_an_sdcpp_engine_the_refusal_says_how_to_install_it(
         said = refused(bare, body)
         assert "no sdcpp engine is installed" in said
         assert "`blazar engine install --kind sdcpp`" in said
+
+
+def test_image_jobs_are_a_keys_own(served: Served, tmp_path: Path) -> None:
+    secrets = {name: f"plm_{name}-{'x' * 32}" for name in ("one", "two")}
+    keys = "".join(
+        f'[keys.{name}]\nsha256 = "{hashlib.sha256(secret.encode()).hexdigest()}"\n'
+        'scope = "inference"\n\n'
+        for name, secret in secrets.items()
+    )
+    manifest = tmp_path / "keyed" / "blazar.toml"
+    manifest.parent.mkdir()
+    manifest.write_text(served.manifest.read_text() + "\n" + keys)
+    home = tmp_path / "home"
+    env = {"BLAZAR_HOME": str(home), "BLAZAR_SDCPP_BUILT": str(cached_build())}
+    assert run_blazar("engine", "install", "--kind", "sdcpp", env=env).returncode == 0
+    with Served(manifest, home, env=env) as keyed:
+        one, two = ({"Authorization": f"Bearer {s}"} for s in secrets.values())
+        body = {"model": "tiny-image", "prompt": "a lighthouse", "size": "64x64", "async": True}
+        with pytest.raises(urllib.error.HTTPError) as anonymous:
+            keyed.post("/v1/images/generations", body)
+        assert anonymous.value.code == 401
+        job = keyed.post("/v1/images/generations", {**body, "steps": 500}, headers=one)
+
+        def get(path: str, headers: dict[str, str]) -> Any:
+            request = urllib.request.Request(keyed.url + path, headers=headers)
+            with urllib.request.urlopen(request, timeout=30) as resp:
+                return json.load(resp)
+
+        assert [j["id"] for j in get("/v1/images/jobs", one)["data"]] == [job["id"]]
+        assert get("/v1/images/jobs", two)["data"] == []
+        with pytest.raises(urllib.error.HTTPError) as hidden:
+            get(f"/v1/images/jobs/{job['id']}", two)
+        assert hidden.value.code == 404  # another key's job is not found, as if none
+        with pytest.raises(urllib.error.HTTPError) as hidden:
+            keyed.post(f"/v1/images/jobs/{job['id']}/cancel", {}, headers=two)
+        assert hidden.value.code == 404
+        cancelled = keyed.post(f"/v1/images/jobs/{job['id']}/cancel", {}, headers=one)
+        assert cancelled["status"] == "cancelled"
