@@ -174,7 +174,11 @@ def test_the_models_pages_memory_bars_read_budget_models_and_pegs(tmp_path: Path
         s.declared = Declared(pegs=frozenset({"b"}), peg_budget=1024**2)
         for name in ("a", "b"):
             s.release(await s.acquire(s.resolve(name)))
-        await s.stop_model("b")  # pegged when it unloads
+        await s.stop_model("b")  # pegged when it unloads (in a thread)
+        for _ in range(500):  # held in a thread: real time, not loop turns
+            if s.pegs.sizes():
+                break
+            await asyncio.sleep(0.01)
         bars = memory_view(s)
         await s.close()
         return bars

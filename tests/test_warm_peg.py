@@ -127,6 +127,9 @@ def test_a_pegged_models_reload_reads_no_disk(
 
         for name in ("tiny", "other"):  # the engine's own files are cached after this
             load_and_unload(name)
+        wait_until(  # held in a thread once it unloaded: not at once
+            lambda: httpx.get(f"{served.url}/api/blazar/ps").json()["pegs"], "tiny pegged"
+        )
         listing = httpx.get(f"{served.url}/api/blazar/ps").json()
         assert listing["pegs"] == {"tiny": pegged.stat().st_size}  # unloaded, still held
         assert "Warm pegs (files held in memory): tiny" in blazar("ps", "--url", served.url).output

@@ -239,8 +239,21 @@ class Scheduler:
         runtime = pool.runtime
         if runtime.name not in self.declared.pegs:
             return
+        if self.pegs.touch(runtime.name, pool.last_used):
+            self.pegs.fit(self.peg_budget)
+            return
         files = [f for f in (runtime.path, runtime.projector, runtime.tuning.draft_path) if f]
-        self.pegs.peg(runtime.name, files, pool.last_used)
+        self.capacity.spawn(self._hold(runtime.name, files, pool.last_used))
+
+    async def _hold(self, name: str, files: list[str], used: float) -> None:
+        """Map and read in the files in a thread (MAP_POPULATE of a big file whose pages
+        are not cached reads it from disk: seconds the event loop must not wait), then
+        keep them if the model is still pegged, within the budget."""
+        held = await asyncio.to_thread(pegs.hold, files)
+        if name not in self.declared.pegs or self.pegs.touch(name, used):
+            held.close()  # no longer pegged, or pegged meanwhile by another unload
+            return
+        self.pegs.add(name, held, used)
         self.pegs.fit(self.peg_budget)
 
     def placement_args(self, pool: Pool) -> tuple[str, ...]:

@@ -1,7 +1,8 @@
 """Warm pegs: the weight files of unloaded `warm_peg` models kept in host memory.
 
 Used by the scheduler (`core`): when a pegged model unloads, its files' pages are
-held resident (`Pegs.peg`), so that its next load reads no disk; they are counted
+held resident (`hold`, run in a thread: reading in a big file's pages that are not
+cached takes seconds, then `Pegs.add`), so that its next load reads no disk; they are counted
 against `serving.warm_peg_budget`, beyond which the least recently used pegs are
 released (`keep`, pure); a peg is released when its model is no longer pegged or
 declared (`Pegs.sync`) and when serve ends. A model that loads again keeps its peg: its
@@ -60,7 +61,13 @@ def keep(pegs: Sequence[Peg], budget: int) -> frozenset[str]:
     return frozenset(kept)
 
 
-class _Held:
+def hold(paths: Iterable[str]) -> Held:
+    """The effect: map each file and read its pages in (seconds for a big file whose pages
+    are not cached: the scheduler runs it in a thread)."""
+    return Held(paths)
+
+
+class Held:
     """The mappings that keep one model's files resident."""
 
     def __init__(self, paths: Iterable[str]) -> None:
@@ -101,16 +108,28 @@ class Pegs:
     """The pegs held now, by model (the effect: mappings open in serve's process)."""
 
     def __init__(self) -> None:
-        self.held: dict[str, _Held] = {}
+        self.held: dict[str, Held] = {}
         self.last_used: dict[str, float] = {}
 
-    def peg(self, model: str, paths: Iterable[str], used: float) -> None:
-        """Hold `model`'s files resident (again: the mappings are made anew, cheap when
-        the pages are still there)."""
-        self.last_used[model] = used
+    def touch(self, model: str, used: float) -> bool:
+        """Mark a held peg used now; False when `model` has none."""
         if model not in self.held:
-            self.held[model] = _Held(paths)
-            logger.info("warm peg: holding '%s' (%d bytes)", model, self.held[model].bytes)
+            return False
+        self.last_used[model] = used
+        return True
+
+    def add(self, model: str, held: Held, used: float) -> None:
+        """Keep `held` (made by `hold`, off the event loop) as `model`'s peg."""
+        old = self.held.pop(model, None)
+        if old is not None:
+            old.close()
+        self.held[model], self.last_used[model] = held, used
+        logger.info("warm peg: holding '%s' (%d bytes)", model, held.bytes)
+
+    def peg(self, model: str, paths: Iterable[str], used: float) -> None:
+        """Hold `model`'s files resident now (in the caller's thread)."""
+        if not self.touch(model, used):
+            self.add(model, hold(paths), used)
 
     def fit(self, budget: int) -> list[str]:
         """Release the least recently used pegs beyond `budget`; the models released."""
