@@ -10,6 +10,8 @@ least recently used idle model (`plan_room`). Pins and warm replicas are never e
 When no room can be made now (what holds it is busy, or loaded less than
 `serving.min_residency` ago), the load waits for room, up to `serving.queue_timeout`,
 woken whenever a model goes idle or stops (priority loads first); only then 503.
+The loads waiting for room are listed with since when (`waiting`): the scheduler's
+fairness bound reads it.
 The manifest's groups (`groups`): loading a model of an exclusive group drains the
 group's others that are loaded and waits for them to stop (their room is its own); a
 together group is evicted and expires as one, and `on_load` is told of every load so

@@ -8,7 +8,12 @@ queue, priority, hand-off), `capacity` (load on demand, placement and eviction b
 with `max_loaded_models` as an extra cap, waiting for room, keep_alive, drains and
 stops), `memory` (the pure placement) and `reload` (hot reload: update, roll, retire,
 adapters added), honouring the manifest's groups (`groups`: a together group's
-companions loaded beside a model and unloaded with it). It keeps each model's footprint:
+companions loaded beside a model and unloaded with it) and what else it declares
+(`declared`, set each pass): the GPUs a model may use (its placement's flags are put on
+its children's command lines when a load is decided), the fairness bound (`fairness`:
+while a load waits for room, the busy models' new requests wait their turn once the
+window has passed) and warm pegs (`pegs`: an unloaded pegged model's files held in
+memory). It keeps each model's footprint:
 `fit`'s estimate until a child of it was measured (its peak resident set, or its GPU
 memory, when it is ready and again when it unloads), then the measure, which
 `on_measured` hands to the store so that the next serve starts from it. A full queue or
