@@ -138,3 +138,15 @@ def test_the_answer_is_openais_shape() -> None:
 
 def test_extra_args_without_options_only_turn_off_the_metadata() -> None:
     assert block(extra_args(None, None, None, None)) == {"embed_image_metadata": False}
+
+
+def test_blazar_why_says_what_was_drawn() -> None:
+    from blazar.observe.outcome import from_response
+    from blazar.observe.trail import render
+
+    summary = {"images": 2, "seconds": 3.2, "steps": 4, "seconds_per_step": 0.8}
+    out = from_response("/v1/images/generations", summary)
+    assert out.text is None and out.images == 2 and out.predicted_ms == 3200
+    record = {"id": "t1", "time": 0, "protocol": "openai", "route": "/v1/images/generations"}
+    lines = render({**record, "requested": "sd", "model": "sd", "image": out.image, "status": 200})
+    assert any("drew 2 picture(s) in 3.2 s in 4 steps, 0.800 s a step" in line for line in lines)
