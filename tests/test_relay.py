@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -214,3 +215,52 @@ def test_a_client_gone_mid_stream_stops_the_child(lane: Lane, tmp_path: Path) ->
     # the slot went back: the next request is served
     answer = lane.openai.chat.completions.create(model="tiny", messages=HI, max_tokens=1)
     assert answer.choices[0].message.content is not None
+
+
+def test_a_slow_reader_gets_the_whole_stream(lane: Lane) -> None:
+    """The client reads nothing for a while, then slowly: the gateway stops reading the
+    child meanwhile (the relay holds it, past serving.upstream_timeout's silence count
+    too) and the stream arrives whole, every token, in order."""
+    tokens = 3000
+    request = _request(
+        {
+            "model": "tiny",
+            "messages": HI,
+            "max_tokens": tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            # about 2 KB an event, 6 MB in all: past what the sockets' buffers hold, so
+            # the client's transport pauses (measured: the relay held the child 4 times)
+            "logprobs": True,
+            "top_logprobs": 20,
+        }
+    )
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(60)
+    sock.connect(("127.0.0.1", lane.served.port))
+    with sock:
+        sock.sendall(request)
+        time.sleep(2)  # the child finishes long before: everything waits on the reader
+        [(head, body)] = _responses(sock, 1)
+    assert head.startswith(b"HTTP/1.1 200")
+    events = [
+        json.loads(line[6:])
+        for line in _dechunked(body).split(b"\n")
+        if line.startswith(b"data: {")
+    ]
+    content = [e for e in events if e.get("choices") and e["choices"][0]["delta"].get("content")]
+    assert len(content) == tokens
+    assert events[-1]["usage"]["completion_tokens"] == tokens
+
+
+def _dechunked(body: bytes) -> bytes:
+    out, rest = [], body
+    while rest:
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            break
+        out.append(rest[:size])
+        rest = rest[size + 2 :]
+    return b"".join(out)

@@ -196,6 +196,7 @@ class GatewayHandler(web.RequestHandler):
         self._late = False  # the held request's body came too late for the relay
         self._handed = False  # aiohttp got a request on this connection
         self._held_paused = False
+        self._sink: Sink | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = transport.get_extra_info("peername")
@@ -305,7 +306,14 @@ class GatewayHandler(web.RequestHandler):
         # aiohttp's keep-alive deadline must not close the connection while it answers.
         self._next_keepalive_close_time = self._loop.time() + 1e6
         sink = Sink(self._send, self._drain_helper, self._writing_paused, self.client)
+        self._sink = sink
         self._relay = self._loop.create_task(self._relayed(relayer, call, sink))
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        sink = self._sink
+        if sink is not None and sink.resumed is not None:
+            sink.resumed()  # the relay reads the child again
 
     def _send(self, data: bytes) -> None:
         transport = self.transport
@@ -327,6 +335,7 @@ class GatewayHandler(web.RequestHandler):
             log.exception("relaying %s %s failed", call.head.method, call.head.path)
         finally:
             self._relay = None
+            self._sink = None
         transport = self.transport
         if transport is None:
             return

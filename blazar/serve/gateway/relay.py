@@ -163,6 +163,7 @@ class Sink:
     ) -> None:
         self.write, self.drain, self.paused, self.client = write, drain, paused, client
         self.started = False  # a response's head went out
+        self.resumed: Callable[[], None] | None = None  # called when the client can take more
         self.close = False  # the client asked to close the connection after this answer
 
 
@@ -319,7 +320,7 @@ class Relayer:
         connection = None
         try:
             try:
-                connection = await leased.post(path, data)
+                connection = await leased.children.post(leased.url, path, data)
                 status = connection.status
                 if status != 200 or not connection.content_type.startswith("text/event-stream"):
                     payload = await connection.read_all()
@@ -344,22 +345,30 @@ class Relayer:
             }
             sink.write(self._head(200, headers, trace_id, None, close))
             sink.started = True
-            chunk = trace.chunk
-            while True:
-                try:
-                    piece = await connection.read()
-                except leased.errors as exc:
-                    failed = leased.failed(exc)
-                    trace.failed(failed.status, failed.message, failed.code)
-                    event = OPENAI.stream_error(failed.status, failed.message, failed.code)
-                    sink.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(event), event))
-                    return 200
-                if not piece:
-                    break
+            chunk, write, paused, child = trace.chunk, sink.write, sink.paused, connection
+
+            def forward(piece: bytes) -> None:
+                """Each piece as the child's data_received parses it: to the client at once,
+                one chunk each (no task woken per token); reading the child stops while the
+                client's transport is paused, until it resumes (`Sink.resumed`)."""
                 chunk(piece)
-                sink.write(b"%x\r\n%s\r\n" % (len(piece), piece))
-                if sink.paused():
-                    await sink.drain()
+                write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                if paused():
+                    child.hold()
+
+            sink.resumed = child.unhold
+            child.splice(forward)
+            try:
+                while await connection.read():  # b"" at the end; pieces went to `forward`
+                    pass
+            except leased.errors as exc:
+                failed = leased.failed(exc)
+                trace.failed(failed.status, failed.message, failed.code)
+                event = OPENAI.stream_error(failed.status, failed.message, failed.code)
+                sink.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(event), event))
+                return 200
+            finally:
+                sink.resumed = None
             sink.write(b"0\r\n\r\n")
             return 200
         finally:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from typing import Any, cast
 from urllib.parse import urlsplit
 
@@ -71,9 +72,15 @@ class ChildConnection(asyncio.Protocol):
         # stream of many chunks costs a timestamp per chunk, not a timer per wait.
         self._timer: asyncio.TimerHandle | None = None
         self._heard = 0.0  # when the child last sent a byte, or a wait began
+        # Where body bytes go as they are parsed, instead of the queue `read` takes them
+        # from: the gateway's relay writes them to its client from here (one call per
+        # piece, no task woken); `read` then only waits for the end or a failure.
+        self.sink: Callable[[bytes], None] | None = None
+        self._held = False  # reading paused for a slow client (`hold`): silence not counted
         self._begin()
 
     def _begin(self) -> None:
+        self.sink = None
         self.status = 0
         self.content_type = ""
         self.keep_alive = True
@@ -105,7 +112,8 @@ class ChildConnection(asyncio.Protocol):
         if self._queued > READ_AHEAD and not self._paused and self.transport is not None:
             self._paused = True
             self.transport.pause_reading()
-        self._wake()
+        if self.sink is None or self.complete or self._error is not None:
+            self._wake()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -201,6 +209,9 @@ class ChildConnection(asyncio.Protocol):
 
     def _push(self, piece: bytes) -> None:
         if piece:
+            if self.sink is not None:
+                self.sink(piece)
+                return
             self._pieces.append(piece)
             self._queued += len(piece)
 
@@ -255,7 +266,8 @@ class ChildConnection(asyncio.Protocol):
     async def send(self, request: bytes) -> None:
         """Send a request; return once the response's status line and headers are in."""
         assert self.transport is not None
-        if self._paused:  # the last body was left unread with reading paused: resume
+        if self._paused or self._held:  # the last body was left unread, reading paused
+            self._held = False
             self.transport.resume_reading()
         self._begin()
         self.transport.write(request)
@@ -280,6 +292,35 @@ class ChildConnection(asyncio.Protocol):
         while part := await self.read():
             parts.append(part)
         return b"".join(parts)
+
+    def splice(self, sink: Callable[[bytes], None]) -> None:
+        """Hand the body bytes queued so far to `sink`, and each later piece as it is
+        parsed (`read` then waits only for the end or a failure)."""
+        pieces, self._pieces, self._queued = self._pieces, [], 0
+        for piece in pieces:
+            sink(piece)
+        self.sink = sink
+        if self._paused and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+
+    def hold(self) -> None:
+        """Stop reading the child while the client cannot take more; the silence limit
+        does not run meanwhile."""
+        if not self._held and self.transport is not None:
+            self._held = True
+            self._disarm()
+            self.transport.pause_reading()
+
+    def unhold(self) -> None:
+        """Read the child again (`hold`), the silence limit counting from now."""
+        if self._held and self.transport is not None:
+            self._held = False
+            self._heard = time.monotonic()
+            self.transport.resume_reading()
+            if self._waiter is not None and self.timeout is not None and self._timer is None:
+                loop = asyncio.get_running_loop()
+                self._timer = loop.call_at(self._heard + self.timeout, self._check_silence)
 
     def close(self) -> None:
         self.closed = True
