@@ -4,9 +4,10 @@
 (`steps.with_output_limit`: a base model's), runs the prompt preflight
 (`prompts.Prompts.preflight`: a prompt that cannot fit its slot is a 400; an output
 that cannot is capped), both caps said in `x-blazar-max-tokens-capped`; then the
-sessions' slot routing (`id_slot`, restoring a banked
-session into it first), and puts the adapters' `lora` list and the model's defaults in
-the body (`steps.engine_body`). A body nothing changed goes as the client's bytes.
+sessions' slot routing (`id_slot`, restoring a banked session into it first), else the
+slot the gateway chose for the prompt's prefix (`scheduler.affinity`: with several
+slots), and puts the adapters' `lora` list and the model's defaults in the body
+(`steps.engine_body`). A body nothing changed goes as the client's bytes.
 `blazar.serve.request.pipeline` calls it after the lease.
 """
 
@@ -26,21 +27,30 @@ CAPPED = "x-blazar-max-tokens-capped"  # the output limit a request was served w
 
 
 async def admitted(
-    prompts: Prompts, sessions: Sessions | None, lease: Lease, ask: Ask, engine: EngineRequest
+    prompts: Prompts,
+    sessions: Sessions | None,
+    lease: Lease,
+    ask: Ask,
+    engine: EngineRequest,
+    *,
+    slot: int | None = None,
 ) -> Sent:
-    """The preflight, the sessions' slot, the adapters and defaults: what to send."""
+    """The preflight, the sessions' slot, the adapters and defaults: what to send.
+    `slot`: the one the gateway chose for the prompt's prefix (`scheduler.affinity`),
+    sent unless the sessions route the request to another."""
     runtime = lease.runtime
     body = steps.with_output_limit(engine.body, engine.path, runtime.max_tokens)
     # A default limit is a cap the request did not ask for: the answer says so.
     cap = None if body is engine.body else runtime.max_tokens
-    slot = None
     kind = KINDS.get(engine.path)
+    chosen, slot = slot if kind is not None else None, None
     routed = kind is not None and sessions is not None and sessions.wants_tokens(lease)
     if kind is not None and (routed or runtime.preflight != "off"):
         slot, fitted = await _admit(
             prompts, sessions, lease, kind, body, ask.size or len(dumps(body)), routed
         )
         cap = fitted if fitted is not None else cap
+    slot = chosen if slot is None else slot
     sent = steps.engine_body(lease, body, engine.path)
     if cap is None and slot is None:
         if sent is ask.body and ask.raw is not None:

@@ -15,7 +15,8 @@ top-down):
    `steps.keep_alive`; `x-blazar-priority`, `http.wants_priority`), else the `Way`'s.
 5. lease: a slot from the scheduler, with the load time measured (`Leased`); with
    several replicas, on the one that served the prompt's prefix within the last minute
-   when it has a free slot (its cache holds that prefix: `scheduler.affinity`); a start
+   when it has a free slot (its cache holds that prefix: `scheduler.affinity`), and
+   with several slots on that prefix's slot (`id_slot`, sent in step 6); a start
    failure is a 502, and with a `failover` chain a full queue, a failed load or a child
    failing before any byte goes to the chain's next member.
 6. admit: the model's default output limit for a request that sets none (a base
@@ -76,6 +77,7 @@ from blazar.serve.supervisor.scheduler import (
     PrefixAffinity,
     Scheduler,
     SchedulerError,
+    SlotBook,
     Target,
     prefix_keys,
 )
@@ -108,7 +110,7 @@ class Routed:
     plan: Plan | LoadOnly | None
     keep_alive: float | None
     priority: bool
-    prefix: tuple[bytes, ...] = ()  # the prompt's prefix keys, with several replicas
+    prefix: tuple[bytes, ...] = ()  # the prompt's prefix keys, with replicas or slots
 
 
 class Leased(LeasedChild):
@@ -119,7 +121,16 @@ class Leased(LeasedChild):
     one place a slot is given back, however the block ends (`release(reply)` is the
     upstream's: a reply's connection kept or closed)."""
 
-    __slots__ = ("_keep_alive", "_scheduler", "lease", "load_ns", "spec", "started")
+    __slots__ = (
+        "_book",
+        "_keep_alive",
+        "_scheduler",
+        "lease",
+        "load_ns",
+        "slot",
+        "spec",
+        "started",
+    )
 
     def __init__(
         self,
@@ -130,10 +141,13 @@ class Leased(LeasedChild):
         load_ns: int,
         spec: str,
         keep_alive: float | None,
+        slot: int | None = None,
+        book: SlotBook | None = None,
     ) -> None:
         # LeasedChild's fields, set here: one object per request, not two (the hot path).
         self.children, self.url, self.model = children, lease.url, lease.runtime.name
         self._scheduler, self._keep_alive = scheduler, keep_alive
+        self.slot, self._book = slot, book  # the child's slot the gateway chose (id_slot)
         self.lease = lease
         self.started = started  # time.perf_counter_ns() when the request arrived
         self.load_ns = load_ns  # spent in acquire while the model was not ready; 0 if it was
@@ -143,6 +157,8 @@ class Leased(LeasedChild):
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self._book is not None and self.slot is not None:
+            self._book.held.discard(self.slot)
         self._scheduler.release(self.lease, keep_alive=self._keep_alive)
 
 
@@ -169,6 +185,7 @@ class Pipeline:
         self.serving = serving if serving is not None else Serving()
         self.cache = cache.ResponseCache(store, self._embed)  # docs/cache.md
         self.affinity = PrefixAffinity()  # which replica saw a prompt's prefix last
+        self.books: dict[str, SlotBook] = {}  # per child (url): the slots leases hold
 
     # -- the entries --------------------------------------------------------------------
 
@@ -360,8 +377,9 @@ class Pipeline:
                     requested=ask.model,
                 )
         prefix: tuple[bytes, ...] = ()
-        if len(target.pool.members) > 1 and isinstance(plan, Plan):  # replicas: affinity
-            prefix = prefix_keys(target.runtime.name, prompt_text(ask.body))
+        pool = target.pool
+        if (len(pool.members) > 1 or pool.runtime.slots > 1) and isinstance(plan, Plan):
+            prefix = prefix_keys(target.runtime.name, prompt_text(ask.body))  # affinity
         if request is None:
             return Routed(target, plan, way.keep_alive, way.priority, prefix)
         keep_alive = steps.keep_alive(request.headers, ask.body)
@@ -426,8 +444,15 @@ class Pipeline:
                     return member
             raise
         load_ns = 0 if ready else time.perf_counter_ns() - begin
+        slot, book = None, None
         if prefix:  # the prefix is on this replica now (a cancelled prefill keeps it too)
-            self.affinity.remember(prefix, lease.member.instance.spec.replica, now)
+            replica = lease.member.instance.spec.replica
+            if lease.runtime.slots > 1 and lease.runtime.dialect != OPENAI_DIALECT:
+                seen = self.affinity.seen(prefix, now)
+                wanted = seen.slot if seen is not None and seen.replica == replica else None
+                book = self._book(lease.url)
+                slot = book.take(lease.runtime.slots, wanted, now)
+            self.affinity.remember(prefix, replica, now, slot)
         leased_runtime = lease.runtime
         spec = leased_runtime.tuning.describe()
         if (trace := current()) is not None:  # observe: the instance and how it was chosen
@@ -441,7 +466,19 @@ class Pipeline:
                 begin,
             )
         started = begin if started is None else started
-        return Leased(self.scheduler, self.children, lease, started, load_ns, spec, keep_alive)
+        return Leased(
+            self.scheduler, self.children, lease, started, load_ns, spec, keep_alive, slot, book
+        )
+
+    def _book(self, url: str) -> SlotBook:
+        """The slot book of the child at `url` (a restarted child has another port: the
+        books of gone children are dropped once they hold nothing and there are many)."""
+        book = self.books.get(url)
+        if book is None:
+            if len(self.books) > 256:
+                self.books = {u: b for u, b in self.books.items() if b.held}
+            book = self.books[url] = SlotBook()
+        return book
 
     # -- 6. admit -----------------------------------------------------------------------
 
@@ -450,7 +487,9 @@ class Pipeline:
         prepares it) and admitted (`admission.admitted`), ready to call."""
         answering = Answering(ask.model, leased.started, leased.load_ns, leased)
         engine = plan.engine if plan.prepare is None else await plan.prepare(answering)
-        sent = await admitted(self.prompts, self.sessions, leased.lease, ask, engine)
+        sent = await admitted(
+            self.prompts, self.sessions, leased.lease, ask, engine, slot=leased.slot
+        )
         # Which speculative decoding mode answers (docs/tune.md); a whole answer adds its
         # acceptance rate from the engine's timings (`exchange.whole`).
         sent.headers[HEADER] = leased.spec

@@ -12,7 +12,7 @@ bound while another waits for room) > `memory` (placement, victims) > `groups`
 (warm pegs: files held resident) | `declared` (the manifest's devices, pegs, fairness).
 """
 
-from blazar.serve.supervisor.scheduler.affinity import PrefixAffinity, prefix_keys
+from blazar.serve.supervisor.scheduler.affinity import PrefixAffinity, SlotBook, prefix_keys
 from blazar.serve.supervisor.scheduler.capacity import (
     BEFORE_STOP_TIMEOUT,
     FOREVER,
@@ -67,6 +67,7 @@ __all__ = [
     "Room",
     "Scheduler",
     "SchedulerError",
+    "SlotBook",
     "Starting",
     "Target",
     "TooLarge",

@@ -20,14 +20,19 @@ answer as a preference (`Scheduler.acquire(prefer=)`): a replica with no free sl
 passed over for the least loaded one, never waited for. A wrong answer costs only a
 cache miss, so the table is small and forgets the oldest keys first.
 
-Slots within one instance are llama-server's to choose (its prompt similarity picks the
-idle slot whose cache shares the most with the prompt); a retry that arrives while its
-cancelled prefill still runs gets another slot (docs/sessions.md, "Not built").
+Within an instance of several slots the same holds for the slot: llama-server gives a
+request an idle slot, and a retry that arrives while its cancelled prefill still runs
+would get another, idle one and a cold prefill. So for a prompt with keys the request
+path also picks the slot (llama-server's `id_slot`): `pick_slot` answers the slot that
+served the prefix when no lease of the gateway holds it (the child may still be
+finishing the cancelled batch: the retry waits for that slot, then starts where it
+stopped), else the free slot used longest ago. Shorter prompts are left to the engine.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from hashlib import blake2b
 
@@ -62,6 +67,7 @@ def prefix_keys(
 class Seen:
     replica: int
     at: float
+    slot: int | None = None  # the slot the gateway chose for it (None: the engine's choice)
 
 
 @dataclass
@@ -73,17 +79,25 @@ class PrefixAffinity:
     capacity: int = CAPACITY
     _seen: OrderedDict[bytes, Seen] = field(default_factory=OrderedDict)
 
-    def choose(self, keys: tuple[bytes, ...], now: float) -> int | None:
-        """The replica that served the longest of `keys` within the window, or None."""
+    def seen(self, keys: tuple[bytes, ...], now: float) -> Seen | None:
+        """Where the longest of `keys` was served within the window, or None."""
         for key in reversed(keys):
             seen = self._seen.get(key)
             if seen is not None and now - seen.at <= self.window:
-                return seen.replica
+                return seen
         return None
 
-    def remember(self, keys: tuple[bytes, ...], replica: int, now: float) -> None:
-        """`replica` now holds every prefix in `keys`."""
-        seen = Seen(replica, now)
+    def choose(self, keys: tuple[bytes, ...], now: float) -> int | None:
+        """The replica that served the longest of `keys` within the window, or None."""
+        seen = self.seen(keys, now)
+        return None if seen is None else seen.replica
+
+    def remember(
+        self, keys: tuple[bytes, ...], replica: int, now: float, slot: int | None = None
+    ) -> None:
+        """`replica` (its `slot`, when the gateway chose it) now holds every prefix in
+        `keys`."""
+        seen = Seen(replica, now, slot)
         for key in keys:
             self._seen[key] = seen
             self._seen.move_to_end(key)
@@ -92,3 +106,31 @@ class PrefixAffinity:
 
     def __len__(self) -> int:
         return len(self._seen)
+
+
+def pick_slot(
+    slots: int, held: Collection[int], wanted: int | None, used: Mapping[int, float]
+) -> int | None:
+    """The slot of an instance of `slots` for a request: `wanted` (where its prefix is)
+    when no lease holds it, else the free slot used longest ago (`used`: when each was
+    last given out; never used first); None when the gateway's leases hold every slot."""
+    if wanted is not None and 0 <= wanted < slots and wanted not in held:
+        return wanted
+    free = [s for s in range(slots) if s not in held]
+    return min(free, key=lambda s: (used.get(s, float("-inf")), s)) if free else None
+
+
+@dataclass
+class SlotBook:
+    """Which slots of one instance the gateway's leases hold, and when each was last
+    given out (the request path's, per child)."""
+
+    held: set[int] = field(default_factory=set)
+    used: dict[int, float] = field(default_factory=dict)
+
+    def take(self, slots: int, wanted: int | None, now: float) -> int | None:
+        slot = pick_slot(slots, self.held, wanted, self.used)
+        if slot is not None:
+            self.held.add(slot)
+            self.used[slot] = now
+        return slot
