@@ -72,6 +72,7 @@ from blazar.serve.state.sessions import Sessions
 from blazar.serve.supervisor.child_http import ChildConnections
 from blazar.serve.supervisor.instance import InstanceFailed
 from blazar.serve.supervisor.scheduler import (
+    PREFIX_BLOCK,
     Lease,
     ModelNotFound,
     PrefixAffinity,
@@ -378,7 +379,8 @@ class Pipeline:
                 )
         prefix: tuple[bytes, ...] = ()
         pool = target.pool
-        if (len(pool.members) > 1 or pool.runtime.slots > 1) and isinstance(plan, Plan):
+        several = len(pool.members) > 1 or pool.runtime.slots > 1
+        if several and isinstance(plan, Plan) and (ask.raw is None or ask.size >= PREFIX_BLOCK):
             prefix = prefix_keys(target.runtime.name, prompt_text(ask.body))  # affinity
         if request is None:
             return Routed(target, plan, way.keep_alive, way.priority, prefix)

@@ -12,7 +12,14 @@ bound while another waits for room) > `memory` (placement, victims) > `groups`
 (warm pegs: files held resident) | `declared` (the manifest's devices, pegs, fairness).
 """
 
-from blazar.serve.supervisor.scheduler.affinity import PrefixAffinity, SlotBook, prefix_keys
+from blazar.serve.supervisor.scheduler.affinity import (
+    BLOCK as PREFIX_BLOCK,
+)
+from blazar.serve.supervisor.scheduler.affinity import (
+    PrefixAffinity,
+    SlotBook,
+    prefix_keys,
+)
 from blazar.serve.supervisor.scheduler.capacity import (
     BEFORE_STOP_TIMEOUT,
     FOREVER,
@@ -48,6 +55,7 @@ from blazar.serve.supervisor.scheduler.reload import adapters_added, reload_acti
 __all__ = [
     "BEFORE_STOP_TIMEOUT",
     "FOREVER",
+    "PREFIX_BLOCK",
     "BeforeStop",
     "Busy",
     "Coreside",
