@@ -19,7 +19,8 @@ import pytest
 
 from blazar.host.hardware import Device
 from blazar.serve.supervisor.scheduler import Declared, NoCapacity, Pool, Scheduler
-from blazar.serve.supervisor.scheduler.fairness import held
+from blazar.serve.supervisor.scheduler.fairness import held, wants
+from blazar.serve.supervisor.scheduler.memory import Budget, Footprint, Memory
 from blazar.serve.supervisor.scheduler.pools import Placement
 from tests.fixtures import ENGINE, model_block, write_manifest, write_models
 from tests.gateway_harness import StandIn, runtime
@@ -69,6 +70,22 @@ def test_only_the_models_on_a_device_the_waiting_load_may_use_are_held() -> None
     assert not held(on0, waiting, 100.0, 10.0, wants=wants)
     assert held(on1, waiting, 100.0, 10.0, wants=wants)
     assert held(on0, waiting, 100.0, 10.0, wants={B: {"gpu:0", "gpu:1"}})
+
+
+def test_the_devices_a_waiting_load_wants_leave_out_what_pins_hold() -> None:
+    budgets = tuple(Budget(f"gpu:{i}", "gpu", i, 10 * GIB, 10 * GIB) for i in (0, 1))
+    pinned = pool("p", pin=True)
+    pinned.placement = Placement((("gpu:1", 8 * GIB),))
+    busy = pool("a")
+    busy.placement = Placement((("gpu:0", 8 * GIB),))
+    waiting = pool("b", loaded=False)
+    sizes = {"p": Footprint(8 * GIB), "a": Footprint(8 * GIB), "b": Footprint(6 * GIB)}
+    memory = Memory(budgets, sizes)
+    # gpu:1's room is a pin's: only gpu:0's busy model can make room for 'b'
+    assert wants([waiting], [pinned, busy, waiting], memory) == {waiting: {"gpu:0"}}
+    pinned_to_1 = Memory(budgets, sizes, pinned={"b": (1,)})
+    assert wants([waiting], [pinned, busy, waiting], pinned_to_1) == {waiting: set()}
+    assert not held(busy, {waiting: 0.0}, 100.0, 10.0, wants={waiting: set()})
 
 
 def make(window: float, queue_timeout: float) -> Scheduler:

@@ -60,7 +60,6 @@ from blazar.serve.supervisor.scheduler.memory import (
     Footprint,
     Memory,
     budgets,
-    candidates,
     estimate_footprint,
     footprint_of,
     view,
@@ -578,19 +577,8 @@ class Scheduler:
             return False
         memory = self.memory()
         wants = None
-        if memory is not None:  # the devices each waiting load may be placed on
-            wants = {
-                other: {
-                    d
-                    for placement in candidates(
-                        memory.bytes_of(other.runtime.name),
-                        memory.budgets,
-                        memory.pinned.get(other.runtime.name),
-                    )
-                    for d in placement.devices
-                }
-                for other in waiting
-            }
+        if memory is not None:  # the devices each waiting load could get room on
+            wants = fairness.wants(waiting, self.all_pools(), memory)
         return fairness.held(pool, waiting, self.clock(), window, priority=priority, wants=wants)
 
     async def _wait_turn(self, pool: Pool, since_ns: int) -> None:

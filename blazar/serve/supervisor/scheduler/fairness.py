@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
+from blazar.serve.supervisor.scheduler.memory import Memory, candidates, usage
 from blazar.serve.supervisor.scheduler.pools import Pool
 
 
@@ -48,3 +49,23 @@ def held(
         other.runtime.name != name and now - since >= window and in_the_way(other)
         for other, since in waiting.items()
     )
+
+
+def wants(
+    waiting: Collection[Pool], pools: Collection[Pool], memory: Memory
+) -> dict[Pool, set[str]]:
+    """Pure: the devices each waiting load could be placed on once the busy models there
+    gave their room: those of its candidate placements where the budget less what pinned
+    and warm models hold (they never give room) has room for its share. Empty when no
+    turn of the others would make room for it (a pin holds it): then nothing is held."""
+    sticky = usage([p for p in pools if p.sticky], ())
+    budget = {b.device: b.bytes for b in memory.budgets}
+    out: dict[Pool, set[str]] = {}
+    for pool in waiting:
+        name = pool.runtime.name
+        devices: set[str] = set()
+        for placement in candidates(memory.bytes_of(name), memory.budgets, memory.pinned.get(name)):
+            if all(budget[d] - sticky.get(d, 0) >= share for d, share in placement.shares):
+                devices.update(placement.devices)
+        out[pool] = devices
+    return out
