@@ -180,6 +180,8 @@ def test_the_models_pages_memory_bars_read_budget_models_and_pegs(tmp_path: Path
                 break
             await asyncio.sleep(0.01)
         bars = memory_view(s)
+        s.declared = Declared()  # 'b' no longer warm_peg (or undeclared): released
+        assert s.pegs.sizes() == {}
         await s.close()
         return bars
 
