@@ -136,6 +136,12 @@ def test_a_pegged_models_reload_reads_no_disk(
         coreside = served.get("/api/blazar/coreside")
         assert coreside["pegs"]["models"] == {"tiny": pegged.stat().st_size}
         assert coreside["pegs"]["budget"] == 64 * MiB
+        shown = blazar("coreside", "--url", served.url).output
+        assert (
+            "PEGGED" in shown
+            and "Warm pegs: tiny" in shown
+            and "(serving.warm_peg_budget)" in shown
+        )
 
         read: dict[str, int] = {}
         for name in ("tiny", "other"):
