@@ -74,7 +74,8 @@ class ChildConnection(asyncio.Protocol):
         self._heard = 0.0  # when the child last sent a byte, or a wait began
         # Where body bytes go as they are parsed, instead of the queue `read` takes them
         # from: the gateway's relay writes them to its client from here (one call per
-        # piece, no task woken); `read` then only waits for the end or a failure.
+        # read from the socket, no task woken); `read` then only waits for the end or a
+        # failure.
         self.sink: Callable[[bytes], None] | None = None
         self._held = False  # reading paused for a slow client (`hold`): silence not counted
         self._begin()
@@ -109,6 +110,9 @@ class ChildConnection(asyncio.Protocol):
         except (ValueError, IndexError) as exc:
             self._fail(UpstreamError(f"the child sent a malformed response ({exc})"))
             self.close()
+        if self.sink is not None and self._pieces:  # what this read completed, at once
+            pieces, self._pieces, self._queued = self._pieces, [], 0
+            self.sink(pieces[0] if len(pieces) == 1 else b"".join(pieces))
         if self._queued > READ_AHEAD and not self._paused and self.transport is not None:
             self._paused = True
             self.transport.pause_reading()
@@ -209,9 +213,6 @@ class ChildConnection(asyncio.Protocol):
 
     def _push(self, piece: bytes) -> None:
         if piece:
-            if self.sink is not None:
-                self.sink(piece)
-                return
             self._pieces.append(piece)
             self._queued += len(piece)
 
@@ -297,8 +298,8 @@ class ChildConnection(asyncio.Protocol):
         """Hand the body bytes queued so far to `sink`, and each later piece as it is
         parsed (`read` then waits only for the end or a failure)."""
         pieces, self._pieces, self._queued = self._pieces, [], 0
-        for piece in pieces:
-            sink(piece)
+        if pieces:
+            sink(b"".join(pieces))
         self.sink = sink
         if self._paused and self.transport is not None:
             self._paused = False
