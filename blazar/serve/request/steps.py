@@ -108,9 +108,9 @@ def closest(requested: str, names: Iterable[str]) -> str | None:
     except InvalidName:
         model = requested
     known = set(names)
-    if model in known or model.removesuffix(":latest") in known:
+    if requested in known or model in known or model.removesuffix(":latest") in known:
         return None
-    return closest_name(model, known)
+    return closest_name(model, known - {requested})
 
 
 def did_you_mean(exc: ModelNotFound, requested: str, names: Iterable[str]) -> ModelNotFound:
