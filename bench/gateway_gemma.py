@@ -38,6 +38,7 @@ def models(slots: int) -> Any:
         gguf = write_gemma(root)
         return (
             f'[models.{MODEL}]\nsource = "{gguf.as_uri()}"\nctx = {slots * 512}\nslots = {slots}\n'
+            'chat_template = "chatml"\n'  # its GGUF carries none
         )
 
     return make
@@ -84,10 +85,15 @@ async def child_url(gateway: str) -> str:
     async with aiohttp.ClientSession() as session:
         first = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
         async with session.post(f"{gateway}/v1/chat/completions", json=first) as resp:
-            await resp.read()
+            text = await resp.text()
+            if resp.status != 200:
+                raise AssertionError(f"the first request failed: {resp.status} {text[:300]}")
         async with session.get(f"{gateway}/api/blazar/ps") as resp:
             rows = (await resp.json())["instances"]
-    row = next(r for r in rows if r["model"] == MODEL and r["state"] == "ready")
+    ready = [r for r in rows if r["model"] == MODEL and r["state"] == "ready"]
+    if not ready:
+        raise AssertionError(f"no ready instance of {MODEL}: {rows}")
+    row = ready[0]
     return f"http://127.0.0.1:{row['port']}"
 
 
