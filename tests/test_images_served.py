@@ -10,11 +10,12 @@ started for it), `response_format=url` says Blazar returns base64, an async job 
 to its pictures, and a cancelled job stops the child's work (the sd-server that was
 drawing is gone, a fresh one answers).
 
-Figures here: a 64x64 one-step picture takes about 3 s on two quiet cores (nearly all
-of it the tiny model's text encoder over its 512 padded tokens) and 10 to 15 s on the
-same cores shared with other test runs, so the tests that draw are `slow` (opt-in:
-BLAZAR_SLOW=1); the default suite keeps the lane's start, health and refusals here and
-two drawing tests on the launcher itself (tests/test_sdcpp.py).
+Figures here (two cores, quiet): the module takes about 60 s, each test that draws 4 to
+12 s (a 64x64 one-step picture is about 2.5 s, nearly all of it the tiny model's text
+encoder over its 512 padded tokens; serve's first load adds a second); on the same
+cores shared with other test runs, 2 to 4 times that. The drawing tests stay in the
+default suite because each is what a user of a route notices; `blazar image`'s test
+(a daemon picture and a `--local` one) is `slow` (opt-in: BLAZAR_SLOW=1).
 """
 
 from __future__ import annotations
@@ -123,7 +124,6 @@ def test_refusals_come_before_any_work(served: Served) -> None:
     assert served.ps() == []
 
 
-@pytest.mark.slow  # pictures: about 3 s each on quiet cores, 15 s on busy ones
 def test_generations_give_pngs_of_the_asked_size_and_the_seed_decides(
     client: openai.OpenAI,
 ) -> None:
@@ -133,7 +133,6 @@ def test_generations_give_pngs_of_the_asked_size_and_the_seed_decides(
     assert picture(client, seed=2, size="64x48") != first
 
 
-@pytest.mark.slow  # pictures: about 3 s each on quiet cores, 15 s on busy ones
 def test_edits_take_a_picture_and_give_one_of_the_asked_size(client: openai.OpenAI) -> None:
     source = picture(client, seed=5)
     reply = client.images.edit(
@@ -159,7 +158,6 @@ def wait_for(served: Served, job: str, status: tuple[str, ...], seconds: float =
     raise AssertionError(f"job {job} did not get to {status}: {found}")
 
 
-@pytest.mark.slow  # pictures: about 3 s each on quiet cores, 15 s on busy ones
 def test_an_async_job_is_polled_to_its_pictures(served: Served) -> None:
     body = {"model": "tiny-image", "prompt": "a lighthouse", "size": "64x64", **FAST}
     job = served.post("/v1/images/generations", {**body, "seed": 9, "async": True})
@@ -172,7 +170,6 @@ def test_an_async_job_is_polled_to_its_pictures(served: Served) -> None:
     assert job["id"] in [j["id"] for j in listed]
 
 
-@pytest.mark.slow  # pictures: about 3 s each on quiet cores, 15 s on busy ones
 def test_a_cancelled_job_stops_the_childs_work(served: Served) -> None:
     body = {"model": "tiny-image", "prompt": "a lighthouse", "size": "64x64", "steps": 500}
     job = served.post("/v1/images/generations", {**body, "cfg_scale": 1.0, "async": True})
@@ -235,7 +232,6 @@ def test_blazar_image_writes_the_png_through_the_daemon_and_locally(
     assert not (tmp_path / "c.png").exists()
 
 
-@pytest.mark.slow  # one picture
 def test_a_picture_is_traced_and_metered(served: Served) -> None:
     trace = uuid.uuid4().hex
     body = {"model": "tiny-image", "prompt": "a lighthouse", "size": "64x64", **FAST, "seed": 3}

@@ -159,6 +159,7 @@ def test_extra_args_are_stable_diffusion_cpps_json_block() -> None:
 # -- the real child -------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # two pictures; tests/test_images_served.py checks the same on the route
 def test_sd_server_makes_pngs_of_the_asked_size_and_the_seed_decides_the_bytes(
     served: Launched,
 ) -> None:
