@@ -127,10 +127,20 @@ def test_refusals_come_before_any_work(served: Served) -> None:
 def test_generations_give_pngs_of_the_asked_size_and_the_seed_decides(
     client: openai.OpenAI,
 ) -> None:
-    first = picture(client, seed=1, size="64x48")
-    assert png_size(first) == (64, 48)
-    assert picture(client, seed=1, size="64x48") == first
-    assert picture(client, seed=2, size="64x48") != first
+    # Two requests: n=2 draws seeds 1 and 2 from one prompt encoding; seed 1 alone again
+    # gives the first picture's bytes.
+    reply = client.images.generate(
+        model="tiny-image",
+        prompt="a lighthouse",
+        n=2,
+        size="64x48",  # type: ignore[arg-type]
+        response_format="b64_json",
+        extra_body={**FAST, "seed": 1},
+    )
+    first, second = (base64.b64decode(d.b64_json or "") for d in reply.data or [])
+    assert png_size(first) == png_size(second) == (64, 48)
+    assert first != second  # another seed, another picture
+    assert picture(client, seed=1, size="64x48") == first  # the same seed, the same bytes
 
 
 def test_edits_take_a_picture_and_give_one_of_the_asked_size(client: openai.OpenAI) -> None:
