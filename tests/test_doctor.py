@@ -84,7 +84,11 @@ STATS: dict[str, Any] = {
     ],
     "models": {
         "a": {"prompt_tokens": 10_000, "cached_tokens": 9_000},
-        "c": {"prompt_tokens": 10_000, "cached_tokens": 500},
+        "c": {
+            "prompt_tokens": 10_000,
+            "cached_tokens": 500,
+            "cold_loads": {"count": 3, "max_ms": 4_200.0},
+        },
         "d": {"prompt_tokens": 100, "cached_tokens": 0},  # too little traffic to judge
     },
     "cache_busters": [{"client": "ci", "model": "a", "count": 3, "last": 1.0}],
@@ -100,9 +104,33 @@ def test_runtime_findings() -> None:
     assert ("warning", "instance c/1 restarted 2 times (last: killed)") in text
     assert ("warning", "model 'c' reuses only 5% of its prompt tokens from cache") in text
     assert not any("model 'a' reuses" in w or "model 'd'" in w for _, w in text)
+    [cold] = [f for f in found if "slow to first token after idle" in f.what]
+    assert cold.what == (
+        "model 'c' was slow to first token after idle: 3 requests waited for it to start "
+        "(up to 4.2 s)"
+    )
+    assert "models.c.warm_peg = true" in (cold.fix or "")
     [buster] = [f for f in found if "busts the prompt cache" in f.what]
     assert "client ci" in buster.what and "byte-stable" in (buster.fix or "")
     assert ("warning", "4 requests refused (busy)") in text
     assert exit_code(found) == 1
     down = runtime_findings(DaemonView("http://h:1", False))
     assert severities(down) == ["warning"] and exit_code(down) == 0
+
+
+def test_the_summary_counts_the_cold_loads_the_traces_kept() -> None:
+    from collections import deque
+
+    from blazar.serve.state import live
+
+    ring = deque(
+        [
+            {"model": "c", "decision": "spawned", "load_ms": 4_200.0},
+            {"model": "c", "decision": "spawned", "load_ms": 300.0},  # quick: not idle-slow
+            {"model": "c", "decision": "ready", "load_ms": None},
+            {"model": "c", "decision": "spawned", "load_ms": 1_500.0},
+            {"model": "a", "decision": "spawned", "load_ms": 9_000.0},
+        ]
+    )
+    assert live._cold_loads(ring, "c") == {"cold_loads": {"count": 2, "max_ms": 4_200.0}}
+    assert live._cold_loads(ring, "b") == {}

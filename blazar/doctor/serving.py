@@ -233,6 +233,20 @@ def runtime_findings(daemon: DaemonView, covered: Iterable[str] = ()) -> list[Fi
                     "clients below), or raise the model's slots",
                 )
             )
+    for model, row in (stats.get("models") or {}).items():
+        cold = row.get("cold_loads") or {}
+        if cold.get("count"):
+            out.append(
+                Finding(
+                    "RUNTIME",
+                    WARNING,
+                    f"model '{model}' was slow to first token after idle: {cold['count']} "
+                    f"requests waited for it to start (up to {cold['max_ms'] / 1000:.1f} s)",
+                    f"models.{model}.warm_peg = true keeps its weights in memory after it "
+                    f"unloads (the next load reads no disk); keep_alive = -1 keeps it loaded; "
+                    f"serving.session_bank restores its conversations",
+                )
+            )
     for buster in stats.get("cache_busters") or []:
         out.append(
             Finding(

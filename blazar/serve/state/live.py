@@ -27,6 +27,7 @@ from prometheus_client.metrics_core import Metric
 
 from blazar import __version__
 from blazar.observe.cachebust import Tracker
+from blazar.observe.trail import COLD_LOAD_MS
 from blazar.serve.supervisor.instance import State
 from blazar.serve.supervisor.scheduler import Pool, Scheduler
 
@@ -173,7 +174,9 @@ def stats(
     return {
         "time": time.time(),
         "instances": instances,
-        "models": {m: {**t, **_recent(ring, m)} for m, t in sorted(totals.items())},
+        "models": {
+            m: {**t, **_recent(ring, m), **_cold_loads(ring, m)} for m, t in sorted(totals.items())
+        },
         "rejected": rejected,
         "cache_busters": [b.to_dict() for b in tracker.busters()],
     }
@@ -209,6 +212,19 @@ def _totals(families: Iterable[Metric]) -> tuple[dict[str, dict[str, Any]], dict
             if key == "requests" and not sample.labels.get("status", "").startswith("2"):
                 row["errors"] += sample.value
     return totals, rejected
+
+
+def _cold_loads(ring: deque[dict[str, Any]], model: str) -> dict[str, Any]:
+    """The requests of the traces kept (the ring) that waited for their model to start,
+    for at least `COLD_LOAD_MS` (doctor's "slow to first token after idle")."""
+    slow = [
+        r["load_ms"]
+        for r in ring
+        if r["model"] == model
+        and r.get("decision") == "spawned"
+        and (r.get("load_ms") or 0) >= COLD_LOAD_MS
+    ]
+    return {"cold_loads": {"count": len(slow), "max_ms": max(slow)}} if slow else {}
 
 
 def _recent(ring: deque[dict[str, Any]], model: str) -> dict[str, Any]:
