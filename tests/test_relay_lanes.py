@@ -209,3 +209,28 @@ def test_the_lane(
     else:
         assert isinstance(lane, Interpret), lane
         assert reason in lane.reason
+
+
+def test_the_relays_access_checks_count_a_keys_rate_once() -> None:
+    """relay_grant checks Host, key and scope without taking from the key's rate; only a
+    request the relay then carries is taken (relay_take), so a request it hands to
+    aiohttp is counted once, by guard."""
+    import hashlib
+
+    from blazar.serve.gateway.access import Access
+    from specs.keys import Key
+    from specs.serving import Serving
+
+    access = Access()
+    secret = "plm_" + "r" * 40
+    key = Key(sha256=hashlib.sha256(secret.encode()).hexdigest(), rpm=2)
+    access.configure(Serving(), {"slow": key})
+    headers = {"host": "127.0.0.1:1", "authorization": f"Bearer {secret}"}
+    for _ in range(5):  # checked, never taken
+        allowed, name, grant = access.relay_grant(headers)
+        assert allowed and name == "slow" and grant is not None
+    assert access.relay_take(grant) and access.relay_take(grant)
+    assert not access.relay_take(grant)  # the third within the minute: guard refuses it
+    assert access.relay_grant({**headers, "authorization": "Bearer plm_wrong"})[0] is False
+    assert access.relay_grant({**headers, "host": "evil.example"})[0] is False
+    assert access.relay_grant({"host": "127.0.0.1"})[0] is False  # no key

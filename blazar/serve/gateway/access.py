@@ -426,10 +426,10 @@ class Access:
 
     def relay_grant(self, headers: Mapping[str, str]) -> tuple[bool, str | None, Grant | None]:
         """The checks of `guard` for an inference request the relay carries (Host, a key,
-        its scope and rate), on its head's headers (names lowercased): (admitted, the
-        key's name, its grant). Not admitted: the request goes to aiohttp, whose `guard`
-        answers the refusal in the protocol's shape and audits it. An Origin never gets
-        here (`lanes.decide`: its answer needs CORS headers)."""
+        its scope; its rate is `relay_take`'s), on its head's headers (names lowercased):
+        (admitted, the key's name, its grant). Not admitted: the request goes to aiohttp,
+        whose `guard` answers the refusal in the protocol's shape and audits it. An
+        Origin never gets here (`lanes.decide`: its answer needs CORS headers)."""
         host = headers.get("host")
         allowed = self._hosts.get(host) if host is not None else True
         if allowed is None:
@@ -451,16 +451,25 @@ class Access:
             return False, None, None
         if RANK[grant.scope] < RANK[INFERENCE]:
             return False, None, None
+        return True, grant.name, grant
+
+    def relay_take(self, grant: Grant | None) -> bool:
+        """The key's rate, for a request the relay carries: one request taken from its
+        bucket, or False when it has none left (`guard` then refuses it, taking none).
+        Called only once the relay has decided to carry the request, so a request it
+        hands to aiohttp is counted once, by `guard`."""
+        if grant is None:
+            return True
         if grant.rpm is not None:
             bucket, wait = policy.take_token(
                 self.buckets.get(grant.name), grant.rpm, time.monotonic()
             )
             if wait is not None:
-                return False, None, None  # refused by guard, which takes no token either
+                return False
             self.buckets[grant.name] = bucket
         if grant.name != OPERATOR:
             self.last_used[grant.name] = time.time()
-        return True, grant.name, grant
+        return True
 
     def _authenticate(self, request: web.Request, scope: str) -> web.Response | None:
         """None when the request's key may call a route of `scope`; else the refusal."""

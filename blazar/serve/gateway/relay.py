@@ -246,7 +246,7 @@ class Relayer:
         lane = decide(
             Head(head.method, head.path, headers), body, facts, settings, images=b"image" in raw
         )
-        if lane is not RELAY:
+        if lane is not RELAY or not self.access.relay_take(grant):
             return None
         priority = headers.get("x-blazar-priority", "").lower() == "high"
         return RelayCall(head, raw, body, target, key, keep_alive, priority, started)
