@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from reconcilers.desired import LATEST, DesiredEngine
 from reconcilers.plan import Action, Change, Note
 from reconcilers.ports import EnginesPort, ObservedEngine, ObservedLane
-from specs.engines import PACKAGE_ENGINES
+from specs.engines import PACKAGE_ENGINES, SOURCE_ENGINES
 
 TagOf = Callable[[str, str, str], str]  # (method, version, backend) -> tag
 
@@ -28,6 +28,22 @@ def audio_tag(kind: str, version: str) -> str:
     """The tag of a package engine (whisper, piper, mistralrs): its package and version,
     such as faster-whisper-1.2.1 (`blazar.engines.audio` installs it under that tag)."""
     return f"{PACKAGE_ENGINES[kind]}-{version}"
+
+
+def sdcpp_tag(version: str, backend: str = "cpu") -> str:
+    """The tag of an sdcpp engine: sdcpp-0.4.7-cpu, the stable-diffusion-cpp-python sdist's
+    version and the backend (`blazar.engines.sdcpp` installs it under that tag)."""
+    return f"sdcpp-{version}-{backend}"
+
+
+def pinned_tag(engine: DesiredEngine, tag_of: TagOf) -> str:
+    """The tag a pinned engine is installed under: a package engine's and an sdcpp
+    engine's follow from their kind; llama.cpp's from the install method (`tag_of`)."""
+    if engine.kind in PACKAGE_ENGINES:
+        return audio_tag(engine.kind, engine.version)
+    if engine.kind in SOURCE_ENGINES:
+        return sdcpp_tag(engine.version, engine.backend)
+    return tag_of(engine.method, engine.version, engine.backend)
 
 
 class PlanError(ValueError):
@@ -69,11 +85,7 @@ def plan_engines(
                     )
                 )
             continue
-        tag = (
-            audio_tag(engine.kind, engine.version)
-            if engine.kind in PACKAGE_ENGINES
-            else tag_of(engine.method, engine.version, engine.backend)
-        )
+        tag = pinned_tag(engine, tag_of)
         if active is not None and active.tag == tag:
             continue
         installed = any(o.tag == tag for o in mine)

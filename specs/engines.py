@@ -4,7 +4,7 @@ models are routed to them; part of the manifest (`specs.manifest.Manifest`)."""
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -16,25 +16,29 @@ from specs.tables import Table
 class Engine(Table):
     """An engine lane: which kind of server, how it is installed, and the version wanted."""
 
-    kind: Literal["llamacpp", "mistralrs", "whisper", "piper"] = Field(
+    kind: Literal["llamacpp", "mistralrs", "whisper", "piper", "sdcpp"] = Field(
         default="llamacpp",
         description="The server: llamacpp (llama.cpp: chat, completions, embeddings), "
         "mistralrs (mistral.rs: chat and completions from GGUF or safetensors models, "
-        "OpenAI's API only), whisper (faster-whisper: speech to text) or piper (piper-tts: "
-        "text to speech).",
+        "OpenAI's API only), whisper (faster-whisper: speech to text), piper (piper-tts: "
+        "text to speech) or sdcpp (stable-diffusion.cpp's sd-server: images).",
     )
     install: Literal["wheel", "release", "source"] = Field(
         default="wheel",
         description="wheel: xllamacpp from PyPI (mistralrs, whisper and piper: the "
         "mistralrs, faster-whisper or piper-tts package, the only method for them); "
-        "release: llama.cpp's release archives; source: a cmake build of a llama.cpp tree.",
+        "release: llama.cpp's release archives; source: a cmake build of a llama.cpp tree "
+        "(sdcpp: sd-server built from the stable-diffusion-cpp-python sdist, the only "
+        "method for it and its default).",
     )
     version: NonEmpty = Field(
         default="latest",
         description="'latest', or a pin: YEAR.MONTH.BUILD for the wheel (2026.10.11549), "
         "bNNNN for a release (b11549), bNNNN or a commit sha for a source build; for "
         "mistralrs, whisper and piper the package's version (mistralrs '0.9.5', "
-        "faster-whisper '1.2.1', piper-tts '1.8.0').",
+        "faster-whisper '1.2.1', piper-tts '1.8.0'); for sdcpp the "
+        "stable-diffusion-cpp-python sdist's ('0.4.7'; 'latest' is that one, the sdist "
+        "checked to vendor sd-server).",
     )
     rollback_on_drop: float = Field(
         default=0.10,
@@ -71,10 +75,20 @@ class Engine(Table):
         """The lane in the store: a fork's offer id, else the kind."""
         return self.lane or self.kind
 
+    @model_validator(mode="before")
+    @classmethod
+    def _sdist_by_default(cls, data: Any) -> Any:
+        """An sdcpp engine that names no install method takes its only one (source)."""
+        if isinstance(data, dict) and data.get("kind") in SOURCE_ENGINES and "install" not in data:
+            return {**data, "install": "source"}
+        return data
+
     @model_validator(mode="after")
     def _consistent(self) -> Engine:
         if self.kind in PACKAGE_ENGINES:
             return self._packaged()
+        if self.kind in SOURCE_ENGINES:
+            return self._sdist()
         if self.lane is not None:
             given = sorted({"install", "version", "feed", "source"} & self.model_fields_set)
             if given:
@@ -131,13 +145,49 @@ class Engine(Table):
             )
         return self
 
+    def _sdist(self) -> Engine:
+        """sdcpp: sd-server built from its PyPI sdist (install = 'source'), on the CPU or
+        with CUDA, at a version of that sdist."""
+        package = SOURCE_ENGINES[self.kind]
+        if self.install != "source":
+            raise FieldError(
+                "install",
+                f"kind = {self.kind!r} installs with install = 'source' only (sd-server built "
+                f"from the {package} sdist), not {self.install!r}",
+                "write install = 'source' or leave install out",
+            )
+        for name in ("lane", "feed", "source"):
+            if getattr(self, name) is not None:
+                raise FieldError(
+                    name,
+                    f"{name} does not apply to kind = {self.kind!r}: it builds the {package} "
+                    "sdist's vendored tree (version and backend apply)",
+                    f"remove {name}",
+                )
+        if self.version != "latest" and not PACKAGE_VERSION.fullmatch(self.version):
+            raise FieldError(
+                "version",
+                f"version {self.version!r} is not 'latest' or a {package} version such as "
+                f"{PACKAGE_EXAMPLES[self.kind]!r}",
+            )
+        return self
+
 
 # The speech engines and the PyPI package each installs (blazar.engines.audio).
 AUDIO_ENGINES = {"whisper": "faster-whisper", "piper": "piper-tts"}
 # Every engine installed from one PyPI package into a venv of its own: the speech ones and
 # mistral.rs (a chat engine).
 PACKAGE_ENGINES = {**AUDIO_ENGINES, "mistralrs": "mistralrs"}
-PACKAGE_EXAMPLES = {"whisper": "1.2.1", "piper": "1.8.0", "mistralrs": "0.9.5"}
+# Engines built from a PyPI sdist that vendors their server's tree (blazar.engines.sdcpp),
+# with the sdist's package: install = 'source', version = that package's.
+SOURCE_ENGINES = {"sdcpp": "stable-diffusion-cpp-python"}
+SDCPP_PINNED = "0.4.7"  # the sdist checked to vendor sd-server: what 'latest' installs
+PACKAGE_EXAMPLES = {
+    "whisper": "1.2.1",
+    "piper": "1.8.0",
+    "mistralrs": "0.9.5",
+    "sdcpp": SDCPP_PINNED,
+}
 PACKAGE_VERSION = re.compile(r"[0-9]+(\.[0-9]+){1,3}")
 # Fields that mean something for chat models only (llama-server's settings).
 

@@ -39,10 +39,12 @@ from blazar.engines.source import (
     run_cmake,
 )
 from blazar.errors import InvalidInput
+from reconcilers.engines import sdcpp_tag
+from specs.engines import SDCPP_PINNED, SOURCE_ENGINES
 
 KIND = "sdcpp"
-PACKAGE = "stable-diffusion-cpp-python"
-PINNED = "0.4.7"  # the sdist checked here: its vendored tree has examples/server
+PACKAGE = SOURCE_ENGINES[KIND]  # stable-diffusion-cpp-python
+PINNED = SDCPP_PINNED  # the sdist checked here (0.4.7): its vendored tree has examples/server
 SERVER = "sd-server"
 LAUNCHER = "sd_launcher.py"
 VENDORED = Path("vendor") / "stable-diffusion.cpp"
@@ -61,7 +63,7 @@ FLAGS = (
 
 def engine_tag(version: str, backend: str = "cpu") -> str:
     """sdcpp-0.4.7-cpu: the sdist's version names the vendored tree."""
-    return f"{KIND}-{version}-{backend}"
+    return sdcpp_tag(version, backend)
 
 
 def sdist_name(version: str) -> str:

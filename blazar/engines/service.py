@@ -306,6 +306,33 @@ class Engines:
             progress(f"benchmarking {active.tag} against {tag} ...")
         return self.adopt(candidate, max_drop=max_drop, model=model)
 
+    def install_sdcpp(
+        self,
+        version: str | None = None,
+        *,
+        backend: str = "cpu",
+        log: Callable[[str], None] | None = None,
+    ) -> EngineRecord:
+        """Install sd-server (`backend` cpu or cuda) from the stable-diffusion-cpp-python
+        sdist (`version`, default the one checked to vendor the server) beside the lane's
+        engines, unactivated; `engine install --kind sdcpp` and apply's ports both call
+        it. $BLAZAR_SDCPP_BUILT names an engines directory holding that build already (the
+        tests' cache): it is copied, not built."""
+        import os
+
+        from blazar.engines import sdcpp
+
+        built = os.environ.get("BLAZAR_SDCPP_BUILT")
+        installed = sdcpp.install_sdcpp(
+            self.paths.engines,
+            self.paths.cache / "src",
+            version or sdcpp.PINNED,
+            built_root=Path(built) if built else None,
+            backend=backend,
+            log=log,
+        )
+        return self.records.add(installed)
+
     def update_sdcpp(
         self,
         *,
@@ -317,11 +344,8 @@ class Engines:
     ) -> UpdateOutcome:
         """Build sd-server (`backend` cpu or cuda) from the stable-diffusion-cpp-python sdist
         (`version`, default the one checked to vendor the server) beside the lane's engines,
-        behind the lane's gate (images per second at 64x64, 1 step). $BLAZAR_SDCPP_BUILT
-        names an engines directory holding that build already (the tests' cache): it is
-        copied, not built."""
-        import os
-
+        behind the lane's gate (images per second at 64x64, 1 step); `install_sdcpp`
+        installs it."""
         from blazar.engines import sdcpp
 
         version = version or sdcpp.PINNED
@@ -329,17 +353,8 @@ class Engines:
         if (held := self._held(sdcpp.KIND, tag)) is not None:
             return held
         active = self.records.active(sdcpp.KIND)
-        built = os.environ.get("BLAZAR_SDCPP_BUILT")
         progress(f"installing {sdcpp.KIND} {tag} ({sdcpp.PACKAGE} {version}) ...")
-        installed = sdcpp.install_sdcpp(
-            self.paths.engines,
-            self.paths.cache / "src",
-            version,
-            built_root=Path(built) if built else None,
-            backend=backend,
-            log=progress,
-        )
-        candidate = self.records.add(installed)
+        candidate = self.install_sdcpp(version, backend=backend, log=progress)
         if active:
             progress(f"benchmarking {active.tag} against {tag} ...")
         return self.adopt(candidate, max_drop=max_drop, model=model)

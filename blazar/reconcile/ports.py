@@ -31,7 +31,7 @@ from reconcilers.ports import (
     Ports,
     Progress,
 )
-from specs.engines import PACKAGE_ENGINES
+from specs.engines import PACKAGE_ENGINES, SOURCE_ENGINES
 from specs.models import AUTO_PROJECTOR
 from specs.names import parse_name
 from specs.sources import parse_source
@@ -112,6 +112,9 @@ class StoreEngines:
 
     def install(self, kind: str, method: str, version: str | None, options: dict[str, Any]) -> str:
         with classified():
+            if kind in SOURCE_ENGINES:  # sdcpp: sd-server from its sdist, as engine install
+                backend = str(options.get("backend") or "cpu")
+                return self.service.install_sdcpp(version, backend=backend).tag
             if method == "source":
                 import tempfile
 
