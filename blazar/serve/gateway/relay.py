@@ -44,7 +44,7 @@ from http import HTTPStatus
 from typing import Any
 
 from blazar.observe.speculation import HEADER
-from blazar.observe.trace import CURRENT, Trace
+from blazar.observe.trace import CURRENT, Trace, prompt_text
 from blazar.protocols import EngineRequest, ProtocolError
 from blazar.protocols.openai_requests import shape_request
 from blazar.serve.gateway.access import Access
@@ -60,7 +60,7 @@ from blazar.serve.request.pipeline import Leased, Routed
 from blazar.serve.routes.services import Services
 from blazar.serve.state.remotes import Forward
 from blazar.serve.supervisor.child_http import UpstreamError
-from blazar.serve.supervisor.scheduler import SchedulerError, Target
+from blazar.serve.supervisor.scheduler import PREFIX_BLOCK, SchedulerError, Target, prefix_keys
 
 HEAD_LIMIT = 1 << 16  # a head longer than this goes to aiohttp (which refuses it at 8 KiB lines)
 BODY_LIMIT = 1 << 20  # a body longer than this goes to aiohttp (its body budget counts it)
@@ -284,8 +284,12 @@ class Relayer:
         trace.resolved(runtime.name, None)
         pipeline = self.services.pipeline
         extra: dict[str, str] = {}
+        prefix: tuple[bytes, ...] = ()
+        pool = target.pool
+        if (len(pool.members) > 1 or pool.runtime.slots > 1) and len(call.raw) >= PREFIX_BLOCK:
+            prefix = prefix_keys(runtime.name, prompt_text(call.body))  # as `Pipeline.route`
         try:
-            routed = Routed(target, None, call.keep_alive, call.priority)
+            routed = Routed(target, None, call.keep_alive, call.priority, prefix)
             leased = await pipeline.lease(None, routed, call.started)
         except (ProtocolError, SchedulerError) as exc:
             return self._refuse(sink, trace, trace_id, exc, sink.close)
@@ -296,7 +300,12 @@ class Relayer:
                 ask = Ask(runtime.name, head.path, call.body, call.raw)
                 engine = EngineRequest(head.path, call.body, stream)
                 sent = await admitted(
-                    pipeline.prompts, pipeline.sessions, leased.lease, ask, engine
+                    pipeline.prompts,
+                    pipeline.sessions,
+                    leased.lease,
+                    ask,
+                    engine,
+                    slot=leased.slot,  # the prefix's slot (`scheduler.affinity`)
                 )
             except ProtocolError as exc:
                 return self._refuse(sink, trace, trace_id, exc, sink.close)
