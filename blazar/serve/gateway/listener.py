@@ -263,7 +263,11 @@ class GatewayHandler(web.RequestHandler):
                 if len(held) < total:
                     self._wait_for_body()
                     return
-                call = relayer.prepare(head, bytes(held[head.size : total]))
+                try:
+                    call = relayer.prepare(head, bytes(held[head.size : total]))
+                except Exception:  # a bug: aiohttp's lane answers, the log has the traceback
+                    log.exception("the relay could not read %s %s", head.method, head.path)
+                    call = None
                 if call is not None:
                     self._stop_grace()
                     del held[:total]
