@@ -8,7 +8,8 @@ asked size comes back on each route, the same seed gives the same bytes and anot
 others, a request over a cap is refused naming the cap before any work (no child is
 started for it), `response_format=url` says Blazar returns base64, an async job is polled
 to its pictures, and a cancelled job stops the child's work (the sd-server that was
-drawing is gone, a fresh one answers).
+drawing is gone, a fresh one answers), as does a synchronous request whose client hangs
+up mid-generation (1 s into a 100-step picture of about 6 s).
 
 Figures here (two cores, quiet): the module takes about 60 s, each test that draws 4 to
 12 s (a 64x64 one-step picture is about 2.5 s, nearly all of it the tiny model's text
@@ -25,6 +26,7 @@ import hashlib
 import io
 import json
 import re
+import socket
 import struct
 import time
 import urllib.error
@@ -37,6 +39,7 @@ from typing import Any
 import openai
 import pytest
 
+from blazar.serve.request.image_jobs import hang_up_stops_work
 from blazar.testing.tiny_sd import write_tiny_image_model
 from tests.conftest import run_blazar
 from tests.serving import Served, processes_mentioning
@@ -199,6 +202,35 @@ def test_a_cancelled_job_stops_the_childs_work(served: Served) -> None:
     assert again.value.code == 409
     client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="none", max_retries=0)
     assert png_size(picture(client, seed=1)) == (64, 64)  # and the child works again
+
+
+def test_a_client_that_hangs_up_stops_the_childs_work(served: Served) -> None:
+    client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="none", max_retries=0)
+    if not sd_servers(served):  # loaded first: the hang-up must come while it draws
+        picture(client, seed=1)
+    (drawing,) = sd_servers(served)
+    asked = {"model": "tiny-image", "prompt": "a lighthouse", "size": "64x64", "seed": 4}
+    body = json.dumps({**asked, "steps": 100, "cfg_scale": 1.0}).encode()  # about 6 s
+    head = (
+        f"POST /v1/images/generations HTTP/1.1\r\nHost: 127.0.0.1:{served.port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", served.port)) as sock:
+        sock.sendall(head.encode() + body)
+        time.sleep(1)  # the prompt's encoding is under way (about 2.5 s), then 100 steps
+    deadline = time.monotonic() + 10
+    now = sd_servers(served)
+    while (drawing in now or len(now) != 1) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        now = sd_servers(served)
+    assert drawing not in now  # the sd-server drawing for no one is gone
+    assert len(now) == 1  # a fresh one took its place
+    assert png_size(picture(client, seed=1)) == (64, 64)  # and the next request is served
+
+
+def test_a_hang_up_stops_the_child_only_when_no_other_request_is_on_it() -> None:
+    # Stopping restarts sd-server, ending every generation on it: one shared is kept.
+    assert hang_up_stops_work(1) and not hang_up_stops_work(2)
 
 
 @pytest.mark.slow  # two pictures, one through the daemon and one on a child of its own

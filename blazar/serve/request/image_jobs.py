@@ -6,7 +6,8 @@ jobs both use it): the request's JSON to the launcher's `/v1/images/generations`
 with the trace told what was asked (steps, size, n) and what it took (seconds, seconds
 per step). `cancel_child` asks the launcher to stop the work under way: sd-server cannot
 stop a generation, so the launcher restarts it (`sd_launcher`); closing the connection
-alone would leave it drawing.
+alone would leave it drawing. A sync route whose client hangs up calls it too
+(`stop_abandoned`), unless another request is on the same child.
 
 `ImageJobs` are `POST /v1/images/generations` with `async=true`: answered 202 with a job
 at once, polled with `GET /v1/images/jobs/{id}`, cancelled with `POST .../cancel`. A job
@@ -142,6 +143,23 @@ async def cancel_child(children: ChildConnections, url: str) -> None:
     finally:
         if connection is not None:
             children.release(url, connection)
+
+
+def hang_up_stops_work(in_flight: int) -> bool:
+    """Whether a synchronous generation whose client hung up stops its child's work: only
+    when no other request is on that child, since stopping restarts sd-server and ends
+    every generation under way on it (an image model has one slot, so today none is)."""
+    return in_flight <= 1
+
+
+async def stop_abandoned(children: ChildConnections, url: str, in_flight: int) -> None:
+    """The client of a generation on the child at `url` hung up (`in_flight`: the requests
+    on that child, this one counted): stop the work no one waits for, unless another
+    request shares the child. Shielded, so the handler's cancellation does not cut the
+    stop short; awaited before the lease is given back, so the next request finds the
+    child idle rather than behind a picture for no one."""
+    if hang_up_stops_work(in_flight):
+        await asyncio.shield(cancel_child(children, url))
 
 
 @dataclass

@@ -7,8 +7,10 @@
   `protocols.openai_images`; the model must be an image model (400 otherwise), and its
   caps (`image_max_size`, `image_max_steps`) are checked here, against the resolved
   model, before the request takes the one request path (`pipeline`: keys, queue,
-  lease, trace) to an sdcpp child (`image_jobs.generate`). With `async=true` a
-  generation answers 202 with a job instead (`image_jobs.ImageJobs`).
+  lease, trace) to an sdcpp child (`image_jobs.generate`). A client that hangs up
+  mid-generation (serve cancels its handler) stops the child's work, as a cancelled
+  job does (`image_jobs.stop_abandoned`). With `async=true` a generation answers 202
+  with a job instead (`image_jobs.ImageJobs`).
 - `GET /v1/images/jobs`, `GET /v1/images/jobs/{id}`, `POST /v1/images/jobs/{id}/cancel`:
   the jobs; with keys in use, a key sees only its own. Cancelling a running job stops
   the child's work.
@@ -19,6 +21,7 @@ errors middleware.
 
 from __future__ import annotations
 
+import asyncio
 import email.parser
 import email.policy
 from dataclasses import dataclass
@@ -32,7 +35,7 @@ from blazar.serve.http import KEY_NAME, TRACE, parse_json_object, trace_id, want
 from blazar.serve.request import steps
 from blazar.serve.request.asks import Ask
 from blazar.serve.request.grants import grant_of
-from blazar.serve.request.image_jobs import ImageJobs, generate
+from blazar.serve.request.image_jobs import ImageJobs, generate, stop_abandoned
 from blazar.serve.request.pipeline import Leased
 from blazar.serve.routes.services import Services
 from blazar.serve.supervisor.runtime import resolve as resolve_name
@@ -102,9 +105,13 @@ class ImagesAPI:
             )
             return web.json_response(job.to_api(), status=202)
         lease = leased.lease
-        answer = await generate(
-            self.services.children, lease.url, lease.runtime.name, ask.asked, ask.default_steps
-        )
+        try:
+            answer = await generate(
+                self.services.children, lease.url, lease.runtime.name, ask.asked, ask.default_steps
+            )
+        except asyncio.CancelledError:
+            await stop_abandoned(self.services.children, lease.url, lease.member.in_flight)
+            raise
         return web.json_response(answer, headers={TRACE: trace_id(request)})
 
     async def _form(self, request: web.Request) -> tuple[dict[str, Any], list[bytes], bytes | None]:
