@@ -149,10 +149,11 @@ def audio_runtime(
             f"model '{name}' is declared kind = '{model.kind}' but holds a {kind} model: fix "
             f"models.{name}.kind (or its source) in the manifest and apply"
         )
-    elif engine is None and lane == "sdcpp":  # built, not declared: no [engines] kind yet
+    elif engine is None and lane == "sdcpp":  # built from an sdist: minutes, said up front
         refusal = (
             f"model '{name}' is an image model and no sdcpp engine is installed: run "
-            "`blazar engine install --kind sdcpp` (it builds sd-server: minutes), then retry"
+            "`blazar engine install --kind sdcpp` (or declare [engines.sdcpp] kind = 'sdcpp' "
+            "and apply; either builds sd-server: minutes), then retry"
         )
     elif engine is None:
         refusal = (
