@@ -51,6 +51,7 @@ def lane(
     relay = "true" if request.param else "false"
     text = f"[serving]\nrelay = {relay}\n\n" + ENGINE
     text += f'[models.tiny]\nsource = "{tiny.as_uri()}"\nctx = 4096\n\n'
+    text += f'[models.capped]\nsource = "{tiny.as_uri()}"\nctx = 4096\nmax_tokens = 7\n\n'
     manifest = root / "blazar.toml"
     manifest.write_text(text)
     home = root / "home"
@@ -84,6 +85,23 @@ def test_whole_and_streamed_chat_through_the_sdk(lane: Lane) -> None:
     why = httpx.get(f"{lane.url}/api/why/relay-1?wait=5", timeout=30).json()
     assert why["model"] == "tiny" and why["status"] == 200, why
     assert why["generated_tokens"] == 4, why
+
+
+def test_a_models_default_output_limit_without_a_rewrite(lane: Lane) -> None:
+    """models.NAME.max_tokens: the child is started with it (`--n-predict`), so a request
+    that sets no limit is relayed as it came and still stops there, whole and streamed."""
+    raw = lane.openai.chat.completions.with_raw_response.create(model="capped", messages=HI)
+    answer = raw.parse()
+    assert answer.usage is not None and answer.usage.completion_tokens == 7
+    assert answer.choices[0].finish_reason == "length"
+    assert lane.relayed(raw.headers) is lane.relay
+    stream = lane.openai.chat.completions.create(
+        model="capped", messages=HI, stream=True, stream_options={"include_usage": True}
+    )
+    chunks = list(stream)
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 7
+    longer = lane.openai.chat.completions.create(model="capped", messages=HI, max_tokens=9)
+    assert longer.usage is not None and longer.usage.completion_tokens == 9
 
 
 def test_errors_in_openais_shape(lane: Lane) -> None:

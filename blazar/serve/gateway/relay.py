@@ -231,6 +231,7 @@ class Relayer:
             system=runtime.system is not None,
             params=bool(runtime.params),
             max_tokens=runtime.max_tokens,
+            child_max_tokens=runtime.child_max_tokens,
             singleflight=runtime.singleflight,
             sessions=bool(runtime.session_bank) and services.sessions is not None,
             spec=runtime.tuning.describe(),

@@ -47,6 +47,9 @@ class Adapter:
     always_on: bool = False  # on for every request that does not choose its adapters
 
 
+N_PREDICT_FLAGS = ("--n-predict", "-n", "--predict")
+
+
 @dataclass(frozen=True)
 class ModelRuntime:
     """One servable model and how its instances are started."""
@@ -194,12 +197,26 @@ class ModelRuntime:
         if not any(a.split("=")[0] in ("--threads", "-t") for a in self.extra_args):
             threads = str(self.tuning.threads or default_threads())
             out += ["--threads", threads, "--threads-batch", threads]
+        if self.max_tokens is not None and self.child_max_tokens == self.max_tokens:
+            out += ["--n-predict", str(self.max_tokens)]
         if self.slots > 1 and not any(
             a.split("=")[0] in ("--slot-prompt-similarity", "-sps") for a in self.extra_args
         ):
             out += ["--slot-prompt-similarity", SLOT_SIMILARITY]
         out += self.extra_args
         return tuple(out)
+
+    @property
+    def child_max_tokens(self) -> int | None:
+        """The output limit the child itself applies to a request that sets none: its
+        `--n-predict` (llama-server's global limit counts only where a request gives no
+        `n_predict`/`max_tokens`). Blazar starts a chat child with the model's default
+        (`max_tokens`), so the relay can carry a request without a limit unchanged
+        (`lanes.decide`); `args` naming their own `-n` win, and then the gateway injects."""
+        if self.dialect == dialects.OPENAI or self.kind != "chat":
+            return None
+        own = [a for a in self.extra_args if a.split("=")[0] in N_PREDICT_FLAGS]
+        return None if own else self.max_tokens
 
     def adapter_index(self, name: str) -> int | None:
         for index, adapter in enumerate(self.adapters):
