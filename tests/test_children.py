@@ -20,7 +20,7 @@ import pytest
 
 from blazar.engines.process import EngineServer, EngineStartError
 from blazar.host import children
-from blazar.host.children import ChildLog, LogFile, health_delay, listening_port
+from blazar.host.children import ChildLog, DirectLog, LogFile, health_delay, listening_port
 from tests.fake_children import (
     FAKE_DEAD_PORT,
     LAUNCHER,
@@ -108,6 +108,82 @@ def test_child_log_keeps_the_childs_words_in_its_tail(tmp_path: Path) -> None:
     assert log.tail() == [] and log.last_line() is None
     log.close()
     assert (tmp_path / "logs" / "c.log").read_text() == "blazar: starting x\none\ntwo\n  \n"
+
+
+def test_direct_log_tail_leaves_out_notes_and_earlier_children(tmp_path: Path) -> None:
+    path = tmp_path / "logs" / "d.log"
+    log = DirectLog(path, max_bytes=10_000)
+    log.new_child()
+    log.note("starting x")
+    os.write(log.fd_for_child(), b"one\ntwo\n  \n")  # what a child writes itself
+    assert log.tail() == ["one", "two", ""] and log.last_line() == "two"
+    assert log.describe("it failed") == f"it failed; last lines of {path}:\none\ntwo\n"
+    log.new_child()
+    assert log.tail() == [] and log.last_line() is None
+    os.write(log.fd_for_child(), b"three\n")
+    log.close()
+    assert log.tail() == ["three"]  # read by its path once closed
+    assert path.read_text() == "blazar: starting x\none\ntwo\n  \nthree\n"
+    assert path.stat().st_mode & 0o777 == 0o600
+
+
+def test_direct_log_rotates_between_children_and_while_one_writes(tmp_path: Path) -> None:
+    path = tmp_path / "d.log"
+    log = DirectLog(path, max_bytes=100, backups=2)
+    log.new_child()
+    fd = log.fd_for_child()
+    os.write(fd, b"a" * 60 + b"\n")
+    assert not log.rotate_if_big()
+    os.write(fd, b"b" * 60 + b"\n")
+    assert log.rotate_if_big()  # copied to .1, truncated: the child's next write lands at 0
+    os.write(fd, b"c\n")
+    assert path.read_bytes() == b"c\n" and log.tail() == ["c"]
+    assert (tmp_path / "d.log.1").read_bytes() == b"a" * 60 + b"\n" + b"b" * 60 + b"\n"
+    assert (tmp_path / "d.log.1").stat().st_mode & 0o777 == 0o600
+    os.write(fd, b"d" * 120 + b"\n")
+    log.new_child()  # no child holds it: renamed
+    assert path.read_bytes() == b"" and (tmp_path / "d.log.2").exists()
+    assert (tmp_path / "d.log.1").read_bytes() == b"c\n" + b"d" * 120 + b"\n"
+    log.close()
+
+
+def test_a_child_writes_its_own_log_and_its_port_is_read_from_the_file(tmp_path: Path) -> None:
+    async def main() -> None:
+        for path in (tmp_path / "f.log", None):  # None: an unlinked temporary file
+            log = DirectLog(path)
+            log.new_child()
+            proc = await children.spawn(script(tmp_path, fake_server()), output=log.fd_for_child())
+            assert proc.stdout is None  # nothing for serve to copy
+            ports: list[int] = []
+            codes: list[int] = []
+            watcher = asyncio.create_task(children.watch_log(proc, log, ports.append))
+            exits = asyncio.create_task(children.watch_exit(proc, None, codes.append))
+            while not ports:
+                await asyncio.sleep(0.01)
+            assert await children.probe_health("127.0.0.1", ports[0]) == 200
+            assert f"fake: listening on http://127.0.0.1:{ports[0]}" in log.tail()
+            assert await children.terminate(proc, grace=5) == -signal.SIGTERM
+            await exits
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+            assert codes == [-signal.SIGTERM] and len(ports) == 1
+            log.close()
+
+    run(main())
+
+
+def test_watch_log_ends_when_the_child_exits_before_naming_a_port(tmp_path: Path) -> None:
+    async def main() -> None:
+        log = DirectLog(tmp_path / "e.log")
+        log.new_child()
+        argv = (sys.executable, "-c", "import sys; print('no model here', file=sys.stderr)")
+        proc = await children.spawn(argv, output=log.fd_for_child())
+        ports: list[int] = []
+        await asyncio.wait_for(children.watch_log(proc, log, ports.append), 5)
+        assert ports == [] and log.last_line() == "no model here"
+        log.close()
+
+    run(main())
 
 
 # -- spawn, output, exit, stop ---------------------------------------------------------------

@@ -16,6 +16,10 @@ spawns or signals a child.
   in advance and none can be taken by someone else in between. A server that says
   it listens without naming the port it bound (ik_llama.cpp's `port="0"`) is
   asked the kernel instead (`listening_socket`, Linux's /proc).
+- `DirectLog` and `watch_log`: the supervised instance's child writes its output
+  to its log file itself (`spawn(..., output=fd)`), so serve copies nothing per
+  request; `watch_log` reads the file for the port while the child starts, then
+  only its size now and then (rotation). `EngineServer` and MCP servers keep the pipe.
 - `watch_exit`: reports the exit once the output has been read.
 - `poll_health`: GET /health until 200, at a short fixed interval.
 - `signal_group` and `terminate`: SIGTERM to the group, a grace period, SIGKILL,
@@ -33,6 +37,7 @@ import os
 import re
 import signal
 import sys
+import tempfile
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -243,6 +248,136 @@ class ChildLog:
             self._file.close()
 
 
+class DirectLog:
+    """The log a supervised child writes itself: its stdout and stderr are this file.
+
+    serve copied every line a child printed from a pipe into the file, about nine
+    lines and 110 us of serve's CPU per request (docs/performance.md); now the child's
+    output goes to the file through the kernel (`fd_for_child`, opened O_APPEND, 0600)
+    and serve reads the file only when it needs to: for the port while the child
+    starts (`watch_log`), for the last lines when an error quotes them (`tail`), and
+    once every ROTATE_EVERY seconds for its size. The file is rotated by renaming
+    between children; while one runs (it holds the file open) by copying the file to
+    `NAME.1` and truncating it (O_APPEND writes then land at the new end; a line the
+    child writes between the copy and the truncation is lost). Blazar's own notes
+    ("blazar: starting ...") are appended to the same file and left out of the tail,
+    which errors quote as the child's own words. `path` None: an unlinked temporary
+    file (a gateway with no logs directory: an in-process test's).
+    """
+
+    ROTATE_EVERY = 5.0
+    TAIL_BYTES = 64 * 1024
+
+    def __init__(
+        self, path: Path | None, max_bytes: int = LOG_BYTES, backups: int = LOG_BACKUPS
+    ) -> None:
+        self.path, self.max_bytes, self.backups = path, max_bytes, backups
+        self._fd: int | None = None
+        self.start = 0  # where the current child's output begins
+
+    def _open(self) -> int:
+        if self._fd is None:
+            if self.path is None:
+                self._fd, name = tempfile.mkstemp(prefix="blazar-child-", suffix=".log")
+                os.unlink(name)  # 0600, and gone with its last descriptor
+            else:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+                os.fchmod(self._fd, 0o600)
+                restrict_rotations(self.path, self.backups)
+        return self._fd
+
+    def size(self) -> int:
+        return os.fstat(self._open()).st_size
+
+    def new_child(self) -> None:
+        """Before a spawn: rotate a file over its size (by renaming: no child holds it)
+        and mark where the next child's output starts."""
+        if self.path is not None and self._fd is not None and self.size() > self.max_bytes:
+            self.close()
+            self._shift()
+            os.replace(self.path, self._backup(1))
+        self.start = self.size()
+
+    def fd_for_child(self) -> int:
+        """The descriptor the child's stdout and stderr are (the same open file, O_APPEND)."""
+        return self._open()
+
+    def note(self, text: str) -> None:
+        os.write(self._open(), f"blazar: {text}\n".encode("utf-8", "replace"))
+
+    def read(self, offset: int) -> bytes:
+        """The file's bytes from `offset` to its end."""
+        fd = self._open()
+        return os.pread(fd, max(0, os.fstat(fd).st_size - offset), offset)
+
+    def rotate_if_big(self) -> bool:
+        """While a child writes: copy the file to NAME.1 and truncate it, if it is over its
+        size. True if it did."""
+        if self.path is None or self._fd is None or self.size() <= self.max_bytes:
+            return False
+        data = self.read(0)
+        self._shift()
+        if self.backups > 0:
+            backup = os.open(self._backup(1), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(backup, data)
+            finally:
+                os.close(backup)
+        os.ftruncate(self._fd, 0)
+        self.start = 0
+        return True
+
+    def _backup(self, index: int) -> Path:
+        assert self.path is not None
+        return self.path.with_name(f"{self.path.name}.{index}")
+
+    def _shift(self) -> None:
+        for index in range(self.backups - 1, 0, -1):
+            if self._backup(index).exists():
+                os.replace(self._backup(index), self._backup(index + 1))
+
+    def tail(self, n: int = 20) -> list[str]:
+        """The last `n` lines the current (or last) child wrote, without Blazar's notes."""
+        if self._fd is not None:
+            data, begin = self._end(self._fd)
+        else:  # closed: read what the last child left, by its path
+            try:
+                fd = os.open(self.path, os.O_RDONLY) if self.path is not None else -1
+            except OSError:
+                fd = -1
+            if fd < 0:
+                return []
+            try:
+                data, begin = self._end(fd)
+            finally:
+                os.close(fd)
+        if begin > self.start:  # the first line was cut
+            data = data.partition(b"\n")[2]
+        lines = data.decode("utf-8", "replace").split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
+        return [line.rstrip() for line in lines if not line.startswith("blazar: ")][-n:]
+
+    def _end(self, fd: int) -> tuple[bytes, int]:
+        size = os.fstat(fd).st_size
+        begin = max(min(self.start, size), size - self.TAIL_BYTES)
+        return os.pread(fd, size - begin, begin), begin
+
+    def last_line(self) -> str | None:
+        """The last line with something on it: the most specific reason a child gives."""
+        return next((line for line in reversed(self.tail(TAIL_LINES)) if line.strip()), None)
+
+    def describe(self, reason: str) -> str:
+        """`reason`, then the child's last lines and where the rest is."""
+        return f"{reason}; last lines of {self.path}:\n" + "\n".join(self.tail())
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
 # -- spawning and signalling -----------------------------------------------------------------
 
 
@@ -272,15 +407,16 @@ def _die_with_parent() -> Callable[[], None] | None:
     return preexec
 
 
-async def spawn(argv: Sequence[str]) -> asyncio.subprocess.Process:
-    """Start `argv` in its own process group, dying with its parent; output on one pipe.
+async def spawn(argv: Sequence[str], output: int | None = None) -> asyncio.subprocess.Process:
+    """Start `argv` in its own process group, dying with its parent; output (stdout and
+    stderr) on one pipe, or into the file descriptor `output` (a `DirectLog`'s).
 
     Raises OSError when the program cannot be run.
     """
     return await asyncio.create_subprocess_exec(
         *argv,
         stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE if output is None else output,
         stderr=asyncio.subprocess.STDOUT,
         start_new_session=True,  # its own process group: a stop reaches every descendant
         # A preexec_fn makes subprocess fork rather than vfork (a few ms more for a big
@@ -372,8 +508,47 @@ async def read_output(
             on_port(port)
 
 
+async def watch_log(
+    proc: asyncio.subprocess.Process,
+    log: DirectLog,
+    on_port: Callable[[int], None],
+    *,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> None:
+    """Follow a child's `DirectLog` while the child runs: call `on_port` at the first
+    "listening on" line (one that names port 0: the port the child listens on), reading
+    the file's new bytes at `health_delay`'s interval until then; after it, look at the
+    file's size every ROTATE_EVERY seconds and rotate it when it is over. Ends when the
+    child has exited. Serve's only reads of the child's output between errors."""
+    offset, pending, started = log.start, b"", time.monotonic()
+    while True:
+        exited = proc.returncode is not None
+        data = log.read(offset)
+        offset += len(data)
+        *lines, pending = (pending + data).split(b"\n")
+        if exited and pending:
+            lines.append(pending)
+        for raw in lines:
+            port = listening_port(raw[:OUTPUT_LIMIT].decode("utf-8", "replace"))
+            if port == 0:  # it bound a free port and did not say which: ask the kernel
+                port = await _bound_port(proc.pid)
+            if port is not None:
+                on_port(port)
+                while proc.returncode is None:
+                    log.rotate_if_big()
+                    await sleep(log.ROTATE_EVERY)
+                return
+        if exited:
+            return
+        if len(pending) > OUTPUT_LIMIT:  # a line over the limit: dropped, as the pipe did
+            pending = b""
+        await sleep(health_delay(time.monotonic() - started))
+
+
 async def watch_exit(
-    proc: asyncio.subprocess.Process, reader: asyncio.Task[None], on_exit: Callable[[int], None]
+    proc: asyncio.subprocess.Process,
+    reader: asyncio.Task[None] | None,
+    on_exit: Callable[[int], None],
 ) -> None:
     """Call `on_exit(code)` once the child has exited and its output has been read."""
     waiting = asyncio.ensure_future(proc.wait())
@@ -382,7 +557,8 @@ async def watch_exit(
         # in the group keeps it open (the owner's SIGKILL sweep closes it).
         while not waiting.done() and proc.returncode is None:
             await asyncio.wait({waiting}, timeout=0.25)
-        await asyncio.wait({reader}, timeout=0.25)  # at once, unless a straggler holds it
+        if reader is not None:  # a child whose output is read from a pipe
+            await asyncio.wait({reader}, timeout=0.25)  # at once, unless a straggler holds it
         assert proc.returncode is not None
         on_exit(proc.returncode)
         await asyncio.wait({waiting}, timeout=5.0)

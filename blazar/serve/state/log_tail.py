@@ -1,15 +1,16 @@
 """The children's log files, listed and followed for the dashboard's Logs page (`/ui`).
 
-Each instance writes `<state>/logs/<model>-<replica>.log` (`blazar.host.children.ChildLog`,
-rotated to `.log.1`...). `listing` names the `.log` files directly in the logs
+Each instance's child writes `<state>/logs/<model>-<replica>.log` itself
+(`blazar.host.children.DirectLog`, rotated to `.log.1`...: renamed between children,
+copied and truncated while one runs). `listing` names the `.log` files directly in the logs
 directory (regular files, not links); `pick` gives the path of one of them for a name a
 client sent, only when that exact name is in the listing, so nothing outside the
 directory (`../`, a link, an absolute path, the audit log) can be opened through it.
 `follow` yields the file's last lines and then its new lines as they are written,
 reopening it when it is rotated. `blazar.serve.routes.ui_admin` streams them.
 
-The children's logs are buffered and flushed within 0.5 s (`children.LogFile`), so a
-line shows up here that long after the child printed it, at most.
+A child's line shows up here as soon as the child has written it (within POLL); a
+truncation (the rotation while a child runs) is followed like a rotation.
 """
 
 from __future__ import annotations

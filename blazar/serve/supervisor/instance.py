@@ -41,7 +41,7 @@ from typing import Any
 
 from blazar.errors import BlazarError
 from blazar.host import children
-from blazar.host.children import ChildLog, signal_group
+from blazar.host.children import DirectLog, signal_group
 
 STABLE_AFTER = 30.0  # seconds READY after which a crash starts the backoff afresh
 logger = logging.getLogger(__name__)
@@ -133,7 +133,7 @@ class Instance:
         self._mailbox: asyncio.Queue[_Event] = asyncio.Queue()
         self._owner: asyncio.Task[None] | None = None
         self._closed = False
-        self._log = ChildLog(spec.log_path)
+        self._log = DirectLog(spec.log_path)
         # Public views, written by the owner task only: read them, never decide on them.
         self.state = State.STOPPED
         self.port: int | None = None
@@ -343,18 +343,16 @@ class Instance:
         argv = self.spec.argv(self.host)
         self._log.note(f"starting {shlex.join(argv)}")
         try:
-            proc = await children.spawn(argv)
+            proc = await children.spawn(argv, output=self._log.fd_for_child())
         except OSError as err:
             await self._start_failed(f"could not run {argv[0]}: {err}")
             return
         self._proc, self.started_at = proc, time.time()
         self._emit("starting")
-        assert proc.stdout is not None
         gen = self._gen
-        reader = self._helper(
-            children.read_output(proc.stdout, self._log, self._event("listening", gen), proc.pid)
-        )
-        self._helper(children.watch_exit(proc, reader, self._event("exited", gen)))
+        # The child writes its log itself; this reads the file for the port, then its size.
+        self._helper(children.watch_log(proc, self._log, self._event("listening", gen)))
+        self._helper(children.watch_exit(proc, None, self._event("exited", gen)))
         self._set_timer(self.spec.health_timeout, _Child("start_timeout", gen))
 
     def _terminate(self) -> None:
