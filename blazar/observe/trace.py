@@ -25,6 +25,7 @@ keeps; `timing()` the moments the span exporter needs.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar, Token
@@ -500,6 +501,33 @@ def engine_error(payload: Any) -> str | None:
     if isinstance(error, Mapping):
         error = error.get("message")
     return str(error)[:500] if error else None
+
+
+TAIL_WINDOW = 4096  # bytes of a whole answer's end that `tail_object` looks at
+
+
+def tail_object(payload: bytes | bytearray, key: str, window: int = TAIL_WINDOW) -> Any:
+    """The JSON object under `"key":` in the last `window` bytes of a JSON answer (the
+    engine's `timings`, which llama-server writes last), read without parsing the rest
+    of the answer (its text): the object from the key's last occurrence up to its first
+    closing brace that parses (a flat object of numbers parses at the first). None when
+    the window has no such object."""
+    end = bytes(payload[-window:])
+    at = end.rfind(b'"' + key.encode() + b'":')
+    if at < 0:
+        return None
+    start = end.find(b"{", at)
+    if start < 0 or end[at + len(key) + 3 : start].strip():
+        return None
+    close = start
+    for _ in range(8):  # nested objects: a few more braces at most
+        close = end.find(b"}", close + 1)
+        if close < 0:
+            return None
+        with contextlib.suppress(orjson.JSONDecodeError):
+            found = orjson.loads(end[start : close + 1])
+            return found if isinstance(found, dict) else None
+    return None
 
 
 def _json(payload: bytes | bytearray) -> Any:

@@ -29,7 +29,7 @@ import orjson
 from aiohttp import web
 
 from blazar.observe.speculation import HEADER, spec_header
-from blazar.observe.trace import Trace, current
+from blazar.observe.trace import Trace, current, tail_object
 from blazar.protocols import EngineRequest, ProtocolError
 from blazar.protocols.sse import SSEDecoder
 from blazar.serve.request.asks import Answer, Answering, Ask, Plan
@@ -152,9 +152,8 @@ async def whole(
         data = decode(payload)
         raise answer.refusal(status, data) or refused(status, data)
     mode = headers.get(HEADER)
-    if mode is not None and mode != "off":
-        with contextlib.suppress(orjson.JSONDecodeError, AttributeError):
-            headers[HEADER] = spec_header(mode, orjson.loads(payload).get("timings"))
+    if mode is not None and mode != "off":  # the timings at the answer's end, not its text
+        headers[HEADER] = spec_header(mode, tail_object(payload, "timings"))
     out = await answer.whole(payload)
     body = out if isinstance(out, bytes) else dumps(out)
     headers["Content-Type"] = "application/json"
