@@ -200,6 +200,11 @@ class StreamOutcome:
         self._chars = 0
         self.content_events = 0  # events that carried output (text or a tool call)
 
+    @property
+    def chars(self) -> int:
+        """Characters of text fed so far (kept or not)."""
+        return self._chars
+
     def feed(self, data: Any) -> bool:
         """Take one event; True when it carried output."""
         event = _dict(data)

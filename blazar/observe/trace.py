@@ -41,6 +41,8 @@ from blazar.observe.outcome import EXCERPT, Outcome, StreamOutcome, from_respons
 KEEP_BYTES = 1 << 20  # of a passed-through stream, read when it is done
 KEEP_EVENTS = 20_000
 TAIL = 16  # chunks kept past KEEP_BYTES: the final events carry usage and finish reason
+TAIL_BYTES = 4096  # of a stream's end always read: usage, finish reason, timings
+SKIPPED = object()  # an event of a stream's middle, not parsed: a token, as llama-server's
 
 CURRENT: ContextVar[Trace | None] = ContextVar("blazar_trace", default=None)
 
@@ -297,8 +299,9 @@ class Trace:
         first: int | None = None
         last = 0
         gaps = self.result.gaps
-        for at, data in self._stream_events():
-            if reader.feed(data):
+        events = self._stream_events() if expect.json else self._lean_events(reader)
+        for at, data in events:
+            if data is SKIPPED or reader.feed(data):
                 if first is None:
                     first = at
                 else:
@@ -328,6 +331,46 @@ class Trace:
             start = joined.find(b"\n\n")
             if start >= 0:
                 yield from _sse([joined[start + 2 :]], [times[-1]])
+
+    def _lean_events(self, reader: StreamOutcome) -> Iterator[tuple[int, Any]]:
+        """A passed-through stream's events as `_stream_events`, but its middle not parsed:
+        the head until the text has its excerpt (EXCERPT characters: `blazar why`, the
+        emptiness check), the last TAIL_BYTES (the usage chunk, the finish reason, the
+        speculative counters), and for each event between them only when it arrived
+        (SKIPPED: a token, for the time to first token and the gaps; `reader` counts it,
+        and the text is marked an excerpt). Whatever is not plainly one event per line of
+        llama-server's (a chunk cut mid-event, CRLF, a tool call in the middle) is parsed
+        whole, as before. A JSON check needs the whole text: `_stream_events` then."""
+        chunks, times = self._chunks or [], self._times
+        if self._events is not None or self._overflow or len(times) < len(chunks):
+            yield from self._stream_events()
+            return
+        tail, size = len(chunks), 0
+        while tail > 0 and size < TAIL_BYTES:
+            tail -= 1
+            size += len(chunks[tail])
+        head = 0
+        while head < tail and reader.chars < EXCERPT:
+            chunk = chunks[head]
+            if not chunk.endswith(b"\n\n") or b"\r" in chunk:  # not whole events: all of it
+                yield from _sse(chunks[head:], times[head:])
+                return
+            yield from _sse([chunk], [times[head]])
+            head += 1
+        middle = chunks[head:tail]
+        if any(
+            not c.endswith(b"\n\n") or b"\r" in c or b'"tool_calls"' in c or b"[DONE]" in c
+            for c in middle
+        ):
+            yield from _sse(chunks[head:], times[head:])
+            return
+        if middle:
+            for chunk, at in zip(middle, times[head:tail], strict=True):
+                for _ in range(chunk.count(b"\n\n")):
+                    reader.content_events += 1
+                    yield at, SKIPPED
+            reader.out.complete = False  # the text is an excerpt
+        yield from _sse(chunks[tail:], times[tail:])
 
     def conversation(self) -> Mapping[str, Any] | None:
         """The body the engine got (for the cache-bust check)."""
