@@ -119,6 +119,42 @@ def test_errors_in_openais_shape(lane: Lane) -> None:
     assert body["message"] == "Expected 'content' to be a string or an array", body
 
 
+def _events(url: str, path: str, body: dict[str, Any]) -> tuple[Any, list[dict[str, Any]]]:
+    """An SSE stream's head and its events' data, read raw."""
+    with httpx.stream("POST", url + path, json={**body, "stream": True}, timeout=30) as resp:
+        assert resp.status_code == 200, resp.read()
+        data = [json.loads(line[6:]) for line in resp.iter_lines() if line.startswith("data: ")]
+        return resp.headers, data
+
+
+def test_anthropic_and_responses_stay_interpreted(lane: Lane) -> None:
+    """Step 5 of issue 30, checked and left (docs/performance.md): llama-server's native
+    /v1/messages and /v1/responses differ from what the clients need in the body (ids,
+    `ping`, usage, sequence numbers, the incomplete status), so both lanes answer them
+    on the interpreted one. The child's own answers are checked too: when llama-server
+    writes those shapes itself, this fails, and relaying them may be worth doing."""
+    message = {"model": "tiny", "max_tokens": 3, "messages": HI}
+    response = {"model": "tiny", "max_output_tokens": 3, "input": "hi"}
+
+    headers, events = _events(lane.url, "/v1/messages", message)
+    assert not lane.relayed(headers)
+    assert events[0]["message"]["id"].startswith("msg_")
+    assert [e["type"] for e in events][2] == "ping"
+    headers, events = _events(lane.url, "/v1/responses", response)
+    assert not lane.relayed(headers)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert events[-1]["type"] == "response.incomplete"
+
+    [port, *_] = [r["port"] for r in lane.served.ps() if r["model"] == "tiny"]
+    child = f"http://127.0.0.1:{port}"
+    _, native = _events(child, "/v1/messages", message)
+    assert not native[0]["message"]["id"].startswith("msg_")
+    assert "ping" not in [e["type"] for e in native]
+    _, native = _events(child, "/v1/responses", response)
+    assert all("sequence_number" not in e for e in native)
+    assert native[-1]["type"] == "response.completed"  # cut by the limit all the same
+
+
 def _request(body: dict[str, Any], *, extra: bytes = b"") -> bytes:
     data = json.dumps(body).encode()
     return (
