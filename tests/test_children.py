@@ -396,3 +396,36 @@ def test_engine_server_names_a_program_it_cannot_run(tmp_path: Path) -> None:
         assert await server.stop() is None
 
     run(main())
+
+
+BUFFERED_LINE = """
+import http.server
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+server = http.server.HTTPServer(("127.0.0.1", 0), H)
+out = open(1, "w", buffering=65536, closefd=False)  # block-buffered, as C's stdout to a file
+out.write("held: listening on http://127.0.0.1:%d\\n" % server.server_port)  # not flushed
+server.serve_forever()
+"""
+
+
+def test_a_line_held_in_the_childs_buffer_is_found_through_the_kernel(tmp_path: Path) -> None:
+    """A child whose stdout is a file buffers its lines: the port comes from the kernel."""
+
+    async def main() -> None:
+        log = DirectLog(tmp_path / "b.log")
+        log.new_child()
+        proc = await children.spawn(script(tmp_path, BUFFERED_LINE), output=log.fd_for_child())
+        ports: list[int] = []
+        watcher = asyncio.create_task(children.watch_log(proc, log, ports.append))
+        while not ports:
+            await asyncio.sleep(0.05)
+        assert log.tail() == []  # the line is still in the child's buffer
+        assert await children.probe_health("127.0.0.1", ports[0]) == 200
+        await children.terminate(proc, grace=5)
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
+        log.close()
+
+    run(main())

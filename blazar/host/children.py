@@ -50,6 +50,7 @@ LISTENING = re.compile(r"listening on http://[^:\s]+:(\d+)")
 LISTENING_FIELD = re.compile(r'HTTP server listening\b.*\bport="(\d+)"')
 TAIL_LINES = 50
 LOG_BYTES, LOG_BACKUPS = 5 * 2**20, 3
+KERNEL_AFTER = 1.0  # seconds without a listening line before its socket is asked for
 OUTPUT_LIMIT = 2**20  # longest output line kept; asyncio drops longer ones
 _PR_SET_PDEATHSIG = 1
 
@@ -519,8 +520,11 @@ async def watch_log(
     "listening on" line (one that names port 0: the port the child listens on), reading
     the file's new bytes at `health_delay`'s interval until then; after it, look at the
     file's size every ROTATE_EVERY seconds and rotate it when it is over. Ends when the
-    child has exited. Serve's only reads of the child's output between errors."""
-    offset, pending, started = log.start, b"", time.monotonic()
+    child has exited. Serve's only reads of the child's output between errors.
+    After KERNEL_AFTER seconds without the line, the kernel is asked which port the
+    child listens on as well (a C program's stdout to a file is block-buffered: its
+    line may come late); the owner then polls /health until the server is ready."""
+    offset, pending, started, looked = log.start, b"", time.monotonic(), -1
     while True:
         exited = proc.returncode is not None
         data = log.read(offset)
@@ -528,6 +532,13 @@ async def watch_log(
         *lines, pending = (pending + data).split(b"\n")
         if exited and pending:
             lines.append(pending)
+        waited = time.monotonic() - started
+        if not lines and not exited and waited >= KERNEL_AFTER and int(waited * 4) != looked:
+            # No line yet: a program whose stdout is a file may hold its lines in a
+            # buffer, so its listening socket is asked for too (4 times a second).
+            looked = int(waited * 4)
+            if (bound := listening_socket(proc.pid)) is not None:
+                lines = [f"listening on http://kernel:{bound}".encode()]
         for raw in lines:
             port = listening_port(raw[:OUTPUT_LIMIT].decode("utf-8", "replace"))
             if port == 0:  # it bound a free port and did not say which: ask the kernel
