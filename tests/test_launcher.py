@@ -26,7 +26,7 @@ from typing import Any
 import openai
 import pytest
 
-from blazar.engines import audio, launchers
+from blazar.engines import audio, launchers, sdcpp
 from blazar.engines.launchers import llama_launcher as launcher
 from blazar.testing.tiny import LORA_WORD, is_tiny_text, write_tiny_lora, write_tiny_model
 
@@ -406,6 +406,7 @@ ENGINE_PACKAGES = {
     "whisper_launcher.py": {"faster_whisper", "ctranslate2", "launcher_common"},
     "piper_launcher.py": {"piper", "onnxruntime", "launcher_common"},
     "mistralrs_launcher.py": {"mistralrs", "launcher_common"},
+    "sd_launcher.py": {"launcher_common"},  # sd-server is a binary it starts
     "launcher_common.py": set(),
 }
 
@@ -446,6 +447,5 @@ def test_each_launcher_needs_only_the_standard_library_and_its_engine(name: str)
 def test_the_launchers_folder_holds_the_launchers_the_lanes_install() -> None:
     scripts = {p.name for p in launchers.FOLDER.glob("*.py")} - {"__init__.py"}
     assert scripts == set(ENGINE_PACKAGES)
-    assert {lane.launcher for lane in audio.LANES.values()} | {launchers.LLAMA.name} == (
-        scripts - {launchers.COMMON.name}
-    )
+    installed = {lane.launcher for lane in audio.LANES.values()} | {sdcpp.LAUNCHER}
+    assert installed | {launchers.LLAMA.name} == scripts - {launchers.COMMON.name}
