@@ -382,11 +382,12 @@ class _Bucket:
 
         def build() -> None:
             # A wider search than usearch's default (64): a candidate it misses is a miss,
-            # never a wrong hit (candidates are rescored exactly), but a miss all the same.
-            # int8 rows: the build is about 3x faster than with f16 (measured in
-            # docs/cache.md) and the candidates are rescored in float32 anyway.
+            # never a wrong hit (candidates are rescored exactly), but a miss all the same;
+            # at 100k random rows of 640, 128 found a stored row 97.0% of the time, 256
+            # 99.8% (docs/cache.md). int8 rows: the build is about 3x faster than with
+            # f16, and the candidates are rescored in float32 anyway.
             begin = time.perf_counter()
-            index = Index(ndim=snapshot.shape[1], metric="ip", dtype="i8", expansion_search=128)
+            index = Index(ndim=snapshot.shape[1], metric="ip", dtype="i8", expansion_search=256)
             live = np.flatnonzero(snapshot.any(axis=1))  # removed rows are zeroed
             if live.size:  # one batch: usearch releases the GIL and spreads it over cores
                 index.add(live.astype(np.uint64), snapshot[live], threads=self.THREADS)
