@@ -145,6 +145,11 @@ def test_direct_log_rotates_between_children_and_while_one_writes(tmp_path: Path
     assert path.read_bytes() == b"" and (tmp_path / "d.log.2").exists()
     assert (tmp_path / "d.log.1").read_bytes() == b"c\n" + b"d" * 120 + b"\n"
     log.close()
+    path.write_bytes(b"e" * 200)  # left over by an earlier serve: rotated at the first child
+    again = DirectLog(path, max_bytes=100, backups=0)
+    again.new_child()
+    assert path.read_bytes() == b"" and again.tail() == []
+    again.close()
 
 
 def test_a_child_writes_its_own_log_and_its_port_is_read_from_the_file(tmp_path: Path) -> None:

@@ -294,10 +294,13 @@ class DirectLog:
     def new_child(self) -> None:
         """Before a spawn: rotate a file over its size (by renaming: no child holds it)
         and mark where the next child's output starts."""
-        if self.path is not None and self._fd is not None and self.size() > self.max_bytes:
+        if self.path is not None and self.size() > self.max_bytes:  # a past serve's too
             self.close()
             self._shift()
-            os.replace(self.path, self._backup(1))
+            if self.backups > 0:
+                os.replace(self.path, self._backup(1))
+            else:
+                self.path.unlink(missing_ok=True)
         self.start = self.size()
 
     def fd_for_child(self) -> int:
