@@ -6,7 +6,10 @@ and every other library's at WARNING and above, goes to stderr and to
 `<logs>/serve.log`, each line with its time and level. When stderr already is that
 file (`blazar launch` starts serve with its output there) it is written once.
 The file rotates at MAX_BYTES, keeping BACKUPS older ones. Children's output has
-logs of its own (`blazar.host.children.ChildLog`, one per instance).
+logs of its own: an instance's child writes its file itself (`blazar.host.children.
+DirectLog`: serve copies nothing per request; no client header reaches a child, the
+gateway sends it Host, Content-Type and Content-Length only), engine services and MCP
+servers through serve (`ChildLog`).
 
 No key reaches these lines (docs/security.md, "Logs"): every handler installed
 here carries `ScrubSecrets`, which formats each record, whatever logger it comes
