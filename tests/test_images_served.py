@@ -43,6 +43,7 @@ from blazar.serve.request.image_jobs import hang_up_stops_work
 from blazar.testing.tiny_sd import write_tiny_image_model
 from tests.conftest import run_blazar
 from tests.serving import Served, processes_mentioning
+from tests.test_image_dimensions import png_header
 from tests.test_sdcpp import cached_build
 
 FAST = {"steps": 1, "cfg_scale": 1.0}
@@ -123,6 +124,14 @@ def test_refusals_come_before_any_work(served: Served) -> None:
     chat = {"model": "tiny-image", "messages": [{"role": "user", "content": "hi"}]}
     said = refused(served, chat, "/v1/chat/completions")
     assert "image generation model" in said and "/v1/images/generations" in said
+    client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="x", max_retries=0)
+    bomb = png_header(100_000, 100_000)  # 33 bytes that ask a decoder for 40 GB
+    for upload, said in ((bomb, "100000x100000"), (b"not a picture", "not an image")):
+        with pytest.raises(openai.BadRequestError) as edit:
+            client.images.edit(
+                model="tiny-image", image=("in.png", upload, "image/png"), prompt="night"
+            )
+        assert said in str(edit.value)
     assert sd_servers(served) == []  # nothing was started for any of them
     assert served.ps() == []
 

@@ -63,6 +63,7 @@ __all__ = [
     "check_url",
     "content_type_refusal",
     "decode_data_url",
+    "dimensions",
     "fetch_image",
     "ollama_images",
     "openai_body",
@@ -84,6 +85,10 @@ SUPPORTED = frozenset(MAGIC.values())
 # Formats clients send that it cannot decode, recognised to say so.
 OTHER_MAGIC = {b"RIFF": "WebP", b"<svg": "SVG", b"<?xml": "SVG", b"II*\x00": "TIFF"}
 CONVERT = "convert it to PNG or JPEG"
+# The most pixels a picture may declare: an engine (stb_image) allocates width x height x 4
+# bytes before decoding, so a 100-byte PNG whose header says 100000x100000 asks it for
+# 40 GB. 8192 x 8192 (256 MiB decoded) covers any photo a model is shown or edits.
+MAX_PIXELS = 8192 * 8192
 
 
 def _bad(message: str) -> ProtocolError:
@@ -126,7 +131,68 @@ def check_image(data: bytes, where: str, limits: Limits) -> str:
         other = next((name for magic, name in OTHER_MAGIC.items() if data.startswith(magic)), None)
         what = f"a {other} image, which this engine cannot decode" if other else "not an image"
         raise _bad(f"{where}: the image is {what}: send PNG, JPEG, GIF or BMP ({CONVERT})")
+    size = dimensions(data, kind)
+    if size is None:
+        raise _bad(f"{where}: the {kind} image's header cannot be read: {CONVERT} again")
+    width, height = size
+    if width * height > MAX_PIXELS:
+        raise _bad(
+            f"{where}: the image says it is {width}x{height} pixels, over the "
+            f"{MAX_PIXELS:,} the gateway passes on: send a smaller image"
+        )
     return kind
+
+
+def dimensions(data: bytes, kind: str) -> tuple[int, int] | None:
+    """(width, height) as the image's header declares them, read without decoding; None
+    when the header is cut short or malformed."""
+    try:
+        if kind == "image/png":  # IHDR, the first chunk
+            if len(data) < 24 or data[12:16] != b"IHDR":
+                return None
+            return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+        if kind == "image/gif":  # the logical screen
+            if len(data) < 10:
+                return None
+            return int.from_bytes(data[6:8], "little"), int.from_bytes(data[8:10], "little")
+        if kind == "image/bmp":  # BITMAPINFOHEADER (a negative height: top-down rows)
+            if len(data) < 26:
+                return None
+            width = int.from_bytes(data[18:22], "little", signed=True)
+            height = int.from_bytes(data[22:26], "little", signed=True)
+            return abs(width), abs(height)
+        return _jpeg_dimensions(data)
+    except IndexError:
+        return None
+
+
+# JPEG markers that start a frame (SOF0-15 but DHT, JPG and DAC): they hold its size.
+_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+
+
+def _jpeg_dimensions(data: bytes) -> tuple[int, int] | None:
+    """A JPEG's size from its first frame header, walking the segments before it."""
+    at = 2
+    while at + 4 <= len(data):
+        if data[at] != 0xFF:
+            return None
+        marker = data[at + 1]
+        if marker == 0xFF:  # fill byte
+            at += 1
+            continue
+        if marker in (0x01, *range(0xD0, 0xD8)):  # no length
+            at += 2
+            continue
+        length = int.from_bytes(data[at + 2 : at + 4], "big")
+        if length < 2:
+            return None
+        if marker in _SOF:
+            if at + 9 > len(data):
+                return None
+            height = int.from_bytes(data[at + 5 : at + 7], "big")
+            return int.from_bytes(data[at + 7 : at + 9], "big"), height
+        at += 2 + length
+    return None
 
 
 def _too_large(where: str, size: int, limits: Limits) -> ProtocolError:

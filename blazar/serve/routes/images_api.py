@@ -36,6 +36,7 @@ from blazar.serve.request import steps
 from blazar.serve.request.asks import Ask
 from blazar.serve.request.grants import grant_of
 from blazar.serve.request.image_jobs import ImageJobs, generate, stop_abandoned
+from blazar.serve.request.images import Limits, check_image
 from blazar.serve.request.pipeline import Leased
 from blazar.serve.routes.services import Services
 from blazar.serve.supervisor.runtime import resolve as resolve_name
@@ -143,6 +144,13 @@ class ImagesAPI:
                 raise ProtocolError(400, f"'{name}' must be a file (a PNG), not text")
             else:
                 fields[name] = data.decode(errors="replace")
+        # The vision routes' checks: a type sd-server decodes, and a size its header
+        # declares that it can allocate (a few bytes may claim 40 GB of pixels).
+        limits = Limits.of(self.services.serving)
+        for data in pictures:
+            check_image(data, "'image'", limits)
+        if mask is not None:
+            check_image(mask, "'mask'", limits)
         return fields, pictures, mask
 
     # -- async jobs -----------------------------------------------------------------------
