@@ -338,16 +338,22 @@ class Access:
             )
         return for_path(request.path).response(request, status, message, code, retry_after)
 
+    def _host_allowed(self, host: str | None) -> bool:
+        """Whether the gateway answers to `host` (no Host header: yes), memoised."""
+        if host is None:
+            return True
+        allowed = self._hosts.get(host)
+        if allowed is None:
+            allowed = policy.host_allowed(host, self._host_names)
+            if len(self._hosts) < policy.CACHE_LIMIT:
+                self._hosts[host] = allowed
+        return allowed
+
     async def guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """The checks above, then `handler`; a refusal is answered here, in the path's
         envelope. The gateway's one middleware (`blazar.serve.gateway.app`) calls it."""
         host = request.headers.get("Host")
-        allowed = self._hosts.get(host) if host is not None else True
-        if allowed is None:
-            allowed = policy.host_allowed(host, self._host_names)
-            if len(self._hosts) < policy.CACHE_LIMIT:
-                self._hosts[host] = allowed  # type: ignore[index]
-        if not allowed:
+        if not self._host_allowed(host):
             return self._refuse(
                 request,
                 403,
@@ -430,13 +436,7 @@ class Access:
         (admitted, the key's name, its grant). Not admitted: the request goes to aiohttp,
         whose `guard` answers the refusal in the protocol's shape and audits it. An
         Origin never gets here (`lanes.decide`: its answer needs CORS headers)."""
-        host = headers.get("host")
-        allowed = self._hosts.get(host) if host is not None else True
-        if allowed is None:
-            allowed = policy.host_allowed(host, self._host_names)
-            if len(self._hosts) < policy.CACHE_LIMIT:
-                self._hosts[host] = allowed  # type: ignore[index]
-        if not allowed:
+        if not self._host_allowed(headers.get("host")):
             return False, None, None
         if not self.grants:
             return True, None, None
