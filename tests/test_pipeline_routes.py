@@ -26,6 +26,7 @@ from blazar.serve.gateway.app import build_app
 from blazar.serve.routes.services import PipelineRoute, Services
 from blazar.serve.state.tracing import TRACED
 from blazar.serve.supervisor.scheduler import Scheduler
+from blazar.testing.tiny_vision import png_bytes
 from tests.gateway_harness import InProcessGateway, one_chunk_of_a_stream
 from tests.loopback import LoopbackHTTP
 
@@ -100,10 +101,14 @@ def _form(model: str, path: str = "") -> tuple[bytes, str]:
             else []
         ),
         f'--{boundary}\r\nContent-Disposition: form-data; name="{field}"; filename="{filename}"\r\n'
-        "Content-Type: application/octet-stream\r\n\r\nRIFF\r\n",
-        f"--{boundary}--\r\n",
+        "Content-Type: application/octet-stream\r\n\r\n",
     ]
-    return "".join(parts).encode(), f"multipart/form-data; boundary={boundary}"
+    # A picture the gateway passes on (it reads an edit's header before the model is
+    # resolved); the audio routes take any bytes.
+    upload = png_bytes(2, 2) if image else b"RIFF"
+    closing = f"\r\n--{boundary}--\r\n".encode()
+    body = "".join(parts).encode() + upload + closing
+    return body, f"multipart/form-data; boundary={boundary}"
 
 
 def _why(url: str, trace: str) -> dict[str, Any]:
