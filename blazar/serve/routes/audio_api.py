@@ -39,12 +39,12 @@ from blazar.protocols.openai_audio import (
     speech_request,
     transcription_request,
 )
-from blazar.serve.http import KEY_NAME, TRACE, parse_json_object, trace_id, wants_priority
+from blazar.serve.http import TRACE, parse_json_object, trace_id, wants_priority
 from blazar.serve.request import steps
 from blazar.serve.request.asks import Ask
 from blazar.serve.request.audio_jobs import AudioJobs
-from blazar.serve.request.grants import grant_of
 from blazar.serve.request.pipeline import Leased
+from blazar.serve.routes.job_routes import JobRoutes
 from blazar.serve.routes.services import Services
 from blazar.serve.state.audio_engine import synthesize, transcribe
 from blazar.serve.supervisor.runtime import resolve as resolve_name
@@ -109,8 +109,10 @@ def too_big(cap: int) -> ProtocolError:
     )
 
 
-class AudioAPI:
+class AudioAPI(JobRoutes[AudioJobs]):
     """The audio handlers; one instance per gateway app."""
+
+    noun = "audio"
 
     def __init__(self, services: Services) -> None:
         self.services = services
@@ -199,16 +201,6 @@ class AudioAPI:
 
     # -- async jobs -----------------------------------------------------------------------
 
-    def _jobs(self) -> AudioJobs:
-        if self.jobs is None:
-            raise ProtocolError(501, "async audio jobs need `blazar serve`", "not_implemented")
-        return self.jobs
-
-    @staticmethod
-    def _who(request: web.Request) -> tuple[str | None, bool]:
-        """(the key's name, whether keys are in use): a key sees only its own jobs."""
-        return request.get(KEY_NAME), grant_of(request) is not None
-
     async def _submit(
         self, request: web.Request, asked: TranscriptionRequest, audio: bytes, filename: str
     ) -> web.Response:
@@ -217,21 +209,6 @@ class AudioAPI:
             asked, audio, filename, key=key, priority=wants_priority(request)
         )
         return web.json_response(job.to_api(), status=202)
-
-    async def list_jobs(self, request: web.Request) -> web.Response:
-        key, keyed = self._who(request)
-        jobs = [j.to_api() for j in self._jobs().visible(key, keyed=keyed)]
-        return web.json_response({"object": "list", "data": jobs})
-
-    async def job(self, request: web.Request) -> web.Response:
-        key, keyed = self._who(request)
-        found = self._jobs().get(request.match_info["id"], key, keyed=keyed)
-        return web.json_response(found.to_api())
-
-    async def cancel(self, request: web.Request) -> web.Response:
-        key, keyed = self._who(request)
-        found = await self._jobs().cancel(request.match_info["id"], key, keyed=keyed)
-        return web.json_response(found.to_api())
 
     async def retry(self, request: web.Request) -> web.Response:
         key, keyed = self._who(request)

@@ -31,13 +31,13 @@ from aiohttp import web
 
 from blazar.protocols import ProtocolError
 from blazar.protocols.openai_images import ImageRequest, check_caps, image_request
-from blazar.serve.http import KEY_NAME, TRACE, parse_json_object, trace_id, wants_priority
+from blazar.serve.http import TRACE, parse_json_object, trace_id, wants_priority
 from blazar.serve.request import steps
 from blazar.serve.request.asks import Ask
-from blazar.serve.request.grants import grant_of
 from blazar.serve.request.image_jobs import ImageJobs, generate, stop_abandoned
 from blazar.serve.request.images import Limits, check_image
 from blazar.serve.request.pipeline import Leased
+from blazar.serve.routes.job_routes import JobRoutes
 from blazar.serve.routes.services import Services
 from blazar.serve.supervisor.runtime import resolve as resolve_name
 
@@ -53,8 +53,10 @@ class ImageAsk(Ask):
     default_steps: int | None = None
 
 
-class ImagesAPI:
+class ImagesAPI(JobRoutes[ImageJobs]):
     """The images handlers; one instance per gateway app."""
+
+    noun = "image"
 
     def __init__(self, services: Services) -> None:
         self.services = services
@@ -154,31 +156,6 @@ class ImagesAPI:
         return fields, pictures, mask
 
     # -- async jobs -----------------------------------------------------------------------
-
-    def _jobs(self) -> ImageJobs:
-        if self.jobs is None:
-            raise ProtocolError(501, "async image jobs need `blazar serve`", "not_implemented")
-        return self.jobs
-
-    @staticmethod
-    def _who(request: web.Request) -> tuple[str | None, bool]:
-        return request.get(KEY_NAME), grant_of(request) is not None
-
-    async def list_jobs(self, request: web.Request) -> web.Response:
-        key, keyed = self._who(request)
-        jobs = [j.to_api() for j in self._jobs().visible(key, keyed=keyed)]
-        return web.json_response({"object": "list", "data": jobs})
-
-    async def job(self, request: web.Request) -> web.Response:
-        key, keyed = self._who(request)
-        return web.json_response(
-            self._jobs().get(request.match_info["id"], key, keyed=keyed).to_api()
-        )
-
-    async def cancel(self, request: web.Request) -> web.Response:
-        key, keyed = self._who(request)
-        found = await self._jobs().cancel(request.match_info["id"], key, keyed=keyed)
-        return web.json_response(found.to_api())
 
 
 def form_parts(content_type: str, body: bytes) -> list[tuple[str, bytes, bool]]:
