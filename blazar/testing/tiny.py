@@ -133,6 +133,21 @@ def _logit_bias(pieces: Sequence[str]) -> F32Array:
     return bias
 
 
+def add_llama_tokenizer(
+    writer: gguf.GGUFWriter, pieces: list[str], scores: list[float], types: list[int]
+) -> None:
+    """The tiny models' SentencePiece-style vocabulary (unk 0, bos 1, eos 2; a BOS added)."""
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(pieces)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_unk_token_id(0)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(False)
+
+
 def write_tiny_model(
     path: str | os.PathLike[str],
     *,
@@ -189,15 +204,7 @@ def write_tiny_model(
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(n_vocab)
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list(pieces)
-    writer.add_token_scores(scores)
-    writer.add_token_types(types)
-    writer.add_unk_token_id(0)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_add_bos_token(True)
-    writer.add_add_eos_token(False)
+    add_llama_tokenizer(writer, pieces, scores, types)
     if chat_template:
         writer.add_chat_template(CHATML_TEMPLATE if chat_template is True else chat_template)
 
@@ -498,15 +505,7 @@ def write_tiny_embedder(path: str | os.PathLike[str], *, seed: int = 0) -> Path:
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_pooling_type(gguf.PoolingType.MEAN)
     writer.add_vocab_size(n_vocab)
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list(pieces)
-    writer.add_token_scores(scores)
-    writer.add_token_types(types)
-    writer.add_unk_token_id(0)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_add_bos_token(True)
-    writer.add_add_eos_token(False)
+    add_llama_tokenizer(writer, pieces, scores, types)
     writer.add_tensor("token_embd.weight", embd)
     for i in range(N_LAYER):
         writer.add_tensor(f"blk.{i}.attn_norm.weight", ones)
