@@ -39,6 +39,7 @@ import hashlib
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -49,6 +50,7 @@ from typing import Any
 import aiohttp
 from served import Serve, SetupFailed, run_served
 
+from blazar.testing.ports import free_port
 from blazar.testing.tiny import write_tiny_model
 
 MODEL = "tiny"
@@ -76,6 +78,7 @@ class Options:
     key: bool = False  # declare an API key: the gateway checks it on every request
     relay: bool = True  # serving.relay: false measures the interpreted lane
     stream_route: str = "chat"  # chat (/v1/chat/completions) or completions (/v1/completions)
+    front: str = "blazar"  # what the "gateway" column measures: blazar, or floor (floor_proxy.py)
 
 
 def _per_path() -> dict[str, Any]:
@@ -275,6 +278,11 @@ async def measure(serve: Serve, options: Options) -> Results:
         connector=connector, timeout=timeout, headers=headers, auto_decompress=False
     ) as session:
         urls = {"direct": await find_child(session, serve.url), "gateway": serve.url}
+        cpu = serve.cpu_seconds
+        floor = None
+        if options.front == "floor":  # the bare proxy in front of the same child instead
+            floor = start_floor(urls["direct"])
+            urls["gateway"], cpu = floor.url, floor.cpu_seconds
         warm_up = replace(options, pairs=50, stream_tokens=32, stream_runs=2, rounds=1)
         results = Results()
         client = Client(session, results)
@@ -283,11 +291,58 @@ async def measure(serve: Serve, options: Options) -> Results:
             steps: list[Awaitable[None]] = [
                 measure_latency(client, urls, opts),
                 measure_stream(client, urls, opts),
-                measure_concurrent(client, urls, opts, serve.cpu_seconds),
+                measure_concurrent(client, urls, opts, cpu),
             ]
-            for step in steps:
-                await step
+            try:
+                for step in steps:
+                    await step
+            except BaseException:
+                if floor is not None:
+                    floor.stop()
+                raise
+        if floor is not None:
+            floor.stop()
     return results
+
+
+class Floor:
+    """bench/floor_proxy.py in a subprocess, in front of the child; stopped by its PID."""
+
+    def __init__(self, child: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        script = Path(__file__).with_name("floor_proxy.py")
+        loop = ["--uvloop"] if _has_uvloop() else []
+        self.proc = subprocess.Popen(
+            [sys.executable, str(script), child, str(self.port), *loop],
+            stdout=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+        )
+        assert self.proc.stdout is not None
+        if b"floor proxy on" not in self.proc.stdout.readline():
+            self.stop()
+            raise SetupFailed("bench/floor_proxy.py did not start")
+
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
+def start_floor(child: str) -> Floor:
+    return Floor(child)
+
+
+def _has_uvloop() -> bool:
+    try:
+        import uvloop  # type: ignore[import-not-found, unused-ignore]  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 # -- the report ----------------------------------------------------------------------------
@@ -347,6 +402,7 @@ def summarize(results: Results, options: Options) -> dict[str, Any]:
             "round_seconds": options.round_seconds,
             "slots": options.slots,
             "relay": options.relay,
+            "front": options.front,
             "stream_route": options.stream_route,
             "api_key": options.key,
             "client_loop": type(asyncio.get_event_loop_policy()).__module__.split(".")[0],
@@ -415,6 +471,7 @@ def render(s: dict[str, Any]) -> str:
     lines.append(
         f"client loop: {settings['client_loop']}; cpus: {settings['cpus']}; model slots: "
         f"{settings['slots']}; relay: {'on' if settings.get('relay', True) else 'off'}; "
+        f"front: {settings.get('front', 'blazar')}; "
         f"stream: {settings.get('stream_route', 'completions')}; "
         f"API key: {'yes' if settings.get('api_key') else 'no'}; "
         f"failed requests: direct {errors['direct']}, "
@@ -439,6 +496,12 @@ def parse(argv: list[str] | None) -> Options:
     p.add_argument("--key", action="store_true", help="declare an API key and send it")
     p.add_argument("--relay", choices=("on", "off"), default="on", help="serving.relay")
     p.add_argument("--stream-route", choices=sorted(STREAM_PATHS), default=d.stream_route)
+    p.add_argument(
+        "--front",
+        choices=("blazar", "floor"),
+        default=d.front,
+        help="floor: bench/floor_proxy.py (a bare asyncio pass-through) in place of the gateway",
+    )
     a = p.parse_args(argv)
     return Options(
         pairs=a.pairs,
@@ -452,6 +515,7 @@ def parse(argv: list[str] | None) -> Options:
         key=a.key,
         relay=a.relay == "on",
         stream_route=a.stream_route,
+        front=a.front,
     )
 
 

@@ -51,8 +51,8 @@ from blazar.host.locking import LockTimeout, apply_lock
 from blazar.paths import Paths
 from blazar.reconcile.apply import load, reconcile
 from blazar.reconcile.ports import offer_view
+from blazar.serve import event_loop, triggers
 from blazar.serve import logs as serve_logs
-from blazar.serve import triggers
 from blazar.serve.gateway.access import Access
 from blazar.serve.gateway.app import build_app
 from blazar.serve.gateway.audit import AuditLog
@@ -300,6 +300,7 @@ class Daemon:
         self.scheduler.queue_timeout = manifest.serving.queue_timeout
         self.scheduler.memory_budget = manifest.serving.memory_budget
         self.scheduler.min_residency = manifest.serving.min_residency
+        self.scheduler.forks.configure(manifest.serving.fork_server)
         self.scheduler.groups = Groups.of(manifest)
         self.scheduler.declared = Declared.of(manifest)  # devices, warm pegs, fairness
         self.children.timeout = read_timeout(manifest)
@@ -474,6 +475,7 @@ class Daemon:
                 asyncio.create_task(self.fleet.run()),
                 asyncio.create_task(self.status.run()),
             ]
+            log(f"event loop: {event_loop.current()}")
             print(f"Blazar is serving on {url}", flush=True)
             stop = asyncio.create_task(self.stopping.wait())
             done, _ = await asyncio.wait([stop, *tasks], return_when=asyncio.FIRST_COMPLETED)
@@ -513,4 +515,4 @@ class Daemon:
 def run(paths: Paths, options: ServeOptions) -> None:
     serve_logs.configure(paths.logs)
     daemon = Daemon(paths, options)
-    asyncio.run(daemon.serve())
+    event_loop.run(daemon.serve())
