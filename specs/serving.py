@@ -110,6 +110,13 @@ class Serving(Table):
         "x-blazar-priority: high is never held. 0: no bound (the resident model keeps its "
         "place as long as its requests keep coming).",
     )
+    fork_server: bool = Field(
+        default=True,
+        description="Start a wheel engine's model children by forking a process that has "
+        "already imported the engine (one per engine in use, about 30 MB of RAM), not as "
+        "fresh processes: a load is about 70 ms sooner (docs/serve.md, fork servers). "
+        "false: every child is a fresh process.",
+    )
     warm_peg_budget: SizeOrShare = Field(
         default="25%",
         description="Host memory kept for the weight files of unloaded warm_peg models (their "

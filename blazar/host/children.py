@@ -42,7 +42,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 LISTENING = re.compile(r"listening on http://[^:\s]+:(\d+)")
 # ik_llama.cpp's server (the catalog's `ik` fork) says `HTTP server listening ... port="N"`,
@@ -95,6 +95,17 @@ def health_delay(elapsed: float) -> float:
     names it earlier is polled.) A long load is polled more coarsely.
     """
     return 0.01 if elapsed < 5.0 else 0.05
+
+
+def log_delay(elapsed: float) -> float:
+    """Seconds to wait before reading a starting child's log again, `elapsed` seconds in.
+
+    A read of the file's new bytes costs a few microseconds, so the first second is
+    read every 2 ms: a forked launcher is listening 20 ms after its fork, and at
+    `health_delay`'s 10 ms half of that again went by before serve saw it
+    (bench/swap_breakdown.py). Then as `health_delay`.
+    """
+    return 0.002 if elapsed < 1.0 else health_delay(elapsed)
 
 
 def server_argv(command: Sequence[str], args: Sequence[str], host: str) -> tuple[str, ...]:
@@ -411,15 +422,31 @@ def _die_with_parent() -> Callable[[], None] | None:
     return preexec
 
 
-async def spawn(argv: Sequence[str], output: int | None = None) -> asyncio.subprocess.Process:
+class ChildProcess(Protocol):
+    """What an owner needs of its child: an `asyncio.subprocess.Process`, or a launcher
+    child forked by a fork server (`blazar.serve.supervisor.forks.Forked`)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    async def wait(self) -> int: ...
+
+
+async def spawn(
+    argv: Sequence[str], output: int | None = None, stdin: int | None = None
+) -> asyncio.subprocess.Process:
     """Start `argv` in its own process group, dying with its parent; output (stdout and
-    stderr) on one pipe, or into the file descriptor `output` (a `DirectLog`'s).
+    stderr) on one pipe, or into the file descriptor `output` (a `DirectLog`'s); stdin
+    /dev/null, or the file descriptor `stdin` (a fork server's socket).
 
     Raises OSError when the program cannot be run.
     """
     return await asyncio.create_subprocess_exec(
         *argv,
-        stdin=asyncio.subprocess.DEVNULL,
+        stdin=asyncio.subprocess.DEVNULL if stdin is None else stdin,
         stdout=asyncio.subprocess.PIPE if output is None else output,
         stderr=asyncio.subprocess.STDOUT,
         start_new_session=True,  # its own process group: a stop reaches every descendant
@@ -455,7 +482,7 @@ def signal_group(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
 
 
-async def terminate(proc: asyncio.subprocess.Process, grace: float) -> int | None:
+async def terminate(proc: ChildProcess, grace: float) -> int | None:
     """Stop a child and wait for it: SIGTERM to its group, `grace` seconds, then SIGKILL.
 
     Whatever it left in its group is swept with SIGKILL either way (a live group's id
@@ -513,7 +540,7 @@ async def read_output(
 
 
 async def watch_log(
-    proc: asyncio.subprocess.Process,
+    proc: ChildProcess,
     log: DirectLog,
     on_port: Callable[[int], None],
     *,
@@ -521,7 +548,7 @@ async def watch_log(
 ) -> None:
     """Follow a child's `DirectLog` while the child runs: call `on_port` at the first
     "listening on" line (one that names port 0: the port the child listens on), reading
-    the file's new bytes at `health_delay`'s interval until then; after it, look at the
+    the file's new bytes at `log_delay`'s interval until then; after it, look at the
     file's size every ROTATE_EVERY seconds and rotate it when it is over. Ends when the
     child has exited. Serve's only reads of the child's output between errors.
     After KERNEL_AFTER seconds without the line, the kernel is asked which port the
@@ -556,11 +583,11 @@ async def watch_log(
             return
         if len(pending) > OUTPUT_LIMIT:  # a line over the limit: dropped, as the pipe did
             pending = b""
-        await sleep(health_delay(time.monotonic() - started))
+        await sleep(log_delay(time.monotonic() - started))
 
 
 async def watch_exit(
-    proc: asyncio.subprocess.Process,
+    proc: ChildProcess,
     reader: asyncio.Task[None] | None,
     on_exit: Callable[[int], None],
 ) -> None:

@@ -10,7 +10,10 @@ in it, not Blazar; its supervisor runs a launcher from this folder there, as it 
 - `piper_launcher.py`: piper-tts, text to speech;
 - `mistralrs_launcher.py`: mistral.rs over OpenAI's API;
 - `launcher_common.py`: what they share (the `main` skeleton, the flags, the HTTP
-  handler with `/health`), copied beside each one (`blazar.engines.wheel.place_launcher`).
+  handler with `/health`), copied beside each one (`blazar.engines.wheel.place_launcher`);
+- `fork_launcher.py`: not installed: serve runs it from here under a wheel engine's
+  Python, beside the engine's `launcher.py`, as a fork server that has imported the
+  launcher once and forks a child per model start (`blazar.serve.supervisor.forks`).
 
 They use the standard library and their engine package only, and import
 `launcher_common` as a sibling module. Every name here ends in `launcher` (or names
@@ -26,3 +29,4 @@ from pathlib import Path
 FOLDER = Path(__file__).parent
 COMMON = FOLDER / "launcher_common.py"  # copied beside every launcher
 LLAMA = FOLDER / "llama_launcher.py"
+FORK = FOLDER / "fork_launcher.py"  # run from here, never copied

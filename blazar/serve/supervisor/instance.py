@@ -33,7 +33,7 @@ import logging
 import shlex
 import signal
 import time
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -41,9 +41,12 @@ from typing import Any
 
 from blazar.errors import BlazarError
 from blazar.host import children
-from blazar.host.children import DirectLog, signal_group
+from blazar.host.children import ChildProcess, DirectLog, signal_group
 
 STABLE_AFTER = 30.0  # seconds READY after which a crash starts the backoff afresh
+# How an instance starts its child: (argv, the descriptor its output goes to) -> the child.
+# `children.spawn` by default; serve's `Forks.spawn` forks a wheel engine's launcher.
+Spawn = Callable[[Sequence[str], int], Awaitable[ChildProcess]]
 logger = logging.getLogger(__name__)
 
 
@@ -126,8 +129,10 @@ class Instance:
         backoff: Sequence[float] = (0.5, 1, 2, 4, 8),
         grace: float = 5.0,
         stable_after: float = STABLE_AFTER,
+        spawn: Spawn | None = None,
     ) -> None:
         self.spec, self.host = spec, host
+        self._spawner = spawn
         self._on_event, self._backoff = on_event, tuple(backoff)
         self._grace, self._stable_after = grace, stable_after
         self._mailbox: asyncio.Queue[_Event] = asyncio.Queue()
@@ -142,7 +147,7 @@ class Instance:
         self.started_at: float | None = None  # wall-clock time the current child was spawned
         self.ready_event = asyncio.Event()  # set while READY: watch readiness without a start
         # The owner's private state.
-        self._proc: asyncio.subprocess.Process | None = None
+        self._proc: ChildProcess | None = None
         self._gen = 0  # spawn generation: events about an earlier child are ignored
         self._failures = 0  # respawn attempts since the child was last stably READY
         self._ready_at = 0.0
@@ -343,7 +348,10 @@ class Instance:
         argv = self.spec.argv(self.host)
         self._log.note(f"starting {shlex.join(argv)}")
         try:
-            proc = await children.spawn(argv, output=self._log.fd_for_child())
+            if self._spawner is not None:
+                proc = await self._spawner(argv, self._log.fd_for_child())
+            else:
+                proc = await children.spawn(argv, output=self._log.fd_for_child())
         except OSError as err:
             await self._start_failed(f"could not run {argv[0]}: {err}")
             return

@@ -37,6 +37,7 @@ from typing import Any
 from blazar.errors import InvalidInput
 from blazar.host.hardware import Device, gpu_bytes, resident_bytes, system_memory
 from blazar.serve.supervisor.dialects import OPENAI, adapters_refusal
+from blazar.serve.supervisor.forks import Forks
 from blazar.serve.supervisor.instance import Instance, InstanceSpec, State
 from blazar.serve.supervisor.runtime import ModelRuntime, name_index, resolve
 from blazar.serve.supervisor.scheduler import fairness, pegs, queueing
@@ -148,6 +149,7 @@ class Scheduler:
         self.clock = clock
         self.starting = False  # until the daemon's first pass: unknown names are 503
         self.make_instance = make_instance or self._real_instance
+        self.forks = Forks()  # a wheel engine's children forked warm (serving.fork_server)
         self.runtimes = dict(runtimes)
         self._names = name_index(self.runtimes)  # every name and alias, for `resolve`
         self.pools: dict[str, Pool] = {}
@@ -343,7 +345,7 @@ class Scheduler:
         return self.make_instance(spec)
 
     def _real_instance(self, spec: InstanceSpec) -> Instance:
-        return Instance(spec, on_event=self.on_event)
+        return Instance(spec, on_event=self.on_event, spawn=self.forks.spawn)
 
     def _on_unload(self, pool: Pool) -> None:
         """Its children still run: measure their peak once more. A warm_peg model's files
@@ -699,3 +701,4 @@ class Scheduler:
         await asyncio.gather(*(self.capacity.run_before_stop(p) for p in loaded))
         members = [m for p in self.all_pools() for m in p.members]
         await asyncio.gather(*(m.instance.close() for m in members), return_exceptions=True)
+        await self.forks.close()

@@ -1,0 +1,261 @@
+"""Fork servers (blazar/serve/supervisor/forks.py; not test_forks.py's engine forks) with
+the real engine: the installed launcher's layout (launcher.py with launcher_common.py
+beside it, as a wheel install places them) run by the fork server under this Python,
+which has xllamacpp, serving the tiny model. What a forked child must do as a spawned
+one does: serve the model with the flags it was given, write to its instance's log,
+lead its own process group, show its command line in /proc, report its exit code, and
+leave nothing behind; and what goes wrong with a fork server (dead, refusing, turned
+off) must fall back to a fresh spawn. One served test swaps models through
+`blazar serve`, whose children are forked by default.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from blazar.engines import launchers
+from blazar.serve.supervisor.forks import Forked, Forks, forkable
+from blazar.serve.supervisor.instance import Instance, InstanceFailed, InstanceSpec, State
+from tests.fake_children import gone, run
+from tests.fixtures import ENGINE, model_block, write_manifest
+from tests.serving import Served
+from tests.waiting import until
+
+
+def installed_launcher(root: Path) -> str:
+    """The launcher as a wheel engine has it: `launcher.py`, `launcher_common.py` beside."""
+    folder = root / "engine"
+    folder.mkdir()
+    shutil.copy2(launchers.LLAMA, folder / "launcher.py")
+    shutil.copy2(launchers.COMMON, folder / launchers.COMMON.name)
+    return str(folder / "launcher.py")
+
+
+def spec(root: Path, launcher: str, name: str, *args: str) -> InstanceSpec:
+    return InstanceSpec(
+        key=f"{name}/0",
+        model=name,
+        replica=0,
+        engine_tag="test",
+        command=(sys.executable, launcher),
+        args=args,
+        log_path=root / "logs" / f"{name}-0.log",
+        health_timeout=30.0,
+    )
+
+
+def parent_of(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("PPid:")[1].split()[0])
+
+
+def cmdline(pid: int) -> list[str]:
+    """/proc's command line, without the NUL padding a forked child's ends with."""
+    args = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    while args and not args[-1]:
+        args.pop()
+    return args
+
+
+async def props(url: str) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as http, http.get(f"{url}/props") as resp:
+        assert resp.status == 200
+        return dict(await resp.json())
+
+
+async def chat(url: str) -> int:
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{url}/v1/chat/completions", json=body) as resp,
+    ):
+        await resp.read()
+        return resp.status
+
+
+async def ready_server(forks: Forks) -> Any:
+    """The one fork server, once it is ready (it starts beside the first spawn)."""
+    (server,) = forks.servers.values()
+    await asyncio.wait_for(server.ready.wait(), 20)
+    return server
+
+
+def test_forkable_is_the_wheel_launcher_under_a_python() -> None:
+    assert forkable(("/e/venv/bin/python", "/e/launcher.py", "--model", "m.gguf"))
+    assert forkable(("/usr/bin/python3.11", "/e/launcher.py"))
+    assert not forkable(("/e/llama-server", "--model", "m.gguf"))  # a binary: exec is cheap
+    assert not forkable(("/e/venv/bin/python", "/e/whisper_launcher.py"))  # another lane
+    assert not forkable(("/e/venv/bin/python", "-c", "launcher.py"))
+    assert not forkable(("/e/venv/bin/python",))
+
+
+def test_a_forked_child_serves_its_model_with_its_flags(tmp_path: Path, tiny_model: Path) -> None:
+    launcher = installed_launcher(tmp_path)
+
+    async def main() -> None:
+        forks = Forks()
+        first = Instance(spec(tmp_path, launcher, "a", "-m", str(tiny_model)), spawn=forks.spawn)
+        args = ("-m", str(tiny_model), "--parallel", "3", "--alias", "second")
+        second = Instance(spec(tmp_path, launcher, "b", *args), spawn=forks.spawn)
+        try:
+            await first.ensure_ready()
+            assert not isinstance(first._proc, Forked)  # the first start is spawned fresh
+            server = await ready_server(forks)
+            url = await second.ensure_ready()
+            forked = second._proc
+            assert isinstance(forked, Forked)
+            assert forked.pid == second.pid != first.pid
+            assert parent_of(forked.pid) == server.proc.pid  # the fork server's child
+            assert os.getpgid(forked.pid) == forked.pid  # a group of its own
+            # what /proc and `ps` show: the launcher and its flags, as for a spawned child
+            assert cmdline(forked.pid) == list(second.spec.argv("127.0.0.1"))
+            assert cmdline(server.proc.pid) == [sys.executable, str(launchers.FORK), launcher]
+            settings = await props(url)
+            assert settings["total_slots"] == 3
+            assert settings["model_alias"] == "second"
+            assert await chat(url) == 200
+            # its output is in its own instance's log, not the first one's
+            await until(lambda: any("listening on" in line for line in second.log_tail(50)))
+            assert "n_slots = 3" in second.spec.log_path.read_text()
+            await second.stop()
+            assert second.state is State.STOPPED and forked.returncode == 0
+            assert "blazar: exited with code 0" in second.spec.log_path.read_text()
+            assert gone(forked.pid)
+        finally:
+            await asyncio.gather(first.close(), second.close())
+            await forks.close()
+        assert gone(server.proc.pid)
+
+    run(main())
+
+
+def test_a_forked_launcher_that_fails_reports_its_code_and_words(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    launcher = installed_launcher(tmp_path)
+
+    async def main() -> None:
+        forks = Forks()
+        good = Instance(spec(tmp_path, launcher, "a", "-m", str(tiny_model)), spawn=forks.spawn)
+        bad = Instance(
+            spec(tmp_path, launcher, "b", "-m", str(tiny_model), "--no-such-flag"),
+            spawn=forks.spawn,
+        )
+        try:
+            await good.ensure_ready()
+            await ready_server(forks)
+            try:
+                await bad.ensure_ready()
+            except InstanceFailed as err:
+                assert "exited with code 2 before it became ready" in str(err)
+                assert "--no-such-flag" in str(err)  # the launcher's own line, from its log
+            else:
+                raise AssertionError("a bad flag must fail the start")
+            assert bad.state is State.FAILED
+        finally:
+            await asyncio.gather(good.close(), bad.close())
+            await forks.close()
+
+    run(main())
+
+
+def test_a_fork_server_that_died_is_replaced(tmp_path: Path, tiny_model: Path) -> None:
+    launcher = installed_launcher(tmp_path)
+
+    async def main() -> None:
+        forks = Forks()
+        one = Instance(spec(tmp_path, launcher, "a", "-m", str(tiny_model)), spawn=forks.spawn)
+        two = Instance(spec(tmp_path, launcher, "b", "-m", str(tiny_model)), spawn=forks.spawn)
+        try:
+            await one.ensure_ready()
+            server = await ready_server(forks)
+            await two.ensure_ready()
+            forked = two._proc
+            assert isinstance(forked, Forked)
+            os.kill(server.proc.pid, signal.SIGKILL)  # the OOM killer, say
+            # its child gets SIGTERM (PDEATHSIG); its owner sees the exit through the pidfd
+            assert await asyncio.wait_for(forked.wait(), 10) == -1
+            await until(lambda: two.state is not State.READY)
+            await two.stop()
+            # the next start is spawned fresh, with a new fork server beside it
+            await two.ensure_ready()
+            assert not isinstance(two._proc, Forked)
+            replacement = await ready_server(forks)
+            assert replacement is not server
+            await one.stop()
+            await one.ensure_ready()
+            assert isinstance(one._proc, Forked)
+            assert parent_of(one._proc.pid) == replacement.proc.pid
+        finally:
+            await asyncio.gather(one.close(), two.close())
+            await forks.close()
+
+    run(main())
+
+
+def test_turned_off_children_are_spawned_and_forked_ones_run_on(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    launcher = installed_launcher(tmp_path)
+
+    async def main() -> None:
+        forks = Forks()
+        one = Instance(spec(tmp_path, launcher, "a", "-m", str(tiny_model)), spawn=forks.spawn)
+        two = Instance(spec(tmp_path, launcher, "b", "-m", str(tiny_model)), spawn=forks.spawn)
+        try:
+            await one.ensure_ready()
+            server = await ready_server(forks)
+            url = await two.ensure_ready()
+            assert isinstance(two._proc, Forked)
+            forks.configure(False)  # serving.fork_server = false on a pass
+            assert not forks.servers
+            await one.stop()
+            await one.ensure_ready()
+            assert not isinstance(one._proc, Forked)
+            assert not gone(server.proc.pid)  # retired: it waits for its child
+            assert await chat(url) == 200  # which still serves
+            await two.stop()
+            assert two._proc is None and two.state is State.STOPPED
+            # its last child gone, it exits
+            assert await asyncio.wait_for(server.proc.wait(), 5) == 0
+        finally:
+            await asyncio.gather(one.close(), two.close())
+            await forks.close()
+
+    run(main())
+
+
+def test_serve_swaps_models_with_forked_children_and_leaves_none(
+    tmp_path: Path, blazar_home: Path, models: dict[str, Path]
+) -> None:
+    # Every request swaps (one model loaded, no min_residency): the first start of the
+    # engine is spawned and starts the fork server; the next ones are its forks.
+    text = '[serving]\nmax_loaded_models = 1\nmin_residency = "0s"\n\n'
+    text += ENGINE + model_block("tiny", models["tiny"]) + model_block("other", models["other"])
+    body = {"prompt": "a", "max_tokens": 2}
+    paths: dict[str, set[str]] = {"tiny": set(), "other": set()}
+    with Served(write_manifest(tmp_path, text), blazar_home) as served:
+        for name in ("tiny", "other", "tiny", "other"):
+            answer = served.post("/v1/completions", {"model": name, **body})
+            assert answer["model"] == name and answer["choices"][0]["text"] is not None
+            [row] = served.ps()
+            assert row["model"] == name and row["state"] == "ready"
+            flags = cmdline(row["pid"])  # `ps` and /proc name the model it serves
+            paths[name].add(flags[flags.index("--model") + 1])
+        assert len(paths["tiny"]) == len(paths["other"]) == 1  # each its own file, each time
+        assert paths["tiny"] != paths["other"]
+        parent = parent_of(row["pid"])
+        assert str(launchers.FORK) in " ".join(cmdline(parent))  # forked, not spawned
+        traces = served.get("/api/why?limit=4")["traces"]
+        assert [t["decision"] for t in traces] == ["spawned"] * 4
+        assert [t["evicted"] for t in traces[:3]] == [["tiny"], ["other"], ["tiny"]]
+        assert all(t["load_ms"] > 0 for t in traces)
+    assert gone(parent)  # Served's exit checked that nothing of serve's home runs
