@@ -9,10 +9,13 @@ failures mid-answer, streaming as bytes arrive, and pausing for a slow reader.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from blazar.serve.supervisor import child_http
 from blazar.serve.supervisor.child_http import ChildConnection, ChildConnections, UpstreamError
@@ -616,3 +619,87 @@ def test_a_child_silent_past_the_timeout_fails_the_wait() -> None:
             children.close()
 
     run(main())
+
+
+# -- splicing a chunked body (the relay's stream) -----------------------------------------
+
+_STREAM_HEAD = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+)
+
+
+def _dechunk(wire: bytes) -> tuple[bytes, bool]:
+    """A chunked body's data, and whether its last chunk came."""
+    data, at = b"", 0
+    while True:
+        eol = wire.index(b"\r\n", at)
+        size = int(wire[at:eol].split(b";")[0], 16)
+        if size == 0:
+            return data, wire[eol:] == b"\r\n\r\n"
+        data += wire[eol + 2 : eol + 2 + size]
+        assert wire[eol + 2 + size : eol + 4 + size] == b"\r\n"
+        at = eol + 4 + size
+
+
+def _spliced(reads: list[bytes]) -> tuple[ChildConnection, list[bytes], list[bytes]]:
+    """A connection given a streamed answer's head, spliced as the relay does, then fed
+    `reads`: what the client got (its chunks), and the pieces that went as they came."""
+    connection = ChildConnection()
+    connection.data_received(_STREAM_HEAD)
+    client: list[bytes] = []
+    whole: list[bytes] = []
+
+    def framed(wire: bytes, piece: bytes) -> None:
+        whole.append(piece)
+        client.append(wire)
+
+    connection.splice(lambda piece: client.append(b"%x\r\n%s\r\n" % (len(piece), piece)), framed)
+    for read in reads:
+        connection.data_received(read)
+    return connection, client, whole
+
+
+def test_a_read_of_one_whole_chunk_goes_as_it_came() -> None:
+    events = [b'data: {"n": %d}\n\n' % i for i in range(3)]
+    reads = [b"%x\r\n%s\r\n" % (len(e), e) for e in events] + [b"0\r\n\r\n"]
+    connection, client, whole = _spliced(reads)
+    assert whole == events  # each read went unparsed
+    assert client[:3] == reads[:3]  # the child's own bytes, framing and all
+    assert connection.complete
+    assert _dechunk(b"".join(client) + b"0\r\n\r\n") == (b"".join(events), True)
+
+
+@pytest.mark.parametrize(
+    "reads",
+    [
+        [b"5\r\nhello\r\n5\r\nworld\r\n"],  # two chunks in one read
+        [b"5\r\nhel", b"lo\r\n", b"5\r\nworld\r\n"],  # one cut inside
+        [b"5;ext=1\r\nhello\r\n", b"5\r\nworld\r\n"],  # an extension
+        [b"05\r\nhello\r", b"\n5\r\nworld\r\n"],  # a CR at a read's end
+    ],
+)
+def test_other_reads_are_parsed_and_framed_again(reads: list[bytes]) -> None:
+    connection, client, _ = _spliced([*reads, b"0\r\n\r\n"])
+    assert connection.complete
+    assert _dechunk(b"".join(client) + b"0\r\n\r\n") == (b"helloworld", True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    pieces=st.lists(st.binary(min_size=1, max_size=40), min_size=1, max_size=10),
+    cuts=st.lists(st.integers(min_value=0, max_value=600), max_size=8),
+    extension=st.booleans(),
+)
+def test_a_spliced_body_reaches_the_client_whole_however_it_is_cut(
+    pieces: list[bytes], cuts: list[int], extension: bool
+) -> None:
+    """Whatever the reads (whole chunks, several, cut anywhere, with extensions), the
+    client's chunks carry the body's bytes in order, and the answer ends."""
+    ext = b";a=b" if extension else b""
+    wire = b"".join(b"%x%s\r\n%s\r\n" % (len(p), ext, p) for p in pieces) + b"0\r\n\r\n"
+    bounds = sorted({0, len(wire), *(c for c in cuts if c < len(wire))})
+    reads = [wire[a:b] for a, b in itertools.pairwise(bounds)]
+    connection, client, whole = _spliced(reads)
+    assert connection.complete
+    assert _dechunk(b"".join(client) + b"0\r\n\r\n") == (b"".join(pieces), True)
+    assert all(piece in pieces for piece in whole)

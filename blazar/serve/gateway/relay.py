@@ -366,8 +366,16 @@ class Relayer:
                 if paused():
                     child.hold()
 
+            def framed(wire: bytes, piece: bytes) -> None:
+                """A read that was one whole chunk (llama-server's usual event): its bytes,
+                framing and all, are already the client's chunk."""
+                chunk(piece)
+                write(wire)
+                if paused():
+                    child.hold()
+
             sink.resumed = child.unhold
-            child.splice(forward)
+            child.splice(forward, framed)
             try:
                 while await connection.read():  # b"" at the end; pieces went to `forward`
                     pass

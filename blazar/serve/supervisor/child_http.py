@@ -50,6 +50,7 @@ class UpstreamTimeout(UpstreamError):
 
 
 _HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK, _CHUNK_END, _TRAILER, _TO_CLOSE, _DONE = range(8)
+_HEX = frozenset(b"0123456789abcdefABCDEF")
 
 
 class ChildConnection(asyncio.Protocol):
@@ -77,11 +78,16 @@ class ChildConnection(asyncio.Protocol):
         # read from the socket, no task woken); `read` then only waits for the end or a
         # failure.
         self.sink: Callable[[bytes], None] | None = None
+        # With the sink, where a read that is exactly one whole chunk of a chunked body
+        # goes as it came (its framing, its piece): the relay writes those bytes to its
+        # client unchanged, so the usual stream (llama-server writes one event per chunk)
+        # is neither parsed into the buffer nor framed again (`splice`).
+        self.framed: Callable[[bytes, bytes], None] | None = None
         self._held = False  # reading paused for a slow client (`hold`): silence not counted
         self._begin()
 
     def _begin(self) -> None:
-        self.sink = None
+        self.sink = self.framed = None
         self.status = 0
         self.content_type = ""
         self.keep_alive = True
@@ -104,6 +110,14 @@ class ChildConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.received = True
         self._heard = time.monotonic()
+        if self.framed is not None and self._state == _CHUNK_SIZE and not self._buffer:
+            # One whole chunk (size line, data, CRLF) and nothing else: as it came.
+            eol = data.find(b"\r\n", 0, 18)
+            if eol > 0 and data.endswith(b"\r\n") and _HEX.issuperset(data[:eol]):
+                size = int(data[:eol], 16)
+                if size and len(data) == eol + size + 4:
+                    self.framed(data, data[eol + 2 : -2])
+                    return
         self._buffer += data
         try:
             self._parse()
@@ -294,13 +308,20 @@ class ChildConnection(asyncio.Protocol):
             parts.append(part)
         return b"".join(parts)
 
-    def splice(self, sink: Callable[[bytes], None]) -> None:
+    def splice(
+        self,
+        sink: Callable[[bytes], None],
+        framed: Callable[[bytes, bytes], None] | None = None,
+    ) -> None:
         """Hand the body bytes queued so far to `sink`, and each later piece as it is
-        parsed (`read` then waits only for the end or a failure)."""
+        parsed (`read` then waits only for the end or a failure). With `framed`, a read
+        that is exactly one whole chunk of a chunked body goes there instead, as
+        (the chunk with its framing, its data), unparsed."""
         pieces, self._pieces, self._queued = self._pieces, [], 0
         if pieces:
             sink(b"".join(pieces))
         self.sink = sink
+        self.framed = framed if self.chunked else None
         if self._paused and self.transport is not None:
             self._paused = False
             self.transport.resume_reading()
