@@ -259,3 +259,27 @@ def test_serve_swaps_models_with_forked_children_and_leaves_none(
         assert [t["evicted"] for t in traces[:3]] == [["tiny"], ["other"], ["tiny"]]
         assert all(t["load_ms"] > 0 for t in traces)
     assert gone(parent)  # Served's exit checked that nothing of serve's home runs
+
+
+def test_the_fork_server_of_an_engine_no_model_uses_is_retired(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    launcher = installed_launcher(tmp_path)
+
+    async def main() -> None:
+        forks = Forks()
+        one = Instance(spec(tmp_path, launcher, "a", "-m", str(tiny_model)), spawn=forks.spawn)
+        try:
+            await one.ensure_ready()
+            server = await ready_server(forks)
+            forks.keep([one.spec.command, ("/e/llama-server",)])  # still used: kept
+            assert forks.servers and not server.dead
+            await one.close()
+            forks.keep([("/e/venv/bin/python", "/e/launcher.py")])  # an engine update
+            assert not forks.servers and server.dead
+            assert await asyncio.wait_for(server.proc.wait(), 5) == 0  # no child: it exits
+        finally:
+            await one.close()
+            await forks.close()
+
+    run(main())

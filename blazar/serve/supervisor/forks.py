@@ -36,7 +36,7 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -262,6 +262,15 @@ class Forks:
             self.failures[command] = self.failures.get(command, 0) + 1
             return
         self.servers[command] = server
+
+    def keep(self, commands: Iterable[Sequence[str]]) -> None:
+        """Retire the fork servers of engine commands no model uses any more (an engine
+        updated or removed on a pass)."""
+        used = {tuple(command[:2]) for command in commands}
+        for command in [c for c in self.servers if c not in used]:
+            server = self.servers.pop(command)
+            server.retire()
+            self.retired.append(server)
 
     def configure(self, enabled: bool) -> None:
         """`serving.fork_server` on a pass: turned off, the fork servers are retired (the

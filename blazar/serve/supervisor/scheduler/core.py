@@ -649,6 +649,7 @@ class Scheduler:
         self.runtimes = dict(runtimes)
         self._names = name_index(self.runtimes)  # every name and alias, for `resolve`
         self._estimate()
+        self.forks.keep(r.command for r in self.runtimes.values())  # an engine replaced
         await self.warm_up()
         return changes
 
