@@ -1,6 +1,7 @@
 """Where a model swap's time goes: serve's view, the supervisor's parts, and llama.cpp's router.
 
-    .venv/bin/python bench/swap_breakdown.py [--swaps 8] [--router PATH] [--no-parts] [--json]
+    .venv/bin/python bench/swap_breakdown.py [--swaps 8] [--router PATH] [--no-parts]
+                                             [--no-fork-server] [--json]
 
 The swap of bench/peers.py (two tiny models, one loaded at a time: `max_loaded_models =
 1`, `min_residency = "0s"`, one slot each; requests alternate, so every request swaps),
@@ -11,7 +12,8 @@ measured three ways in one run, everything started here and stopped by PID:
    the other model's child to stop, the new child's start and readiness) and the rest
    (the request itself). A request to the model already loaded is timed beside it.
    When the router is there (bench/README.md, peers.py), it swaps in the same run, its
-   requests interleaved with serve's.
+   requests interleaved with serve's, its children with Blazar's thread count (half
+   the cores; peers.py leaves llama.cpp's default, all of them).
 2. **The supervisor's parts.** The engine command serve ran (read from its instance log),
    started by two `Instance`s in this process, alternately, the way a swap does: the old
    child's stop (SIGTERM to its exit), `spawn`, then inside the child (a wrapper around
@@ -19,8 +21,8 @@ measured three ways in one run, everything started here and stopped by PID:
    the launcher's own imports and flags, llama.cpp's load (`xllamacpp.Server`), then
    serve's side again: the listening line seen, `/health` answered (ready), and a
    streamed chat request's first token and its end, asked of the child directly.
-   With a spare launcher (docs/serve.md) serve does not run the wrapper: this part
-   measures the engine command as a fresh child, the case without a spare.
+   Then the same with the children forked by a fork server (`Forks`, serve's default:
+   docs/serve.md), where the parts before the listening line are one: the fork to it.
 
 Printed: medians (and ranges) per part in ms, the sum of the parts beside the swap seen
 through serve, and serve/router. Exit status 0 when it measured, 1 when setup failed.
@@ -332,7 +334,10 @@ async def measure(options: argparse.Namespace, results: Results, root: Path) -> 
                 models_dir.mkdir()
                 for seed, name in enumerate(SWAP_MODELS):
                     write_tiny_model(models_dir / f"{name}.gguf", seed=seed + 1)
-                args = ["-c", "512", "-np", "1"]
+                # the threads Blazar gives its children (half the cores): with more,
+                # llama.cpp's spinning threads stall when another process takes a core
+                threads = str(max(1, (os.cpu_count() or 2) // 2))
+                args = ["-c", "512", "-np", "1", "-t", threads, "-tb", threads]
                 proc: Proc
                 proc, url = start_router(options.router, models_dir, root / "router.log", args)
                 stack.enter_context(started(proc))

@@ -18,12 +18,13 @@ sees, the runtime, with conditions of three types it owns:
 Level-triggered, as a pass is: `observe` reads what runs now (the scheduler's pools,
 the fleet's remotes, the last apply) and the pure `model_condition` and
 `remote_condition` judge it; `StatusWriter.run` writes what changed when it is poked
-(an instance event, a pass: the daemon's `_on_instance` and `run_pass`) or every
-EVERY seconds. It writes in a worker thread under the apply lock (an apply's
-transactions fail when another writer commits under them) and, while an apply holds
-the lock, tries again RETRY seconds later. A condition whose text the store refuses (an
-error message with a byte that is not UTF-8) is written escaped, or left out and
-logged; the others are written all the same. Serve removes the conditions it owns when
+(an instance event, a pass: the daemon's `_on_instance` and `run_pass`; SETTLE seconds
+later, so that the events of one swap make one write) or every EVERY seconds. It writes
+in a worker thread under the apply lock (an apply's transactions fail when another
+writer commits under them) and, while an apply holds the lock, tries again RETRY
+seconds later. A condition whose text the store refuses (an error message with a byte
+that is not UTF-8) is written escaped, or left out and logged; the others are written
+all the same. Serve removes the conditions it owns when
 it starts and when it stops: they describe a serve that runs.
 """
 
@@ -53,6 +54,10 @@ EVERY = 1.0  # seconds between looks when nothing pokes the writer
 RETRY = 0.25  # seconds before writing again when an apply held the lock
 STOP_WAIT = 5.0  # seconds serve waits for the lock at stop to remove its conditions
 RESYNC = 30.0  # seconds after which the writer compares with the store even unchanged
+# Seconds a poke waits for the next before the writer looks: a swap's stopped, starting
+# and ready (milliseconds apart) make one write after it, not one each beside it (a
+# write, in a thread, took 4-7 ms of CPU: a swap's ~7 ms, bench/swap_breakdown.py).
+SETTLE = 0.2
 logger = logging.getLogger("blazar.serve")
 
 Key = tuple[str, str, str]  # (kind, name, type)
@@ -278,6 +283,8 @@ class StatusWriter:
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.poked.wait(), EVERY)
+            if self.poked.is_set():
+                await asyncio.sleep(SETTLE)  # the pokes that follow join this write
             self.poked.clear()
             if not await self.flush():
                 await asyncio.sleep(RETRY)
