@@ -15,8 +15,12 @@ and Anthropic's `input_tokens` exclude the cached part; they are added back here
 
 from __future__ import annotations
 
+import contextlib
+import re
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 EXCERPT = 200  # characters of output a trace keeps (when serving.pii_scrub is off)
 LENGTH_REASONS = frozenset({"length", "max_tokens", "max_output_tokens", "limit"})
@@ -198,12 +202,34 @@ class StreamOutcome:
         self.out = Outcome(text="")
         self._parts: list[str] = []
         self._chars = 0
+        self._closed = False  # the excerpt is closed: events were left unread after it
         self.content_events = 0  # events that carried output (text or a tool call)
 
     @property
     def chars(self) -> int:
         """Characters of text fed so far (kept or not)."""
         return self._chars
+
+    def gap(self) -> None:
+        """Events were left unread here (a long stream's middle: `trace`): the text is an
+        excerpt, and keeps no text after the gap unless it has none before it (a long
+        preamble without text, as a reasoning model's: then the end's text stands for
+        it, and an answer with text is not taken for an empty one)."""
+        self.out.complete = False
+        if "".join(self._parts).strip():
+            self._closed = True
+
+    def token(self, text: str) -> bool:
+        """Take one event that carried only this text (a chat token as llama-server
+        sends it, read without parsing its JSON: `trace`); True when it carried output,
+        as `feed` of the same event."""
+        if not text:
+            return False
+        if self.keep_text or (self._chars < EXCERPT and not self._closed):
+            self._parts.append(text)
+        self._chars += len(text)
+        self.content_events += 1
+        return True
 
     def feed(self, data: Any) -> bool:
         """Take one event; True when it carried output."""
@@ -214,7 +240,7 @@ class StreamOutcome:
         if calls:
             self.out.tool_calls += calls
         if text:
-            if self.keep_text or self._chars < EXCERPT:
+            if self.keep_text or (self._chars < EXCERPT and not self._closed):
                 self._parts.append(text)
             self._chars += len(text)
         if text or calls:
@@ -286,3 +312,99 @@ class StreamOutcome:
         if out.generated_tokens is None and self.content_events:
             out.generated_tokens = self.content_events  # one event per token, as llama-server
         return out
+
+
+# -- a long whole answer, read at its two ends ---------------------------------------------
+
+HEAD_WINDOW = 2048  # bytes of a whole answer's start read for its text's excerpt
+TAIL_WINDOW = 4096  # bytes of a whole answer's end read for its usage, timings, finish
+# The text's key, for the endpoints whose long answers are read at their ends; llama-server
+# writes it first in the first choice (after `finish_reason` and `index` in a chat answer).
+TEXT_KEYS = {"/v1/chat/completions": b'"content":"', "/v1/completions": b'"text":"'}
+FINISH = re.compile(rb'"finish_reason":(?:null|"([^"\\]*)")')
+
+
+def from_ends(path: str, payload: bytes | bytearray) -> Outcome | None:
+    """The outcome of a long whole answer from engine endpoint `path` (chat, legacy
+    completions, embeddings), read from its first HEAD_WINDOW and last TAIL_WINDOW bytes
+    and never parsed whole: the text's start (its excerpt), the finish reason, `usage` and
+    `timings` (llama-server writes these two last), or for embeddings `usage` alone (which
+    llama-server writes before the vectors). What `from_response` reads from the whole
+    answer, except that the text is only as much of it as the head held (then
+    `complete` is False) and `tool_calls` is not counted (the text is not blank, so no
+    check reads it). None when the ends do not hold all of that (no text in the head,
+    a blank one, no usage or timings in the tail, another endpoint): then parse it whole.
+    One choice only: the caller knows whether the request asked for more."""
+    head, tail = bytes(payload[:HEAD_WINDOW]), bytes(payload[-TAIL_WINDOW:])
+    out = Outcome()
+    if "embeddings" in path:
+        usage = object_in(head, "usage", last=False)
+        if usage is None:
+            usage = object_in(tail, "usage", last=True)
+        if usage is None:
+            return None
+        read_usage(out, usage)
+        return out
+    key = TEXT_KEYS.get(path)
+    if key is None or (at := head.find(key)) < 0:
+        return None
+    text, whole = _string_start(head, at + len(key))
+    if text is None or not text.strip() or (not whole and len(text) < EXCERPT):
+        return None
+    usage, timings = object_in(tail, "usage", last=True), object_in(tail, "timings", last=True)
+    if usage is None or timings is None:
+        return None
+    found = FINISH.search(head, 0, at)  # a chat answer's: before its message
+    if found is None:  # a legacy completion's: after its text, the last in the tail
+        *_, found = [None, *FINISH.finditer(tail)]
+        if found is None:
+            return None
+    out.text, out.complete = text, whole
+    out.finish = found.group(1).decode() if found.group(1) is not None else None
+    read_usage(out, usage)
+    read_timings(out, timings)
+    return out
+
+
+def object_in(window: bytes, key: str, *, last: bool) -> Any:
+    """The JSON object under `"key":` in `window`, a slice of an answer's bytes (its
+    key's last occurrence, or first), read without parsing anything else: the object
+    from the key up to its first closing brace that parses (a flat object of numbers
+    parses at the first). None when the window has no such object."""
+    name = b'"' + key.encode() + b'":'
+    at = window.rfind(name) if last else window.find(name)
+    if at < 0:
+        return None
+    start = window.find(b"{", at)
+    if start < 0 or window[at + len(name) : start].strip():
+        return None
+    close = start
+    for _ in range(8):  # nested objects: a few more braces at most
+        close = window.find(b"}", close + 1)
+        if close < 0:
+            return None
+        with contextlib.suppress(orjson.JSONDecodeError):
+            found = orjson.loads(window[start : close + 1])
+            return found if isinstance(found, dict) else None
+    return None
+
+
+def _string_start(window: bytes, start: int) -> tuple[str | None, bool]:
+    """The JSON string whose text begins at `start` (just past its opening quote), and
+    whether it ended within `window`; when it did not, as much of it as decodes (an
+    escape or a UTF-8 sequence cut by the window's end left out). None: not a string."""
+    end = start
+    while (end := window.find(b'"', end)) >= 0:
+        slashes = end - len(window[start:end].rstrip(b"\\")) - start
+        if slashes % 2 == 0:  # not escaped: the string's end
+            with contextlib.suppress(orjson.JSONDecodeError):
+                text = orjson.loads(window[start - 1 : end + 1])
+                return (text, True) if isinstance(text, str) else (None, True)
+            return None, True
+        end += 1
+    raw = window[start:]
+    for cut in range(len(raw), max(-1, len(raw) - 12), -1):  # an escape is 12 bytes at most
+        with contextlib.suppress(orjson.JSONDecodeError):
+            text = orjson.loads(b'"' + raw[:cut] + b'"')
+            return (text if isinstance(text, str) else None), False
+    return None, False
