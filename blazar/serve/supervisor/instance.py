@@ -12,7 +12,9 @@ the child's output, poll `/health`, wait for the exit) and post events to the
 same mailbox, so every decision is made in one place, one event at a time.
 
 Start: spawn with `--port 0` in a new process group (and, on Linux, with
-PR_SET_PDEATHSIG so the child gets SIGTERM if the thread that spawned it dies),
+PR_SET_PDEATHSIG so the child gets SIGTERM if the thread that spawned it dies), or
+have the `spawn` function given (serve's `forks.Forks.spawn`: a wheel engine's
+launcher forked by its fork server, the same owner's child all the same),
 parse the port from the "listening on" line, poll `/health` to the deadline,
 fail fast on an early exit. Stop: SIGTERM to the group, `grace` seconds, then
 SIGKILL. A READY child that exits unexpectedly is respawned with backoff. The
