@@ -12,6 +12,7 @@ off) must fall back to a fresh spawn. One served test swaps models through
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -55,6 +56,17 @@ def spec(root: Path, launcher: str, name: str, *args: str) -> InstanceSpec:
 def parent_of(pid: int) -> int:
     status = Path(f"/proc/{pid}/status").read_text()
     return int(status.split("PPid:")[1].split()[0])
+
+
+def sockets(pid: int) -> set[str]:
+    """The sockets and pipes process `pid` holds open (their inodes)."""
+    found = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith(("socket:", "pipe:")):
+                found.add(target)
+    return found
 
 
 def cmdline(pid: int) -> list[str]:
@@ -115,6 +127,8 @@ def test_a_forked_child_serves_its_model_with_its_flags(tmp_path: Path, tiny_mod
             assert forked.pid == second.pid != first.pid
             assert parent_of(forked.pid) == server.proc.pid  # the fork server's child
             assert os.getpgid(forked.pid) == forked.pid  # a group of its own
+            # the fork server's socket and pipes stay its own (a fork does not exec)
+            assert not sockets(server.proc.pid) & sockets(forked.pid)
             # what /proc and `ps` show: the launcher and its flags, as for a spawned child
             assert cmdline(forked.pid) == list(second.spec.argv("127.0.0.1"))
             assert cmdline(server.proc.pid) == [sys.executable, str(launchers.FORK), launcher]
@@ -281,5 +295,76 @@ def test_the_fork_server_of_an_engine_no_model_uses_is_retired(
         finally:
             await one.close()
             await forks.close()
+
+    run(main())
+
+
+def test_a_launcher_replaced_on_disk_is_spawned_fresh(tmp_path: Path, tiny_model: Path) -> None:
+    launcher = installed_launcher(tmp_path)
+
+    async def main() -> None:
+        forks = Forks()
+        one = Instance(spec(tmp_path, launcher, "a", "-m", str(tiny_model)), spawn=forks.spawn)
+        try:
+            await one.ensure_ready()
+            server = await ready_server(forks)
+            await one.stop()
+            # the engine installed again at the same path: the fork server has the old code
+            Path(launcher).write_text(Path(launcher).read_text() + "\n# installed again\n")
+            await one.ensure_ready()
+            assert not isinstance(one._proc, Forked)
+            assert server.dead
+            replacement = await ready_server(forks)
+            await one.stop()
+            await one.ensure_ready()
+            assert isinstance(one._proc, Forked)
+            assert parent_of(one._proc.pid) == replacement.proc.pid
+        finally:
+            await one.close()
+            await forks.close()
+
+    run(main())
+
+
+# A launcher whose import starts a thread (as a GPU runtime's might): forking it is unsafe.
+THREADED_LAUNCHER = """
+import http.server, threading, time
+threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"{}")
+    def log_message(self, *args):
+        pass
+if __name__ == "__main__":
+    server = http.server.HTTPServer(("127.0.0.1", 0), Health)
+    print("fake: listening on http://127.0.0.1:%d" % server.server_port, flush=True)
+    server.serve_forever()
+"""
+
+
+def test_a_threaded_launcher_is_never_forked(tmp_path: Path) -> None:
+    folder = tmp_path / "engine"
+    folder.mkdir()
+    (folder / "launcher.py").write_text(THREADED_LAUNCHER)
+    launcher = str(folder / "launcher.py")
+
+    async def main() -> None:
+        forks = Forks()
+        one = Instance(spec(tmp_path, launcher, "a"), spawn=forks.spawn)
+        servers = []
+        try:
+            for _ in range(5):
+                await one.ensure_ready()
+                assert not isinstance(one._proc, Forked)  # refused: spawned fresh each time
+                if forks.servers:
+                    servers.append(await ready_server(forks))
+                await one.stop()
+            # three refusals in a row: no fork server for this launcher any more
+            assert len(servers) == 3 and not forks.servers
+            assert all(server.dead for server in servers)
+        finally:
+            await one.close()
+            await forks.close()
+        assert all(gone(server.proc.pid) for server in servers)
 
     run(main())

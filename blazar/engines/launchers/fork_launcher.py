@@ -27,7 +27,8 @@ shutting its side of the socket: it forks no more and exits once its last child 
 exited (still reporting the exits). SIGTERM (serve stops it, or serve died: its
 PR_SET_PDEATHSIG) stops its children too, then it exits. A fork is refused while this process
 runs more than one thread (the launcher's imports started one): forking a threaded
-process is unsafe. Standard library only: it runs without Blazar.
+process is unsafe; and once the launcher's file changed (an engine installed again at
+the same path): serve then spawns the new one fresh. Standard library only: it runs without Blazar.
 """
 
 from __future__ import annotations
@@ -85,6 +86,15 @@ def set_cmdline(args: list[str]) -> bool:
     return True
 
 
+def _identity(path: str) -> tuple[int, ...]:
+    """What tells a file replaced (an engine installed again at the same path)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ()
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 def _module(name: str, path: str) -> types.ModuleType:
     """A fresh module for the launcher's code, as `runpy.run_path` makes one."""
     module = types.ModuleType(name)
@@ -103,10 +113,17 @@ def _exit_code(exc: SystemExit) -> int:
     return 1
 
 
-def _child(code: Any, launcher: str, argv: list[str], output: int, parent: int) -> NoReturn:
-    """In the forked child: become the launcher's process and run it; never returns."""
+def _child(
+    code: Any, launcher: str, argv: list[str], output: int, parent: int, close: list[int]
+) -> NoReturn:
+    """In the forked child: become the launcher's process and run it; never returns.
+    `close`: the fork server's own descriptors (a fork does not exec, so close-on-exec
+    does not close them: the socket to serve must not outlive the fork server here)."""
     status = 1
     try:
+        for fd in close:
+            with contextlib.suppress(OSError):
+                os.close(fd)
         os.setsid()  # a group of its own: serve's stop reaches every descendant
         prctl = _prctl()
         if prctl is not None:
@@ -145,6 +162,8 @@ class ForkServer:
         with open(launcher, "rb") as source:
             self.code = compile(source.read(), launcher, "exec")
         self.children: set[int] = set()
+        self.wake: tuple[int, ...] = ()  # the signal wakeup pipe, once serving
+        self.source = _identity(launcher)  # a launcher replaced on disk is not forked
 
     def preload(self) -> None:
         """Run the launcher's module once (not as `__main__`: its `main` does not run)."""
@@ -177,12 +196,16 @@ class ForkServer:
             if (threads := _threads()) > 1:
                 self.send({"error": f"the launcher's imports started {threads - 1} thread(s)"})
                 return
+            if _identity(self.launcher) != self.source:
+                self.send({"error": f"{self.launcher} changed since it was imported"})
+                return
             for stream in (sys.stdout, sys.stderr):
                 stream.flush()  # nothing buffered here is written twice
             parent = os.getpid()
             pid = os.fork()
             if pid == 0:
-                _child(self.code, self.launcher, argv, output, parent)
+                own = [self.sock.fileno(), *self.wake]
+                _child(self.code, self.launcher, argv, output, parent, own)
             self.children.add(pid)
             self.send({"pid": pid})
         except OSError as exc:
@@ -212,6 +235,7 @@ class ForkServer:
         """Fork on each request until serve shuts its side of the socket; then go on
         reaping (and reporting) until the last child has exited."""
         wake_read, wake_write = os.pipe()
+        self.wake = (wake_read, wake_write)
         os.set_blocking(wake_read, False)
         os.set_blocking(wake_write, False)
         signal.set_wakeup_fd(wake_write)

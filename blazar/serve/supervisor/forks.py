@@ -23,8 +23,9 @@ costs the whole start again (~85 ms of a core), so clients that alternate models
 than that (every request a swap) would wait for it; a fork costs about 2 ms. The first
 start of an engine command spawns a fresh child as before and starts the fork server
 beside it; anything that goes wrong with a fork server (not ready yet, died, refused)
-falls back to a fresh spawn, and one that died three times in a row is not started
-again. `serving.fork_server = false` turns it off (docs/serve.md).
+falls back to a fresh spawn, and after three such failures in a row for one command
+(a fork server that died before it was ready, or that refused) none is started again.
+`serving.fork_server = false` turns it off (docs/serve.md).
 """
 
 from __future__ import annotations
@@ -111,6 +112,7 @@ class ForkServer:
         self.command = command
         self.proc: asyncio.subprocess.Process | None = None
         self.ready = asyncio.Event()
+        self.was_ready = False  # it imported the launcher once (a death after is no failure)
         self.dead = False
         self.children: dict[int, Forked] = {}
         self._sock: socket.socket | None = None
@@ -155,6 +157,7 @@ class ForkServer:
     def _on_message(self, message: dict[str, Any]) -> None:
         if "ready" in message:
             self.ready.set()
+            self.was_ready = True
         elif "exit" in message:
             child = self.children.pop(int(message["exit"]), None)
             if child is not None:
@@ -236,19 +239,20 @@ class Forks:
         if self.enabled and forkable(argv):
             command = (argv[0], argv[1])
             server = self.servers.get(command)
-            if server is not None and server.dead:
-                del self.servers[command]
-                self.retired.append(server)
-                if not server.ready.is_set():  # it died before it was ever ready
-                    self.failures[command] = self.failures.get(command, 0) + 1
-                server = None
-            if server is None:
-                await self._start(command)
-            elif server.ready.is_set():
+            if server is not None and not server.dead and server.ready.is_set():
                 child = await server.fork(argv[2:], output)
                 if child is not None:
                     self.failures.pop(command, None)
                     return child
+                self.failures[command] = self.failures.get(command, 0) + 1  # it refused
+            elif server is not None and server.dead and not server.was_ready:
+                self.failures[command] = self.failures.get(command, 0) + 1  # died importing
+            if server is not None and server.dead:  # died, or retired by its refusal
+                del self.servers[command]
+                self.retired.append(server)
+                server = None
+            if server is None:
+                await self._start(command)
         return await children.spawn(argv, output=output)
 
     async def _start(self, command: tuple[str, ...]) -> None:
