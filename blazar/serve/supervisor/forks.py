@@ -21,11 +21,12 @@ Why a fork server and not a spare launcher (a pre-started process that waits for
 command line and becomes that child): each spare is used once, and making the next one
 costs the whole start again (~85 ms of a core), so clients that alternate models faster
 than that (every request a swap) would wait for it; a fork costs about 2 ms. The first
-start of an engine command spawns a fresh child as before and starts the fork server
-beside it; anything that goes wrong with a fork server (not ready yet, died, refused)
-falls back to a fresh spawn, and after three such failures in a row for one command
-(a fork server that died before it was ready, or that refused) none is started again.
-`serving.fork_server = false` turns it off (docs/serve.md).
+start of an engine command spawns a fresh child as before, and the fork server starts
+START_AFTER later (not beside that start, whose core it would take). Anything that goes
+wrong with a fork server (not ready yet, died, refused) falls back to a fresh spawn,
+and after three such failures in a row for one command (a fork server that died before
+it was ready, or that refused) none is started again. `serving.fork_server = false`
+turns it off (docs/serve.md).
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ logger = logging.getLogger("blazar.serve")
 FORK_LAUNCHER = launchers.FORK
 LAUNCHER_NAME = "launcher.py"  # the wheel llamacpp lane's installed launcher
 REPLY_TIMEOUT = 5.0  # seconds a fork server may take to answer a fork
+# Seconds after the first spawn of an engine command before its fork server starts: a
+# tiny model's whole start, so that the fork server's imports do not take a core from it.
+START_AFTER = 0.5
 MAX_FAILURES = 3  # fork servers of one command that died in a row before none is started
 GRACE = 2.0
 MESSAGE_BYTES = 1 << 20
@@ -227,9 +231,10 @@ class Forks:
     """The fork servers of one serve, one per wheel engine command started; `spawn` is
     how an `Instance` starts its child."""
 
-    def __init__(self, enabled: bool = True) -> None:
-        self.enabled = enabled
+    def __init__(self, enabled: bool = True, start_after: float = START_AFTER) -> None:
+        self.enabled, self.start_after = enabled, start_after
         self.servers: dict[tuple[str, ...], ForkServer] = {}
+        self.starting: dict[tuple[str, ...], asyncio.Task[None]] = {}  # due to start
         self.failures: dict[tuple[str, ...], int] = {}
         self.retired: list[ForkServer] = []  # no more forks; they exit after their children
 
@@ -251,12 +256,23 @@ class Forks:
                 del self.servers[command]
                 self.retired.append(server)
                 server = None
-            if server is None:
-                await self._start(command)
+            if server is None and command not in self.starting:
+                task = asyncio.create_task(self._start_later(command), name="fork server")
+                self.starting[command] = task
         return await children.spawn(argv, output=output)
 
+    async def _start_later(self, command: tuple[str, ...]) -> None:
+        """Start the command's fork server once the start that asked is likely over: its
+        imports would take a core from that child's own."""
+        try:
+            await asyncio.sleep(self.start_after)
+            if self.enabled:
+                await self._start(command)
+        finally:
+            self.starting.pop(command, None)
+
     async def _start(self, command: tuple[str, ...]) -> None:
-        if self.failures.get(command, 0) >= MAX_FAILURES:
+        if self.failures.get(command, 0) >= MAX_FAILURES or command in self.servers:
             return
         server = ForkServer(command)
         try:
@@ -271,6 +287,8 @@ class Forks:
         """Retire the fork servers of engine commands no model uses any more (an engine
         updated or removed on a pass)."""
         used = {tuple(command[:2]) for command in commands}
+        for command in [c for c in self.starting if c not in used]:
+            self.starting.pop(command).cancel()
         for command in [c for c in self.servers if c not in used]:
             server = self.servers.pop(command)
             server.retire()
@@ -281,6 +299,8 @@ class Forks:
         children they forked run on; the next starts are spawned)."""
         self.enabled = enabled
         if not enabled:
+            for task in self.starting.values():
+                task.cancel()
             for server in self.servers.values():
                 server.retire()
             self.retired += self.servers.values()
@@ -288,6 +308,10 @@ class Forks:
 
     async def close(self) -> None:
         """Stop every fork server (serve is ending: the instances were closed first)."""
+        starting = list(self.starting.values())
+        for task in starting:
+            task.cancel()
+        await asyncio.gather(*starting, return_exceptions=True)
         servers = [*self.servers.values(), *self.retired]
         self.servers, self.retired = {}, []
         await asyncio.gather(*(s.close() for s in servers), return_exceptions=True)
