@@ -144,6 +144,7 @@ async def through_serve(
     for base in urls.values():  # both models once, so each has loaded before
         for model in SWAP_MODELS:
             await timed_chat(http, base, model)
+    await asyncio.sleep(1.5)  # serve's fork server starts 0.5 s after the first spawn
     for i in range(swaps):
         model = SWAP_MODELS[i % 2]
         for name, base in urls.items():
@@ -270,7 +271,9 @@ async def supervisor_parts(
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
             await instances[0].ensure_ready()
-            if forked:  # the fork server starts beside the first child: let it get ready
+            if forked:  # the fork server starts after the first child: let it get ready
+                while forks.starting:
+                    await asyncio.wait(list(forks.starting.values()))
                 for server in forks.servers.values():
                     await asyncio.wait_for(server.ready.wait(), 30)
             for i in range(swaps + 1):
