@@ -379,3 +379,32 @@ def test_a_threaded_launcher_is_never_forked(tmp_path: Path) -> None:
         assert all(gone(server.proc.pid) for server in servers)
 
     run(main())
+
+
+def test_a_forked_child_that_crashes_is_respawned_forked(tmp_path: Path, tiny_model: Path) -> None:
+    launcher = installed_launcher(tmp_path)
+
+    async def main() -> None:
+        forks = Forks(start_after=0.0)
+        one = Instance(spec(tmp_path, launcher, "a", "-m", str(tiny_model)), spawn=forks.spawn)
+        two = Instance(
+            spec(tmp_path, launcher, "b", "-m", str(tiny_model)), spawn=forks.spawn, backoff=(0,)
+        )
+        try:
+            await one.ensure_ready()
+            await ready_server(forks)
+            await two.ensure_ready()
+            crashed = two._proc
+            assert isinstance(crashed, Forked)
+            os.kill(crashed.pid, signal.SIGKILL)
+            assert await asyncio.wait_for(crashed.wait(), 10) == -signal.SIGKILL  # reported
+            async with asyncio.timeout(10):  # respawned at once (no backoff)
+                while two.state is not State.READY or two._proc is crashed:
+                    await asyncio.sleep(0.01)
+            assert isinstance(two._proc, Forked) and two.restarts == 1
+            assert "exited with code -9" in two.spec.log_path.read_text()
+        finally:
+            await asyncio.gather(one.close(), two.close())
+            await forks.close()
+
+    run(main())
