@@ -334,6 +334,7 @@ async def measure_swaps(client: Client, urls: dict[str, str], options: Options) 
     for name, base in urls.items():  # both models once, so each has loaded before
         for model in (a, b):
             await client.chat(base, name, model)
+    await asyncio.sleep(1.5)  # Blazar's fork server starts 0.5 s after its first spawn
     for i in range(options.swaps):
         for name, base in urls.items():
             model = SWAP_MODELS[i % 2]

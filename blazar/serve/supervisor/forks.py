@@ -53,7 +53,7 @@ REPLY_TIMEOUT = 5.0  # seconds a fork server may take to answer a fork
 # Seconds after the first spawn of an engine command before its fork server starts: a
 # tiny model's whole start, so that the fork server's imports do not take a core from it.
 START_AFTER = 0.5
-MAX_FAILURES = 3  # fork servers of one command that died in a row before none is started
+MAX_FAILURES = 3  # failures in a row (died before ready, refused) before none is started
 GRACE = 2.0
 MESSAGE_BYTES = 1 << 20
 CMDLINE_ROOM = 1 << 16  # a child's command line longer than this shows cut in /proc
