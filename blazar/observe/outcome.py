@@ -231,6 +231,19 @@ class StreamOutcome:
         self.content_events += 1
         return True
 
+    def tokens(self, texts: list[str]) -> int:
+        """`token` for each of `texts`, at once; how many carried output."""
+        if self.keep_text or (self._chars < EXCERPT and not self._closed):
+            for text in texts:
+                if self.keep_text or (self._chars < EXCERPT and not self._closed):
+                    self._parts.append(text)
+                self._chars += len(text)
+        else:
+            self._chars += sum(map(len, texts))
+        carried = len(texts) - texts.count("")
+        self.content_events += carried
+        return carried
+
     def feed(self, data: Any) -> bool:
         """Take one event; True when it carried output."""
         event = _dict(data)

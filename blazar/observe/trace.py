@@ -16,22 +16,23 @@ trace's methods:
   rounds (`tool_round`), a failure (`failed`, from the middleware or a stream that
   broke off), and the status and duration (`ended`).
 
-Those calls only store references and clock readings; reading the answer (`outcome`),
-the sentinels (unless serving.sentinel is false: `checks`) and the timings happen in
-`record`, which the observer calls once the
-answer has gone out. `record()` is the plain dict that `blazar why` shows and the store
-keeps; `timing()` the moments the span exporter needs.
+Those calls only store references and clock readings (and of a passed-through stream
+past its head, a count per piece instead of the piece: `chunk`); reading the answer
+(`outcome`: a stream's head and tail, a long whole answer's two ends), the sentinels
+(unless serving.sentinel is false: `checks`) and the timings happen in `record`, which
+the observer calls once the answer has gone out. `record()` is the plain dict that
+`blazar why` shows and the store keeps; `timing()` the moments the span exporter needs.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from array import array
-from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
-from itertools import pairwise
+from itertools import pairwise, repeat
 from typing import Any, Protocol
 
 import orjson
@@ -200,7 +201,7 @@ class Trace:
         self._kept = 0
         self._limit = HEAD_BYTES
         self._taking = False
-        self._tail: deque[bytes] = deque()
+        self._tail: list[bytes] = []
         self._tail_size = 0
         self._counts = array("I")
         self._calls = 0
@@ -254,9 +255,10 @@ class Trace:
     def chunk(self, data: bytes) -> None:
         """A passed-through stream's bytes, as they went to the client: when they came,
         and the piece itself while the head takes pieces (HEAD_BYTES; KEEP_BYTES when a
-        JSON check reads the whole text) or while it is among the last TAIL_BYTES; a
-        piece that leaves the tail leaves only the count of the events it ended and of
-        its tool calls (`_scan`: no parsing, no reference kept)."""
+        JSON check reads the whole text) or while it is among the last TAIL_BYTES (up to
+        twice that before the oldest are shed: `_shed`); a piece that leaves the tail
+        leaves only the count of the events it ended and of its tool calls (`_scan`:
+        no parsing, no reference kept)."""
         self._times.append(time.perf_counter_ns())
         if self._taking:
             self._head.append(data)  # type: ignore[union-attr]
@@ -274,21 +276,40 @@ class Trace:
                 self._taking = False
                 self._state, self._partial = _head_end(self._head)
             return
-        tail = self._tail
-        tail.append(data)
-        size = self._tail_size + len(data)
-        while size - len(tail[0]) >= TAIL_BYTES:
-            piece = tail.popleft()
-            size -= len(piece)
+        self._tail.append(data)
+        self._tail_size += len(data)
+        if self._tail_size >= 2 * TAIL_BYTES:
+            self._shed()
+
+    def _shed(self) -> None:
+        """The tail's oldest pieces, all but its last TAIL_BYTES, left for their counts
+        (done when the tail reaches twice that: one pass for a dozen pieces, not one a
+        piece). Pieces of one whole event each, as llama-server sends its tokens, are
+        checked together; any other, one by one (`_drop`)."""
+        tail, size, cut = self._tail, 0, len(self._tail)
+        while cut > 0 and size < TAIL_BYTES:
+            cut -= 1
+            size += len(tail[cut])
+        gone = tail[:cut]
+        del tail[:cut]
+        self._tail_size = size
+        joined = b"".join(gone)
+        if (  # each ends with its only two newlines (so no CRLF either), no tool call
+            not self._state
+            and all(map(bytes.endswith, gone, repeat(b"\n\n")))
+            and joined.count(b"\n") == 2 * cut
+            and TOOL_CALLS not in joined
+        ):
+            self._counts.extend(array("I", [1]) * cut)
+            return
+        for piece in gone:
             ends, self._state, self._partial, calls = _drop(piece, self._state, self._partial)
             self._counts.append(ends)
-            if calls:
-                self._calls += calls
-        self._tail_size = size
+            self._calls += calls
 
     def kept(self) -> tuple[int, int]:
         """The pieces of a passed-through stream this trace holds, and their bytes."""
-        pieces = (self._head or []) + list(self._tail) + [self._partial or b""]
+        pieces = (self._head or []) + self._tail + [self._partial or b""]
         return len(pieces) - 1, sum(map(len, pieces))
 
     def event(self, data: Any) -> None:
@@ -407,7 +428,7 @@ class Trace:
         is then an excerpt (`complete` False). Any framing: the pieces are split into
         events wherever they were cut, LF or CRLF (`_Splitter`, `_scan`)."""
         head, times, counts = self._head or [], self._times, self._counts
-        tail, size = list(self._tail), self._tail_size
+        tail, size = self._tail, self._tail_size
         if size < TAIL_BYTES:  # a short stream: the head's last pieces are its tail
             cut = len(head)
             while cut > 0 and size < TAIL_BYTES:
@@ -415,12 +436,7 @@ class Trace:
                 size += len(head[cut])
             head, tail = head[:cut], head[cut:] + tail
         events = _Events(reader, arrived)
-        taken = len(head)
-        for i, piece in enumerate(head):
-            events.piece(piece, times[i])
-            if not reader.keep_text and reader.chars >= EXCERPT and not events.pending:
-                taken = i + 1
-                break
+        taken = events.read(head, times, 0, excerpt=not reader.keep_text)
         skipped, calls = 0, self._calls
         state: int | None = None  # the tail follows on from what was parsed
         if taken < len(head) or counts:
@@ -437,8 +453,12 @@ class Trace:
             if taken == len(head):  # an event begun in the head and ended in the middle
                 calls += events.pending.count(TOOL_CALLS)
             start = len(head)
-            for i, ends in enumerate(counts, start):
-                skipped += _note(arrived, times[i], ends)
+            if counts.count(1) == len(counts):  # one event a piece: llama-server's tokens
+                arrived.extend(times[start : start + len(counts)])
+                skipped += len(counts)
+            else:
+                for i, ends in enumerate(counts, start):
+                    skipped += _note(arrived, times[i], ends)
             state, partial = self._state, self._partial
         at = len(head) + len(counts)
         if state is None:
@@ -447,9 +467,12 @@ class Trace:
             events.pending, state = partial, 0
         else:  # the tail starts where the counted bytes stopped
             events.pending = b"\n" if state == OPEN else b""
-        for piece in tail:
+        for k, piece in enumerate(tail):
             when = times[at]
             at += 1
+            if not state and not events.pending:  # whole events from here: read at once
+                events.read(tail, times, k, excerpt=False, offset=at - 1 - k)
+                break
             if state & CONTENT:  # an event begun before the tail, not kept: counted
                 piece = piece.replace(b"\r", b"") if b"\r" in piece else piece
                 if state & OPEN and piece.startswith(b"\n"):  # its blank line, split
@@ -668,6 +691,8 @@ class _Splitter:
 # when the event's one choice carries nothing else (no tool call, no finish).
 TOKEN_START = b'data: {"choices":[{"finish_reason":null,"index":0,"delta":{"content":"'
 TOKEN_END = b'"}}],"'
+TOKEN_TEXTS = re.compile(re.escape(TOKEN_START) + rb'((?:[^"\\]|\\.)*)' + re.escape(TOKEN_END))
+TOKEN_BATCH = 16  # pieces read together, at most (the excerpt is checked between batches)
 
 
 class _Events(_Splitter):
@@ -681,6 +706,63 @@ class _Events(_Splitter):
     def __init__(self, reader: StreamOutcome, arrived: array[int]) -> None:
         super().__init__(self.block)
         self.reader, self.arrived = reader, arrived
+
+    def read(
+        self, pieces: list[bytes], times: array[int], start: int, *, excerpt: bool, offset: int = 0
+    ) -> int:
+        """Read `pieces` from `start` (piece i arrived at `times[offset + i]`); with
+        `excerpt`, stop at the first event's end past the excerpt's EXCERPT characters.
+        The index of the first piece not read. Runs of pieces that are each one chat
+        token event are read together (`_tokens`), the others one by one."""
+        reader, stop, i = self.reader, len(pieces), start
+        while i < stop:
+            if excerpt and reader.chars >= EXCERPT and not self.pending:
+                return i
+            if not self.pending:
+                batch = pieces[i : i + TOKEN_BATCH]
+                run = list(map(bytes.startswith, batch, repeat(TOKEN_START)))
+                n = run.index(False) if False in run else len(run)
+                if n > 1:
+                    if not self._tokens(batch[:n], times[offset + i : offset + i + n]):
+                        for j in range(i, i + n):  # not only token events: one by one
+                            self.piece(pieces[j], times[offset + j])
+                    i += n
+                    continue
+            self.piece(pieces[i], times[offset + i])
+            i += 1
+        return i
+
+    def _tokens(self, pieces: list[bytes], times: array[int]) -> bool:
+        """Pieces of whole chat token events (one a piece, as llama-server sends them,
+        or several), read together: their texts found by one regular expression over
+        them joined, decoded, handed to the reader at once. False (nothing read) when
+        they are not only that."""
+        joined = b"".join(pieces)
+        n = joined.count(b"\n\n")
+        if (
+            joined.count(b"\n") != 2 * n
+            or not all(map(bytes.endswith, pieces, repeat(b"\n\n")))
+            or b'"usage"' in joined
+        ):
+            return False
+        found = TOKEN_TEXTS.findall(joined)
+        if len(found) != n:
+            return False
+        if n != len(pieces):  # several events a piece: each at its piece's time
+            ends = [p.count(b"\n\n") for p in pieces]
+            times = array("q", [at for at, k in zip(times, ends, strict=True) for _ in range(k)])
+        try:
+            if b"\\" in joined:
+                texts = [orjson.loads(b'"' + t + b'"') if b"\\" in t else t.decode() for t in found]
+            else:
+                texts = [t.decode() for t in found]
+        except (orjson.JSONDecodeError, UnicodeDecodeError):
+            return False
+        if self.reader.tokens(texts) == n:
+            self.arrived.extend(times)
+        else:
+            self.arrived.extend([at for at, text in zip(times, texts, strict=True) if text])
+        return True
 
     def block(self, at: int, block: bytes) -> None:
         if block.startswith(TOKEN_START):
