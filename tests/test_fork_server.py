@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import signal
+import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -408,3 +412,45 @@ def test_a_forked_child_that_crashes_is_respawned_forked(tmp_path: Path, tiny_mo
             await forks.close()
 
     run(main())
+
+
+def test_the_fork_launcher_protocol_refuses_bad_requests_and_forks_on(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    """The engine-side script alone, over its socket: a bad request is answered with an
+    error (and its descriptor closed), the next good one forks, and the exit is reported."""
+    launcher = installed_launcher(tmp_path)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    ours.settimeout(20)
+    proc = subprocess.Popen(
+        [sys.executable, str(launchers.FORK), launcher, "-" * 4096], stdin=theirs
+    )
+    theirs.close()
+    log = tmp_path / "child.log"
+    try:
+
+        def request(body: bytes, fds: list[int]) -> dict[str, Any]:
+            socket.send_fds(ours, [body], fds)
+            return dict(json.loads(ours.recv(1 << 16)))
+
+        assert json.loads(ours.recv(1 << 16)) == {"ready": proc.pid}
+        with open(log, "ab") as out:
+            for bad in (b"not json", b'{"argv": 5}', b'{"argv": ["-m", 3]}'):
+                assert "bad request" in request(bad, [out.fileno()])["error"]
+            args = ["-m", str(tiny_model), "--host", "127.0.0.1", "--port", "0"]
+            reply = request(json.dumps({"argv": args}).encode(), [out.fileno()])
+        pid = int(reply["pid"])
+        assert parent_of(pid) == proc.pid
+        deadline = time.monotonic() + 20
+        while "blazar-launcher: listening on" not in log.read_text():  # it serves
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.01)
+        os.kill(pid, signal.SIGTERM)
+        assert json.loads(ours.recv(1 << 16)) == {"exit": pid, "code": 0}
+        ours.shutdown(socket.SHUT_WR)  # retired, with no child left: it exits
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        ours.close()

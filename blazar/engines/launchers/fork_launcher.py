@@ -131,7 +131,10 @@ def _child(
         if os.getppid() != parent:  # the fork server died before prctl took effect
             os._exit(1)
         signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        # The fork server's handlers are not the child's: its SIGTERM handler stops the
+        # fork server's children (this one's siblings). The launcher sets its own.
+        for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, signal.SIG_DFL)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)  # the socket to serve is the fork server's, not this child's
         os.close(null)
@@ -185,12 +188,10 @@ class ForkServer:
             if len(fds) != 1:
                 raise ValueError(f"expected one file descriptor, got {len(fds)}")
         except (ValueError, KeyError, TypeError) as exc:
+            for fd in fds:
+                os.close(fd)
             self.send({"error": f"bad request: {exc}"})
             return
-        finally:
-            extra = fds[1:]
-            for fd in extra:
-                os.close(fd)
         output = fds[0]
         try:
             if (threads := _threads()) > 1:
