@@ -4,8 +4,10 @@ Three owners are built on them: `blazar.serve.supervisor.instance.Instance`, the
 supervised child behind `blazar serve` (one owner task, a mailbox, respawn with
 backoff), `blazar.serve.supervisor.mcp_server.McpServer`, the same shape for an MCP
 server talking over its pipes (`spawn_stdio`), and `blazar.engines.process.EngineServer`,
-a child for one job (`blazar bench`, the engine update gate, tests). Nothing else
-spawns or signals a child.
+a child for one job (`blazar bench`, the engine update gate, tests); and
+`blazar.serve.supervisor.forks.Forks`, which owns the fork servers (`spawn` with a
+socket as stdin) whose forks an `Instance` owns as it owns a spawned child
+(`ChildProcess`). Nothing else spawns or signals a child.
 
 - `spawn`: the argv in its own process group (a stop reaches every descendant)
   and, on Linux, with PR_SET_PDEATHSIG, so the child gets SIGTERM if the thread
