@@ -57,6 +57,9 @@ MAX_FAILURES = 3  # failures in a row (died before ready, refused) before none i
 GRACE = 2.0
 MESSAGE_BYTES = 1 << 20
 CMDLINE_ROOM = 1 << 16  # a child's command line longer than this shows cut in /proc
+# Linux only: the fork server's checks (its threads, the child's command line) and the
+# pidfds read /proc and Linux's calls; elsewhere every child is spawned.
+ON_LINUX = sys.platform.startswith("linux")
 
 
 def forkable(argv: Sequence[str]) -> bool:
@@ -241,7 +244,7 @@ class Forks:
     async def spawn(self, argv: Sequence[str], output: int) -> ChildProcess:
         """The child for `argv` (its output into `output`): forked by the command's fork
         server when one is ready, else spawned (and a fork server started for next time)."""
-        if self.enabled and forkable(argv):
+        if self.enabled and ON_LINUX and forkable(argv):
             command = (argv[0], argv[1])
             server = self.servers.get(command)
             if server is not None and not server.dead and server.ready.is_set():
