@@ -366,10 +366,11 @@ class Relayer:
                 if paused():
                     child.hold()
 
-            def framed(wire: bytes, piece: bytes) -> None:
-                """A read that was one whole chunk (llama-server's usual event): its bytes,
-                framing and all, are already the client's chunk."""
-                chunk(piece)
+            def framed(wire: bytes, pieces: list[bytes]) -> None:
+                """Whole chunks as the child sent them (llama-server's events, one a
+                chunk): their bytes, framing and all, are already the client's chunks."""
+                for piece in pieces:
+                    chunk(piece)
                 write(wire)
                 if paused():
                     child.hold()

@@ -53,6 +53,24 @@ _HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK, _CHUNK_END, _TRAILER, _TO_CLOSE, _DONE = ra
 _HEX = frozenset(b"0123456789abcdefABCDEF")
 
 
+def _whole_chunks(data: bytes) -> tuple[int, list[bytes]]:
+    """How many bytes at the start of `data` are whole chunks of a chunked body (a size
+    line without extensions, the data, its CRLF; not the last, empty chunk), and their
+    data."""
+    at, end, pieces = 0, len(data), []
+    while at < end:
+        eol = data.find(b"\r\n", at, at + 18)
+        if eol <= at or not _HEX.issuperset(data[at:eol]):
+            break
+        size = int(data[at:eol], 16)
+        stop = eol + 2 + size
+        if not size or data[stop : stop + 2] != b"\r\n":
+            break
+        pieces.append(data[eol + 2 : stop])
+        at = stop + 2
+    return at, pieces
+
+
 class ChildConnection(asyncio.Protocol):
     """One connection to a child, one request at a time (HTTP/1.1 keep-alive).
 
@@ -78,11 +96,11 @@ class ChildConnection(asyncio.Protocol):
         # read from the socket, no task woken); `read` then only waits for the end or a
         # failure.
         self.sink: Callable[[bytes], None] | None = None
-        # With the sink, where a read that is exactly one whole chunk of a chunked body
-        # goes as it came (its framing, its piece): the relay writes those bytes to its
-        # client unchanged, so the usual stream (llama-server writes one event per chunk)
-        # is neither parsed into the buffer nor framed again (`splice`).
-        self.framed: Callable[[bytes, bytes], None] | None = None
+        # With the sink, where the whole chunks a read starts with go as they came (their
+        # framing, their pieces): the relay writes those bytes to its client unchanged, so
+        # the usual stream (llama-server writes one event per chunk) is neither parsed
+        # into the buffer nor framed again (`splice`).
+        self.framed: Callable[[bytes, list[bytes]], None] | None = None
         self._held = False  # reading paused for a slow client (`hold`): silence not counted
         self._begin()
 
@@ -111,13 +129,13 @@ class ChildConnection(asyncio.Protocol):
         self.received = True
         self._heard = time.monotonic()
         if self.framed is not None and self._state == _CHUNK_SIZE and not self._buffer:
-            # One whole chunk (size line, data, CRLF) and nothing else: as it came.
-            eol = data.find(b"\r\n", 0, 18)
-            if eol > 0 and data.endswith(b"\r\n") and _HEX.issuperset(data[:eol]):
-                size = int(data[:eol], 16)
-                if size and len(data) == eol + size + 4:
-                    self.framed(data, data[eol + 2 : -2])
+            # Whole chunks (size line, data, CRLF) from the read's start: as they came.
+            whole, pieces = _whole_chunks(data)
+            if pieces:
+                self.framed(data if whole == len(data) else data[:whole], pieces)
+                if whole == len(data):
                     return
+                data = data[whole:]  # the rest (the last chunk, a cut one): parsed
         self._buffer += data
         try:
             self._parse()
@@ -311,12 +329,12 @@ class ChildConnection(asyncio.Protocol):
     def splice(
         self,
         sink: Callable[[bytes], None],
-        framed: Callable[[bytes, bytes], None] | None = None,
+        framed: Callable[[bytes, list[bytes]], None] | None = None,
     ) -> None:
         """Hand the body bytes queued so far to `sink`, and each later piece as it is
-        parsed (`read` then waits only for the end or a failure). With `framed`, a read
-        that is exactly one whole chunk of a chunked body goes there instead, as
-        (the chunk with its framing, its data), unparsed."""
+        parsed (`read` then waits only for the end or a failure). With `framed`, the
+        whole chunks a read of a chunked body starts with go there instead, unparsed:
+        (those bytes, framing and all; each chunk's data)."""
         pieces, self._pieces, self._queued = self._pieces, [], 0
         if pieces:
             sink(b"".join(pieces))
