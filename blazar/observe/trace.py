@@ -293,13 +293,7 @@ class Trace:
         gone = tail[:cut]
         del tail[:cut]
         self._tail_size = size
-        joined = b"".join(gone)
-        if (  # each ends with its only two newlines (so no CRLF either), no tool call
-            not self._state
-            and all(map(bytes.endswith, gone, repeat(b"\n\n")))
-            and joined.count(b"\n") == 2 * cut
-            and TOOL_CALLS not in joined
-        ):
+        if not self._state and _one_event_each(gone):
             self._counts.extend(array("I", [1]) * cut)
             return
         for piece in gone:
@@ -369,7 +363,8 @@ class Trace:
             payload = self._payload
             out = None
             if isinstance(payload, bytes | bytearray):
-                if self._answer_status == 200 and self._at_ends(payload, expect):
+                long = len(payload) > WHOLE_BYTES
+                if long and self._answer_status == 200 and self._at_ends(expect):
                     out = from_ends(path, payload)
                 if out is None:
                     payload = self._payload = _json(payload)
@@ -389,10 +384,10 @@ class Trace:
         if result.outcome is not None and self.checks:
             result.detections = sentinels.check(expect, result.outcome)
 
-    def _at_ends(self, payload: bytes | bytearray, expect: sentinels.Expectation) -> bool:
-        """Whether a whole answer is read at its ends (`from_ends`): a long one, of one
+    def _at_ends(self, expect: sentinels.Expectation) -> bool:
+        """Whether a long whole answer is read at its ends (`from_ends`): one of one
         choice, whose whole text no check needs (a JSON check, serving.sentinel_enforce)."""
-        if len(payload) <= WHOLE_BYTES or expect.json or self.enforce:
+        if expect.json or self.enforce:
             return False
         body = self._body
         return body is None or body.get("n") in (None, 1)
@@ -442,7 +437,11 @@ class Trace:
         if taken < len(head) or counts:
             reader.gap()
         partial: bytes | None = b""
-        if taken < len(head):  # the rest of the head, counted as the middle was
+        if taken < len(head) and _one_event_each(head[taken:]):  # as the middle's
+            skipped += len(head) - taken
+            arrived.extend(times[taken : len(head)])
+            state = 0
+        elif taken < len(head):  # the rest of the head, counted as the middle was
             state = 0
             for i in range(taken, len(head)):
                 piece = head[i]
@@ -642,6 +641,14 @@ def _head_end(head: list[bytes]) -> tuple[int, bytes | None]:
     at = joined.rfind(b"\n\n")
     rest = joined[at + 2 :] if at >= 0 else joined
     return state, rest if len(rest) <= PARTIAL_BYTES else None
+
+
+def _one_event_each(pieces: list[bytes]) -> bool:
+    """Whether each piece is one whole event with no tool call (llama-server's tokens):
+    each ends with its only two newlines (so no CRLF either). One pass over them all."""
+    return all(map(bytes.endswith, pieces, repeat(b"\n\n"))) and (
+        (joined := b"".join(pieces)).count(b"\n") == 2 * len(pieces) and TOOL_CALLS not in joined
+    )
 
 
 def _note(arrived: array[int], at: int, events: int) -> int:
