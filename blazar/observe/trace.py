@@ -243,7 +243,7 @@ class Trace:
 
     def sending(self, path: str, body: Mapping[str, Any]) -> None:
         """The engine endpoint and the body it gets (read again only in `record`)."""
-        self.placement.engine_path, self._body = path, body
+        self.placement.engine_path, self._body, self._expect = path, body, None
 
     # -- what came back ------------------------------------------------------------------
 
