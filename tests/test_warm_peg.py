@@ -59,10 +59,12 @@ def test_budget_is_bytes_or_a_share_of_host_ram() -> None:
 
 
 def read_bytes_of_reading(path: Path) -> int:
-    """The bytes a fresh process reads from storage to read the whole file."""
+    """The bytes a fresh process reads from storage to read the whole file (only that:
+    its own start may read a page of Python's files that a busy machine dropped)."""
     code = (
-        "import sys;f=open(sys.argv[1],'rb');f.read();"
-        "print(open('/proc/self/io').read().split('read_bytes: ')[1].split()[0])"
+        "import sys\n"
+        "def io(): return int(open('/proc/self/io').read().split('read_bytes: ')[1].split()[0])\n"
+        "f=open(sys.argv[1],'rb');before=io();f.read();print(io()-before)"
     )
     done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True)
     return int(done.stdout)

@@ -34,7 +34,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -202,15 +202,18 @@ class GatewayHandler(web.RequestHandler):
         peer = transport.get_extra_info("peername")
         client = str(peer[0]) if isinstance(peer, tuple) and peer else "unknown"
         if not self.admission.admit(client):
-            assert isinstance(transport, asyncio.WriteTransport)
-            transport.write(BUSY)
-            transport.close()
+            writer = cast(asyncio.WriteTransport, transport)  # uvloop's is no subclass
+            writer.write(BUSY)
+            writer.close()
             return
         self.client = client
         super().connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
         if self.client is None:
+            return
+        if not data:  # aiohttp's own call on resume: its paused parser reads what it holds
+            super().data_received(data)
             return
         owed = self._owed
         relayer = self.relayer
