@@ -35,6 +35,7 @@ from blazar.engines.source import (
     SourceBuildError,
     _run,
     _tail,
+    cuda_flags,
     detect_cuda,
     run_cmake,
 )
@@ -85,15 +86,7 @@ def cmake_commands(
         raise InvalidInput(f"unknown backend {backend!r}: choose cpu or cuda")
     configure = ["cmake", "-S", str(source_dir), "-B", str(build_dir), *FLAGS]
     if backend == "cuda":
-        if cuda is None:
-            raise InvalidInput("a cuda build needs nvcc: install the CUDA toolkit")
-        configure += [
-            "-DSD_CUDA=ON",
-            f"-DCMAKE_CUDA_COMPILER={cuda.nvcc}",
-            f"-DCMAKE_CUDA_HOST_COMPILER={cuda.host_compiler}",
-        ]
-        if cuda.archs:
-            configure.append(f"-DCMAKE_CUDA_ARCHITECTURES={';'.join(cuda.archs)}")
+        configure += cuda_flags("SD_CUDA", cuda)
     build = ["cmake", "--build", str(build_dir), "--target", SERVER, "-j", str(jobs or 2)]
     return [configure, build]
 

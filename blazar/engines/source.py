@@ -325,6 +325,22 @@ def detect_cuda(
     return CudaInfo(nvcc=nvcc, version=version, archs=cuda_archs(caps), host_compiler=host)
 
 
+def cuda_flags(switch: str, cuda: CudaInfo | None) -> list[str]:
+    """The configure flags of a cuda build with the toolkit `detect_cuda` found (nvcc, its
+    host compiler, the GPUs' architectures); `switch` is the project's own option
+    (llama.cpp's GGML_CUDA, stable-diffusion.cpp's SD_CUDA)."""
+    if cuda is None:
+        raise InvalidInput("a cuda build needs nvcc: install the CUDA toolkit")
+    flags = [
+        f"-D{switch}=ON",
+        f"-DCMAKE_CUDA_COMPILER={cuda.nvcc}",
+        f"-DCMAKE_CUDA_HOST_COMPILER={cuda.host_compiler}",
+    ]
+    if cuda.archs:
+        flags.append(f"-DCMAKE_CUDA_ARCHITECTURES={';'.join(cuda.archs)}")
+    return flags
+
+
 def cmake_args(
     backend: str,
     *,
@@ -348,15 +364,7 @@ def cmake_args(
     if commit:
         configure.append(f"-DLLAMA_BUILD_COMMIT={commit}")
     if backend == "cuda":
-        if cuda is None:
-            raise InvalidInput("a cuda build needs nvcc: install the CUDA toolkit")
-        configure += [
-            "-DGGML_CUDA=ON",
-            f"-DCMAKE_CUDA_COMPILER={cuda.nvcc}",
-            f"-DCMAKE_CUDA_HOST_COMPILER={cuda.host_compiler}",
-        ]
-        if cuda.archs:
-            configure.append(f"-DCMAKE_CUDA_ARCHITECTURES={';'.join(cuda.archs)}")
+        configure += cuda_flags("GGML_CUDA", cuda)
     configure += extra
     jobs = jobs or os.cpu_count() or 1
     build = ["cmake", "--build", str(build_dir), "--target", target, "-j", str(jobs)]
