@@ -134,6 +134,25 @@ def restrict_rotations(path: Path, backups: int) -> None:
             path.with_name(f"{path.name}.{index}").chmod(0o600)
 
 
+def shift_backups(path: Path, backups: int) -> None:
+    """Move `path`'s rotated files one along (`NAME.1` to `NAME.2` ...), the oldest
+    overwritten: `NAME.1` is then free."""
+    for index in range(backups - 1, 0, -1):
+        older = path.with_name(f"{path.name}.{index}")
+        if older.exists():
+            os.replace(older, path.with_name(f"{path.name}.{index + 1}"))
+
+
+def rotate_away(path: Path, backups: int) -> None:
+    """Rotate a log file no one writes: it becomes `NAME.1` (or is removed with no
+    backups kept), its older files moved along."""
+    shift_backups(path, backups)
+    if backups > 0:
+        os.replace(path, path.with_name(f"{path.name}.1"))
+    else:
+        path.unlink(missing_ok=True)
+
+
 class LogFile:
     """A child's log: lines appended, rotated at `max_bytes` with `backups` old files.
 
@@ -187,14 +206,7 @@ class LogFile:
 
     def _rotate(self) -> None:
         self.close()
-        for index in range(self.backups - 1, 0, -1):
-            older = self.path.with_name(f"{self.path.name}.{index}")
-            if older.exists():
-                os.replace(older, self.path.with_name(f"{self.path.name}.{index + 1}"))
-        if self.backups > 0:
-            os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
-        else:
-            self.path.unlink(missing_ok=True)
+        rotate_away(self.path, self.backups)
         self._fh = open(self.path, "ab", opener=owner_only)  # noqa: SIM115 (kept open)
         self._size = 0
 
@@ -309,11 +321,7 @@ class DirectLog:
         and mark where the next child's output starts."""
         if self.path is not None and self.size() > self.max_bytes:  # a past serve's too
             self.close()
-            self._shift()
-            if self.backups > 0:
-                os.replace(self.path, self._backup(1))
-            else:
-                self.path.unlink(missing_ok=True)
+            rotate_away(self.path, self.backups)
         self.start = self.size()
 
     def fd_for_child(self) -> int:
@@ -334,9 +342,10 @@ class DirectLog:
         if self.path is None or self._fd is None or self.size() <= self.max_bytes:
             return False
         data = self.read(0)
-        self._shift()
+        shift_backups(self.path, self.backups)
         if self.backups > 0:
-            backup = os.open(self._backup(1), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            first = self.path.with_name(f"{self.path.name}.1")
+            backup = os.open(first, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
                 os.write(backup, data)
             finally:
@@ -344,15 +353,6 @@ class DirectLog:
         os.ftruncate(self._fd, 0)
         self.start = 0
         return True
-
-    def _backup(self, index: int) -> Path:
-        assert self.path is not None
-        return self.path.with_name(f"{self.path.name}.{index}")
-
-    def _shift(self) -> None:
-        for index in range(self.backups - 1, 0, -1):
-            if self._backup(index).exists():
-                os.replace(self._backup(index), self._backup(index + 1))
 
     def tail(self, n: int = 20) -> list[str]:
         """The last `n` lines the current (or last) child wrote, without Blazar's notes."""
