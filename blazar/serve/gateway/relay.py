@@ -72,6 +72,7 @@ NEEDS = {
 # The bytes a plain head may hold: printable ASCII; CR and LF only as line ends.
 _PRINTABLE = bytes(range(0x20, 0x7F)) + b"\r\n"
 _TOKEN = frozenset(b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz")
+_METHOD = _TOKEN | frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
 
 @dataclass(slots=True)
@@ -105,6 +106,8 @@ def read_head(buffer: bytes | bytearray) -> RequestHead | None:
     lines = raw.split(b"\r\n")
     parts = lines[0].split(b" ")
     if len(parts) != 3 or parts[2] != b"HTTP/1.1" or not parts[1].startswith(b"/"):
+        return _NOT_PLAIN
+    if not parts[0] or not _METHOD.issuperset(parts[0]):  # a method is a token
         return _NOT_PLAIN
     target = parts[1]
     if b"?" in target or b"%" in target or b"#" in target:
